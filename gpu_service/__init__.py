@@ -1,0 +1,1 @@
+"""The dedicated tier: an Open Inference Protocol server that batches in-process."""

@@ -1,0 +1,423 @@
+"""A dynamic batcher: one per model version, one owner task, a bounded queue.
+
+A batch is dispatched when enough rows wait (the target: ``min_batch_size``, else the
+largest preferred size, else ``max_batch_size``; or the adaptive target), or when its
+**oldest** request has waited ``max_queue_delay`` since it arrived (monotonic clock), or
+at once while draining. Requests arrive validated and prepared, so a bad request never
+joins a batch. Each request's future gets exactly its own rows; a failed run delivers
+one error to every request of that batch and to no other.
+
+Priority: level 1 is the highest. A request that has waited ``aging_s`` is taken before
+any fresher request whatever its level, which bounds how long low priority can starve.
+Length buckets: requests queue by length bucket and a batch never mixes buckets, so short
+texts neither pad to nor wait behind long ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+from gpu_service.stats import ModelStats
+from spillway.errors import (
+    DeadlineExceededError,
+    InferenceError,
+    InvalidInputError,
+    OverloadedError,
+    SpillwayError,
+    UnavailableError,
+)
+from spillway.processing import Prepared, Tensors
+
+log = logging.getLogger("spillway.batcher")
+
+
+class Runner(Protocol):
+    """Runs one batch of prepared requests; blocking, called on an executor thread."""
+
+    def run(self, batch: list[Prepared]) -> list[Tensors]:
+        """One result per request, in order."""
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How a model version batches; built from its ``config.json`` and the settings."""
+
+    max_batch_size: int
+    max_queue_delay_s: float = 0.002
+    preferred_batch_sizes: tuple[int, ...] = ()
+    min_batch_size: int | None = None
+    adaptive: bool = False
+    max_queue_size: int = 256
+    priority_levels: int = 1
+    default_priority: int = 1
+    default_timeout_s: float | None = None
+    allow_timeout_override: bool = True
+    aging_s: float = 0.1
+    length_buckets: tuple[int, ...] = ()
+    concurrency: int = 1
+    retry_after_s: float = 1.0
+
+    def bucket_of(self, length: int) -> int:
+        """The index of the first bucket edge that holds ``length`` (the last if none)."""
+        for index, edge in enumerate(self.length_buckets):
+            if length <= edge:
+                return index
+        return len(self.length_buckets)
+
+
+class _State(Enum):
+    QUEUED = 1
+    RUNNING = 2
+    LEFT = 3  # expired, cancelled or failed before it ran
+
+
+@dataclass(eq=False)
+class _Pending:
+    prepared: Prepared
+    level: int
+    arrival: float
+    bucket: int
+    future: asyncio.Future[Tensors]
+    timer: asyncio.TimerHandle | None = None
+    state: _State = _State.QUEUED
+
+
+@dataclass
+class _Bucket:
+    levels: list[deque[_Pending]]
+    rows: int = 0
+
+    def heads(self) -> list[_Pending]:
+        """The first queued request of each level; ones that left are dropped here."""
+        heads = []
+        for queue in self.levels:
+            while queue and queue[0].state is not _State.QUEUED:
+                queue.popleft()
+            if queue:
+                heads.append(queue[0])
+        return heads
+
+
+@dataclass
+class _RateTracker:
+    """Arrival rate from recent inter-arrival gaps, for the adaptive target."""
+
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    last: float | None = None
+
+    def arrive(self, now: float) -> None:
+        if self.last is not None:
+            self.gaps.append(max(now - self.last, 1e-6))
+        self.last = now
+
+    def p50_rate(self) -> float:
+        if not self.gaps:
+            return 0.0
+        return 1.0 / sorted(self.gaps)[len(self.gaps) // 2]
+
+
+class DynamicBatcher:
+    """Queues prepared requests and runs them in batches on an executor."""
+
+    def __init__(
+        self,
+        name: str,
+        runner: Runner,
+        policy: BatchPolicy,
+        executor: Executor,
+        *,
+        stats: ModelStats | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.runner = runner
+        self.policy = policy
+        self.stats = stats or ModelStats()
+        self.failure: BaseException | None = None
+        self._executor = executor
+        self._clock = clock
+        self._buckets = [
+            _Bucket([deque() for _ in range(policy.priority_levels)])
+            for _ in range(len(policy.length_buckets) + 1)
+        ]
+        self._queued = 0
+        self._running = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._rate = _RateTracker()
+        self._stopping = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the owner task on the running loop."""
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._loop(), name=f"batcher-{self.name}")
+        self._task.add_done_callback(self._on_loop_done)
+
+    async def stop(self, drain_timeout_s: float = 30.0) -> None:
+        """Stop admitting; finish queued and running work within the timeout; then end."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await asyncio.wait({self._task}, timeout=drain_timeout_s)
+            self._task.cancel()
+        self._fail_queued(UnavailableError(f"model {self.name} is shutting down"))
+
+    @property
+    def healthy(self) -> bool:
+        """True while the owner task runs and the batcher admits requests."""
+        return self._task is not None and not self._task.done() and not self._stopping
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests admitted and not yet dispatched."""
+        return self._queued
+
+    @property
+    def running(self) -> int:
+        """Batches being computed now."""
+        return self._running
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing running."""
+        return self._queued == 0 and self._running == 0
+
+    def busy_fraction(self) -> float:
+        """Share of the recent window spent computing."""
+        return self.stats.busy.fraction(self._clock())
+
+    def _on_loop_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        self.failure = task.exception()
+        log.error(
+            "batcher of %s died; failing its queued requests", self.name, exc_info=self.failure
+        )
+        self._fail_queued(UnavailableError(f"the batcher of model {self.name} failed"))
+
+    def _fail_queued(self, error: SpillwayError) -> None:
+        for bucket in self._buckets:
+            for queue in bucket.levels:
+                while queue:
+                    pending = queue.popleft()
+                    if pending.state is _State.QUEUED:
+                        pending.state = _State.LEFT
+                        self._settle(pending, error=error)
+            bucket.rows = 0
+        self._queued = 0
+
+    # -- admission -------------------------------------------------------------------------
+
+    async def submit(
+        self, prepared: Prepared, *, priority: int = 0, timeout_s: float | None = None
+    ) -> Tensors:
+        """Queue one prepared request and wait for its rows; raises its error."""
+        pending = self._admit(prepared, priority, timeout_s)
+        try:
+            return await pending.future
+        finally:
+            if pending.state is _State.QUEUED:  # the caller went away: never compute it
+                self._leave(pending)
+
+    def _admit(self, prepared: Prepared, priority: int, timeout_s: float | None) -> _Pending:
+        policy = self.policy
+        if not self.healthy:
+            raise UnavailableError(f"model {self.name} is not serving")
+        if prepared.rows > policy.max_batch_size:
+            raise InvalidInputError(f"batch of {prepared.rows} exceeds {policy.max_batch_size}")
+        level = self._level(priority)
+        timeout_s = self._timeout(timeout_s)
+        if self._queued >= policy.max_queue_size:
+            self.stats.rejected += 1
+            raise OverloadedError(
+                f"model {self.name} queue is full ({policy.max_queue_size})",
+                retry_after_s=policy.retry_after_s,
+            )
+        loop = asyncio.get_running_loop()
+        now = self._clock()
+        bucket = policy.bucket_of(prepared.length)
+        pending = _Pending(prepared, level, now, bucket, loop.create_future())
+        if timeout_s is not None:
+            pending.timer = loop.call_later(timeout_s, self._expire, pending)
+        self._buckets[bucket].levels[level].append(pending)
+        self._buckets[bucket].rows += prepared.rows
+        self._queued += 1
+        self._rate.arrive(now)
+        self._wake.set()
+        return pending
+
+    def _level(self, priority: int) -> int:
+        levels = self.policy.priority_levels
+        priority = priority or self.policy.default_priority
+        if not 1 <= priority <= levels:
+            raise InvalidInputError(f"priority must be between 1 and {levels}, or 0")
+        return priority - 1
+
+    def _timeout(self, requested: float | None) -> float | None:
+        default = self.policy.default_timeout_s
+        if requested is not None and requested < 0:
+            raise InvalidInputError("timeout must not be negative")
+        if requested is None or not self.policy.allow_timeout_override:
+            return default
+        return requested if default is None else min(requested, default)
+
+    def _expire(self, pending: _Pending) -> None:
+        if pending.state is not _State.QUEUED:
+            return
+        waited = self._clock() - pending.arrival
+        self._leave(pending)
+        self.stats.expired += 1
+        self._settle(
+            pending,
+            error=DeadlineExceededError(
+                f"deadline passed after {waited * 1e3:.1f} ms in the queue of {self.name}"
+            ),
+        )
+
+    def _leave(self, pending: _Pending) -> None:
+        """A queued request leaves without running (expired or cancelled)."""
+        pending.state = _State.LEFT
+        if pending.timer is not None:
+            pending.timer.cancel()
+        self._buckets[pending.bucket].rows -= pending.prepared.rows
+        self._queued -= 1
+        self._wake.set()
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while not (self._stopping and self._queued == 0 and self._running == 0):
+            self._wake.clear()
+            wait: float | None = None
+            if self._running < self.policy.concurrency and self._queued:
+                bucket, wait = self._next_due()
+                if bucket is not None and wait <= 0:
+                    self._dispatch(self._form(bucket))
+                    continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+
+    def _target(self) -> int:
+        policy = self.policy
+        if policy.adaptive:
+            expected = round(self._rate.p50_rate() * policy.max_queue_delay_s)
+            return max(2, min(policy.max_batch_size, expected))
+        if policy.min_batch_size is not None:
+            return policy.min_batch_size
+        return max(policy.preferred_batch_sizes, default=policy.max_batch_size)
+
+    def _next_due(self) -> tuple[_Bucket | None, float]:
+        """The bucket to dispatch next and the seconds until it is due (<= 0: now)."""
+        now, target = self._clock(), self._target()
+        best: tuple[float, float, _Bucket] | None = None
+        for bucket in self._buckets:
+            heads = bucket.heads()
+            if not heads:
+                continue
+            oldest = min(h.arrival for h in heads)
+            full = bucket.rows >= target or self._stopping
+            due = 0.0 if full else oldest + self.policy.max_queue_delay_s - now
+            if best is None or (due, oldest) < best[:2]:
+                best = (due, oldest, bucket)
+        return (None, 0.0) if best is None else (best[2], best[0])
+
+    def _form(self, bucket: _Bucket) -> list[_Pending]:
+        """One batch from a bucket: aged requests first, then by priority, FIFO."""
+        limit, now = self.policy.max_batch_size, self._clock()
+        batch: list[_Pending] = []
+        rows = 0
+        while aged := [h for h in bucket.heads() if now - h.arrival >= self.policy.aging_s]:
+            head = min(aged, key=lambda h: h.arrival)
+            if rows + head.prepared.rows > limit:
+                return self._claim(batch)
+            rows += self._take(bucket, head, batch)
+        for level in range(len(bucket.levels)):
+            while heads := [h for h in bucket.heads() if h.level == level]:
+                if rows + heads[0].prepared.rows > limit:
+                    return self._claim(batch)
+                rows += self._take(bucket, heads[0], batch)
+        return self._claim(batch)
+
+    def _take(self, bucket: _Bucket, head: _Pending, batch: list[_Pending]) -> int:
+        bucket.levels[head.level].popleft()
+        bucket.rows -= head.prepared.rows
+        head.state = _State.RUNNING
+        if head.timer is not None:
+            head.timer.cancel()
+        batch.append(head)
+        return head.prepared.rows
+
+    def _claim(self, batch: list[_Pending]) -> list[_Pending]:
+        self._queued -= len(batch)
+        return batch
+
+    def _dispatch(self, batch: list[_Pending]) -> None:
+        self._running += 1
+        task = asyncio.get_running_loop().create_task(self._execute(batch))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _execute(self, batch: list[_Pending]) -> None:
+        loop = asyncio.get_running_loop()
+        started = self._clock()
+        self.stats.busy.start(started)
+        results: list[Tensors] | None = None
+        error: SpillwayError | None = None
+        try:
+            results = await loop.run_in_executor(
+                self._executor, self.runner.run, [p.prepared for p in batch]
+            )
+            if len(results) != len(batch):
+                raise InferenceError(f"{len(results)} results for {len(batch)} requests")
+        except SpillwayError as exc:
+            error = exc
+        except Exception as exc:
+            log.exception("a batch of %d requests for %s failed", len(batch), self.name)
+            error = InferenceError(f"inference failed on model {self.name}: {exc}")
+        finally:
+            self._running -= 1
+            self._wake.set()
+        self._finish(batch, started, results, error)
+
+    def _finish(
+        self,
+        batch: list[_Pending],
+        started: float,
+        results: list[Tensors] | None,
+        error: SpillwayError | None,
+    ) -> None:
+        ended = self._clock()
+        self.stats.busy.stop(ended)
+        rows = sum(p.prepared.rows for p in batch)
+        self.stats.record_batch(rows, len(batch), ended - started, ok=error is None)
+        for index, pending in enumerate(batch):
+            self.stats.queue.add(started - pending.arrival)
+            if error is None and results is not None:
+                self._settle(pending, result=results[index])
+            else:
+                self._settle(pending, error=error)
+
+    @staticmethod
+    def _settle(
+        pending: _Pending, *, result: Tensors | None = None, error: SpillwayError | None = None
+    ) -> None:
+        if pending.timer is not None:
+            pending.timer.cancel()
+        if pending.future.done():
+            return
+        if error is not None:
+            pending.future.set_exception(error)
+        elif result is not None:
+            pending.future.set_result(result)

@@ -1,0 +1,137 @@
+"""What each endpoint does, apart from HTTP: the service's request handling.
+
+The HTTP module translates requests and responses; this module decodes, validates,
+queues and encodes, and counts what happened.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_service.registry import ModelRegistry, ServedVersion
+from gpu_service.settings import GpuSettings
+from spillway import __version__
+from spillway.codec import (
+    binary_outputs_requested,
+    decode_request,
+    encode_response,
+    requested_outputs,
+)
+from spillway.errors import InvalidInputError, ModelNotReadyError, SpillwayError
+
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "schedule_policy"]
+
+
+@dataclass(frozen=True)
+class InferResult:
+    """An encoded infer response and the load signals of the version that served it."""
+
+    body: bytes
+    header_length: int | None
+    version: int
+    queue_depth: int
+    busy: float
+
+
+def _int_parameter(parameters: dict[str, Any] | None, key: str) -> int | None:
+    value = (parameters or {}).get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"parameter {key!r} must be a non-negative integer")
+    return value
+
+
+class DataPlane:
+    """The Open Inference Protocol operations over a model registry."""
+
+    def __init__(self, registry: ModelRegistry, settings: GpuSettings) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.draining = False
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "spillway-gpu", "version": __version__, "extensions": EXTENSIONS}
+
+    def ready(self) -> bool:
+        return not self.draining and self.registry.ready
+
+    def model_ready(self, name: str, version: str | None) -> bool:
+        try:
+            self.registry.get(name, version)
+        except ModelNotReadyError:
+            return False
+        return not self.draining
+
+    def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        return self.registry.get(name, version).model.metadata()
+
+    def model_config(self, name: str, version: str | None) -> dict[str, Any]:
+        return self.registry.get(name, version).model.config.to_json_dict()
+
+    def model_stats(self, name: str | None, version: str | None) -> dict[str, Any]:
+        if name is None:
+            served = self.registry.all_versions()
+        elif version is None:
+            entry = self.registry.entry(name)
+            served = [entry.versions[v] for v in sorted(entry.versions)]
+        else:
+            served = [self.registry.get(name, version)]
+        return {
+            "model_stats": [s.stats.to_triton(s.model.name, str(s.model.version)) for s in served]
+        }
+
+    async def infer(
+        self, name: str, version: str | None, body: bytes, header_length: int | None
+    ) -> InferResult:
+        """Decode, validate, queue, compute and encode one request."""
+        if self.draining:
+            raise ModelNotReadyError(
+                "the service is shutting down", retry_after_s=self.settings.retry_after_s
+            )
+        arrived = time.perf_counter()
+        served = self.registry.get(name, version)
+        try:
+            return await self._infer(served, body, header_length, arrived)
+        except SpillwayError:
+            served.stats.fail.add(time.perf_counter() - arrived)
+            raise
+
+    async def _infer(
+        self, served: ServedVersion, body: bytes, header_length: int | None, arrived: float
+    ) -> InferResult:
+        request, arrays = decode_request(
+            body, header_length, max_body_bytes=self.settings.max_body_bytes
+        )
+        model = served.model
+        outputs = requested_outputs(request, [o.name for o in model.config.output])
+        binary = binary_outputs_requested(request, outputs)
+        priority = _int_parameter(request.parameters, "priority") or 0
+        timeout_us = _int_parameter(request.parameters, "timeout")
+        prepared = model.prepare(arrays)
+        prepared_at = time.perf_counter()
+        result = await served.batcher.submit(
+            prepared, priority=priority, timeout_s=None if timeout_us is None else timeout_us / 1e6
+        )
+        computed_at = time.perf_counter()
+        body_out, length = encode_response(
+            model.name,
+            str(model.version),
+            request.id,
+            {n: result[n] for n in outputs},
+            binary=binary,
+        )
+        done = time.perf_counter()
+        stats = served.stats
+        stats.compute_input.add(prepared_at - arrived)
+        stats.compute_output.add(done - computed_at)
+        stats.success.add(done - arrived)
+        return InferResult(
+            body_out,
+            length,
+            model.version,
+            served.batcher.queue_depth,
+            served.batcher.busy_fraction(),
+        )

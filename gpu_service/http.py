@@ -1,0 +1,183 @@
+"""The HTTP transport: a small ASGI application over the data plane.
+
+It only translates: route, read the body within its cap, call the data plane, write the
+response. Errors are mapped here once: a ``SpillwayError`` becomes its status and
+``{"error", "code"}`` body (with ``Retry-After`` when it carries one); anything else is
+logged with its traceback and answered with a generic 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gpu_service import metrics
+from gpu_service.dataplane import DataPlane
+from spillway.codec import header_length_from
+from spillway.errors import (
+    MethodNotAllowedError,
+    PayloadTooLargeError,
+    RouteNotFoundError,
+    SpillwayError,
+)
+
+log = logging.getLogger("spillway.http")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+
+_MODEL_PATH = re.compile(
+    r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
+    r"(?:/(?P<op>ready|config|stats|infer))?$"
+)
+_JSON = (b"content-type", b"application/json")
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+class GpuServiceApp:
+    """ASGI entry point; the lifespan loads and drains the registry."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.plane.registry.start()
+                except Exception as exc:
+                    log.exception("start-up failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self.plane.draining = True
+                await self.plane.registry.stop(self.plane.settings.drain_timeout_s)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers: Headers = [_JSON]
+        try:
+            status, body, headers = await self._route(scope, receive)
+        except SpillwayError as error:
+            status, body = error.status, _json(error.to_body())
+            if error.retry_after_s is not None:
+                headers.append((b"retry-after", str(max(1, round(error.retry_after_s))).encode()))
+            log.info(
+                "%s %s -> %d %s: %s",
+                scope["method"],
+                scope["path"],
+                status,
+                error.code,
+                error.message,
+            )
+        except Exception:
+            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            status, body = 500, _json({"error": "internal error", "code": "internal"})
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _route(self, scope: Scope, receive: Receive) -> tuple[int, bytes, Headers]:
+        method, path = scope["method"], scope["path"]
+        plane = self.plane
+        if path.startswith("/v2/models/") and (match := _MODEL_PATH.match(path)):
+            return await self._model_route(method, match, scope, receive)
+        if method != "GET":
+            self._method(method, path)
+        if path == "/v2/health/live":
+            return 200, b"", [_JSON]
+        if path == "/v2/health/ready":
+            return self._flag(plane.ready(), "the service is not ready")
+        if path == "/v2":
+            return 200, _json(plane.server_metadata()), [_JSON]
+        if path == "/v2/models/stats":
+            return 200, _json(plane.model_stats(None, None)), [_JSON]
+        if path == "/metrics":
+            text = metrics.render(plane.registry).encode()
+            return 200, text, [(b"content-type", b"text/plain; version=0.0.4")]
+        raise RouteNotFoundError(f"no route for {path}")
+
+    async def _model_route(
+        self, method: str, match: re.Match[str], scope: Scope, receive: Receive
+    ) -> tuple[int, bytes, Headers]:
+        model, version, op = match["model"], match["version"], match["op"]
+        plane = self.plane
+        if op == "infer":
+            if method != "POST":
+                self._method(method, scope["path"])
+            body = await self._body(scope, receive)
+            length = header_length_from(_header(scope, b"inference-header-content-length"))
+            result = await plane.infer(model, version, body, length)
+            headers: Headers = [
+                (b"x-spillway-model-version", str(result.version).encode()),
+                (b"x-spillway-queue-depth", str(result.queue_depth).encode()),
+                (b"x-spillway-busy", f"{result.busy:.3f}".encode()),
+            ]
+            if result.header_length is None:
+                headers.append(_JSON)
+            else:
+                headers += [
+                    (b"content-type", b"application/octet-stream"),
+                    (b"inference-header-content-length", str(result.header_length).encode()),
+                ]
+            return 200, result.body, headers
+        if method != "GET":
+            self._method(method, scope["path"])
+        if op == "ready":
+            return self._flag(plane.model_ready(model, version), f"model {model} is not ready")
+        if op == "config":
+            return 200, _json(plane.model_config(model, version)), [_JSON]
+        if op == "stats":
+            return 200, _json(plane.model_stats(model, version)), [_JSON]
+        return 200, _json(plane.model_metadata(model, version)), [_JSON]
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self.plane.settings.max_body_bytes
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    @staticmethod
+    def _flag(value: bool, reason: str) -> tuple[int, bytes, Headers]:
+        if value:
+            return 200, b"", [_JSON]
+        return 400, _json({"error": reason, "code": "not_ready"}), [_JSON]
+
+    @staticmethod
+    def _method(method: str, path: str) -> None:
+        raise MethodNotAllowedError(f"{method} is not allowed on {path}")
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None

@@ -1,0 +1,117 @@
+"""``GET /metrics``: Prometheus text exposition with Triton-like names."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gpu_service.registry import ModelRegistry, ServedVersion
+from gpu_service.stats import BATCH_BUCKETS
+
+_COUNTERS = (
+    (
+        "nv_inference_request_success",
+        "Successful inference requests",
+        lambda s: s.stats.success.count,
+    ),
+    ("nv_inference_request_failure", "Failed inference requests", lambda s: s.stats.fail.count),
+    (
+        "nv_inference_count",
+        "Inferences performed (rows; a batch of N counts N)",
+        lambda s: s.stats.inference_count,
+    ),
+    (
+        "nv_inference_exec_count",
+        "Model executions (batches) performed",
+        lambda s: s.stats.execution_count,
+    ),
+    (
+        "nv_inference_request_duration_us",
+        "Cumulative end-to-end request time",
+        lambda s: s.stats.success.ns // 1000,
+    ),
+    (
+        "nv_inference_queue_duration_us",
+        "Cumulative time requests waited in the queue",
+        lambda s: s.stats.queue.ns // 1000,
+    ),
+    (
+        "nv_inference_compute_input_duration_us",
+        "Cumulative decode and pre-processing time",
+        lambda s: s.stats.compute_input.ns // 1000,
+    ),
+    (
+        "nv_inference_compute_infer_duration_us",
+        "Cumulative model compute time per request",
+        lambda s: s.stats.compute_infer.ns // 1000,
+    ),
+    (
+        "nv_inference_compute_output_duration_us",
+        "Cumulative output encoding time",
+        lambda s: s.stats.compute_output.ns // 1000,
+    ),
+    (
+        "spillway_rejected_total",
+        "Requests refused with 429 because the queue was full",
+        lambda s: s.stats.rejected,
+    ),
+    (
+        "spillway_expired_total",
+        "Requests whose deadline passed in the queue",
+        lambda s: s.stats.expired,
+    ),
+)
+_GAUGES = (
+    (
+        "nv_inference_pending_request_count",
+        "Requests queued or computing",
+        lambda s: s.batcher.queue_depth + s.batcher.running,
+    ),
+    (
+        "spillway_queue_depth",
+        "Requests waiting in the batcher queue",
+        lambda s: s.batcher.queue_depth,
+    ),
+    (
+        "spillway_busy_fraction",
+        "Share of the last 10 s spent computing",
+        lambda s: round(s.batcher.busy_fraction(), 4),
+    ),
+    ("spillway_model_ready", "1 when the version serves", lambda s: int(s.ready)),
+    (
+        "spillway_model_load_seconds",
+        "Time to fetch, load and warm the version",
+        lambda s: round(s.load_seconds, 4),
+    ),
+)
+
+
+def _labels(served: ServedVersion) -> str:
+    return f'model="{served.model.name}",version="{served.model.version}"'
+
+
+def _histogram(served: Iterable[ServedVersion]) -> list[str]:
+    name = "spillway_batch_size"
+    lines = [f"# HELP {name} Rows per model execution", f"# TYPE {name} histogram"]
+    for s in served:
+        sizes = s.stats.batch_sizes
+        labels = _labels(s)
+        for edge in BATCH_BUCKETS:
+            count = sum(c.count for size, c in sizes.items() if size <= edge)
+            lines.append(f'{name}_bucket{{{labels},le="{edge}"}} {count}')
+        total = sum(c.count for c in sizes.values())
+        lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {total}')
+        lines.append(f"{name}_sum{{{labels}}} {sum(k * c.count for k, c in sizes.items())}")
+        lines.append(f"{name}_count{{{labels}}} {total}")
+    return lines
+
+
+def render(registry: ModelRegistry) -> str:
+    """The whole exposition for every loaded version."""
+    served = registry.all_versions()
+    lines: list[str] = []
+    for kind, table in (("counter", _COUNTERS), ("gauge", _GAUGES)):
+        for name, help_text, read in table:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+            lines += [f"{name}{{{_labels(s)}}} {read(s)}" for s in served]
+    lines += _histogram(served)
+    return "\n".join(lines) + "\n"

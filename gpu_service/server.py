@@ -1,0 +1,65 @@
+"""Starting the GPU service: uvicorn (httptools, uvloop) over the ASGI app.
+
+On SIGTERM (an ECS stop) readiness turns false at once and new infer requests get 503;
+uvicorn stops accepting connections, in-flight requests finish, the batchers drain their
+queues, and the process exits within ``drain_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import FrameType
+
+import uvicorn
+
+from gpu_service.dataplane import DataPlane
+from gpu_service.http import GpuServiceApp
+from gpu_service.registry import ModelRegistry
+from gpu_service.settings import GpuSettings
+from spillway.repository import open_repository
+
+log = logging.getLogger("spillway.server")
+
+
+def build_app(settings: GpuSettings) -> GpuServiceApp:
+    """The ASGI application for these settings (models load in its lifespan)."""
+    registry = ModelRegistry(open_repository(settings.repository), settings)
+    return GpuServiceApp(DataPlane(registry, settings))
+
+
+class _DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: GpuServiceApp) -> None:
+        super().__init__(config)
+        self.spillway_app = app
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.spillway_app.plane.draining:
+            log.info(
+                "signal %d: readiness false, draining for up to %.0f s",
+                sig,
+                self.spillway_app.plane.settings.drain_timeout_s,
+            )
+        self.spillway_app.plane.draining = True
+        super().handle_exit(sig, frame)
+
+
+def serve(settings: GpuSettings) -> None:
+    """Run the service until SIGTERM or SIGINT."""
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    app = build_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        http="httptools",
+        loop="uvloop",
+        lifespan="on",
+        access_log=False,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=int(settings.drain_timeout_s),
+        timeout_keep_alive=75,
+        backlog=2048,
+    )
+    _DrainingServer(config, app).run()

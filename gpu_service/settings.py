@@ -1,0 +1,63 @@
+"""GPU service settings: every field from a ``GPU_`` environment variable or a flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from spillway.engine import CPU, CUDA, EngineOptions
+
+
+class GpuSettings(BaseSettings):
+    """Settings of the GPU service (``GPU_<FIELD>`` in the environment)."""
+
+    model_config = SettingsConfigDict(env_prefix="GPU_", extra="ignore")
+
+    repository: str = "models"
+    """Model repository: a folder or ``s3://bucket/prefix``."""
+    host: str = "127.0.0.1"
+    """Address to listen on (``0.0.0.0`` in the container)."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """Port to listen on."""
+    providers: tuple[str, ...] = (CUDA, CPU)
+    """ONNX Runtime execution providers in order of preference; a CPU fallback is logged."""
+    intra_op_threads: int = Field(default=0, ge=0)
+    """Threads inside one ONNX Runtime operator (0: ONNX Runtime decides)."""
+    inter_op_threads: int = Field(default=0, ge=0)
+    """Threads across operators (0: ONNX Runtime decides)."""
+    instance_count: int = Field(default=1, ge=1, le=16)
+    """Batches of one model version that may compute at the same time."""
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    """Largest request body accepted; larger bodies get 413 before they are read."""
+    max_elements_per_input: int = Field(default=16 * 1024 * 1024, ge=1)
+    """Largest element count of one input tensor."""
+    max_bytes_per_element: int = Field(default=64 * 1024, ge=1)
+    """Longest BYTES element (e.g. one text) accepted."""
+    adaptive_batching: bool = False
+    """Set the batch target from the observed arrival rate (see the README)."""
+    min_batch_size: int | None = Field(default=None, ge=1)
+    """Hold a batch until this many rows wait, but never past the queue delay."""
+    priority_aging_ms: float = Field(default=100.0, gt=0)
+    """A request waiting this long is served before fresher ones whatever its priority."""
+    default_timeout_ms: float | None = Field(default=None, gt=0)
+    """Deadline for requests without one, when the model's config sets none."""
+    retry_after_s: float = Field(default=1.0, gt=0)
+    """The ``Retry-After`` hint sent with 429 when a queue is full."""
+    drain_timeout_s: float = Field(default=30.0, gt=0)
+    """On SIGTERM: how long in-flight and queued work may take before exit."""
+    cache_dir: Path = Path("/tmp/spillway-models")  # noqa: S108 - a cache, not a secret
+    """Where versions downloaded from S3 are kept."""
+    log_level: str = "INFO"
+    """Log level of the service."""
+
+    def engine_options(self) -> EngineOptions:
+        """The engine options these settings describe."""
+        return EngineOptions(
+            providers=self.providers,
+            intra_op_threads=self.intra_op_threads,
+            inter_op_threads=self.inter_op_threads,
+            max_elements_per_input=self.max_elements_per_input,
+            max_bytes_per_element=self.max_bytes_per_element,
+        )

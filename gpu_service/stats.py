@@ -1,0 +1,117 @@
+"""Per model-version statistics in Triton's shape, and the busy fraction."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+NS = 1_000_000_000
+# Batch-size histogram buckets for /metrics.
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+@dataclass
+class Counter:
+    """A count and a total duration, as Triton's statistics report them."""
+
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.count += count
+        self.ns += int(seconds * NS)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class BusyTracker:
+    """Fraction of recent wall time with at least one batch computing."""
+
+    window_s: float = 10.0
+    _active: int = 0
+    _since: float = 0.0
+    _total: float = 0.0
+    _samples: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
+
+    def _accumulate(self, now: float) -> float:
+        if self._active:
+            self._total += now - self._since
+        self._since = now
+        self._samples.append((now, self._total))
+        return self._total
+
+    def start(self, now: float) -> None:
+        self._accumulate(now)
+        self._active += 1
+
+    def stop(self, now: float) -> None:
+        self._accumulate(now)
+        self._active = max(0, self._active - 1)
+
+    def fraction(self, now: float) -> float:
+        """Busy share of the last ``window_s`` seconds (0.0 to 1.0)."""
+        total = self._total + ((now - self._since) if self._active else 0.0)
+        start_t, start_total = now, total
+        for t, cumulative in reversed(self._samples):
+            if t < now - self.window_s:
+                break
+            start_t, start_total = t, cumulative
+        span = now - start_t
+        if span <= 0:
+            return 1.0 if self._active else 0.0
+        return max(0.0, min(1.0, (total - start_total) / span))
+
+
+@dataclass
+class ModelStats:
+    """Everything counted for one model version."""
+
+    success: Counter = field(default_factory=Counter)
+    fail: Counter = field(default_factory=Counter)
+    queue: Counter = field(default_factory=Counter)
+    compute_input: Counter = field(default_factory=Counter)
+    compute_infer: Counter = field(default_factory=Counter)
+    compute_output: Counter = field(default_factory=Counter)
+    inference_count: int = 0
+    execution_count: int = 0
+    rejected: int = 0
+    expired: int = 0
+    last_inference_ms: int = 0
+    batch_sizes: dict[int, Counter] = field(default_factory=dict)
+    busy: BusyTracker = field(default_factory=BusyTracker)
+
+    def record_batch(self, rows: int, requests: int, seconds: float, *, ok: bool) -> None:
+        """One run of the model over ``rows`` rows from ``requests`` requests."""
+        self.execution_count += 1
+        if ok:
+            self.inference_count += rows
+            self.last_inference_ms = int(time.time() * 1000)
+        self.compute_infer.add(seconds * requests, requests)
+        self.batch_sizes.setdefault(rows, Counter()).add(seconds)
+
+    def to_triton(self, name: str, version: str) -> dict[str, Any]:
+        """The ``model_stats`` entry of Triton's statistics extension."""
+        return {
+            "name": name,
+            "version": version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_dict(),
+                "fail": self.fail.as_dict(),
+                "queue": self.queue.as_dict(),
+                "compute_input": self.compute_input.as_dict(),
+                "compute_infer": self.compute_infer.as_dict(),
+                "compute_output": self.compute_output.as_dict(),
+            },
+            "batch_stats": [
+                {"batch_size": size, "compute_infer": c.as_dict()}
+                for size, c in sorted(self.batch_sizes.items())
+            ],
+            "spillway": {"rejected": self.rejected, "expired": self.expired},
+        }

@@ -1,0 +1,426 @@
+"""Inference bodies to numpy arrays and back: JSON tensors and Triton's binary extension.
+
+Pure functions over ``bytes``: the GPU service and the CPU Lambda use ``decode_request`` and
+``encode_response``; clients (the router, the batch job, tests) use ``encode_request`` and
+``decode_response``. A binary body is the JSON header followed by each binary tensor's
+bytes in header order; ``Inference-Header-Content-Length`` gives the header's size.
+
+Numeric arrays decoded from binary data are read-only views into the body (no copy) when
+aligned. BYTES tensors are numpy object arrays of ``bytes``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import struct
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ValidationError
+
+from spillway.datatypes import WIRE_DTYPES, datatype_of, numpy_dtype
+from spillway.errors import InferenceError, InvalidInputError, PayloadTooLargeError
+from spillway.protocol import InferenceRequest, InferenceResponse, RequestInput, ResponseOutput
+
+HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
+BINARY_CONTENT_TYPE = "application/octet-stream"
+JSON_CONTENT_TYPE = "application/json"
+
+Buffer = bytes | bytearray | memoryview
+Tensor = npt.NDArray[Any]
+_Model = TypeVar("_Model", bound=BaseModel)
+
+_LENGTH = struct.Struct("<I")
+_INTS = frozenset({int})
+# The Python types json.loads may produce for each datatype's elements.
+_JSON_TYPES: dict[str, frozenset[type]] = {
+    "BOOL": frozenset({bool}),
+    **{f"{s}INT{b}": _INTS for s in ("", "U") for b in (8, 16, 32, 64)},
+    **{f"FP{b}": frozenset({int, float}) for b in (16, 32, 64)},
+    "BYTES": frozenset({str}),
+}
+_JSON_NAMES = {
+    bool: "boolean",
+    int: "integer",
+    float: "floating-point",
+    str: "string",
+    dict: "object",
+}
+
+
+# --- tensors ------------------------------------------------------------------------------
+
+
+def tensor_to_bytes(array: Tensor, datatype: str) -> bytes:
+    """The binary-extension bytes of ``array``: little-endian, row-major, no padding; BOOL
+    one byte each; BYTES as a 4-byte little-endian length then the bytes, per element."""
+    return bytes(_wire_buffer(np.asarray(array), datatype))
+
+
+def tensor_from_bytes(raw: Buffer, datatype: str, shape: Sequence[int]) -> Tensor:
+    """The array that ``raw`` (binary-extension bytes) encodes; sizes must match exactly."""
+    dtype = numpy_dtype(datatype)
+    if any(dim < 0 for dim in shape):
+        raise InvalidInputError(f"shape {list(shape)} has a negative dimension")
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return _split_bytes(memoryview(raw), count).reshape(shape)
+    wire = WIRE_DTYPES[datatype]
+    if len(raw) != count * wire.itemsize:
+        raise InvalidInputError(
+            f"{datatype} shape {list(shape)} needs {count * wire.itemsize} bytes, got {len(raw)}"
+        )
+    if datatype == "BOOL":  # any non-zero byte is true; never a bool holding 2
+        return np.frombuffer(raw, dtype=np.uint8).astype(np.bool_).reshape(shape)
+    array = np.frombuffer(raw, dtype=wire)
+    if not array.flags.aligned:
+        array = array.copy()
+    return array.astype(dtype, copy=False).reshape(shape)
+
+
+def _split_bytes(raw: memoryview, count: int) -> Tensor:
+    if count * _LENGTH.size > len(raw):  # also keeps a huge shape from allocating
+        raise InvalidInputError(f"BYTES data of {len(raw)} bytes cannot hold {count} elements")
+    out = np.empty(count, dtype=np.object_)
+    offset = 0
+    for index in range(count):
+        if offset + _LENGTH.size > len(raw):
+            raise InvalidInputError(f"BYTES data ends before element {index}")
+        (size,) = _LENGTH.unpack_from(raw, offset)
+        offset += _LENGTH.size
+        if offset + size > len(raw):
+            raise InvalidInputError(f"BYTES element {index} is truncated")
+        out[index] = raw[offset : offset + size].tobytes()
+        offset += size
+    if offset != len(raw):
+        raise InvalidInputError(f"BYTES data has {len(raw) - offset} bytes after element {count}")
+    return out
+
+
+def _wire_buffer(array: Tensor, datatype: str) -> Buffer:
+    if datatype_of(array) != datatype:
+        raise InvalidInputError(f"an array of dtype {array.dtype} cannot be sent as {datatype}")
+    if datatype == "BYTES":
+        parts: list[bytes] = []
+        for item in array.reshape(-1).tolist():
+            data = _element_bytes(item)
+            parts += (_LENGTH.pack(len(data)), data)
+        return b"".join(parts)
+    contiguous = np.ascontiguousarray(array, dtype=WIRE_DTYPES[datatype])
+    return contiguous.reshape(-1).view(np.uint8).data  # joined later without a copy
+
+
+def _element_bytes(item: object) -> bytes:
+    if isinstance(item, bytes | bytearray):
+        return bytes(item)
+    if isinstance(item, str):
+        try:
+            return item.encode()
+        except UnicodeEncodeError:
+            raise InvalidInputError("BYTES element is not valid Unicode") from None
+    raise InvalidInputError(f"BYTES elements must be bytes or str, not {type(item).__name__}")
+
+
+def _json_data(array: Tensor, datatype: str) -> list[Any]:
+    flat: list[Any] = array.reshape(-1).tolist()
+    if datatype != "BYTES":
+        return flat
+    try:
+        return [item if isinstance(item, str) else _element_bytes(item).decode() for item in flat]
+    except UnicodeDecodeError:
+        raise InvalidInputError("holds bytes that are not UTF-8; ask for binary data") from None
+
+
+def _from_json(data: Any, datatype: str, shape: Sequence[int]) -> Tensor:
+    dtype = numpy_dtype(datatype)
+    if data is None:
+        raise InvalidInputError("has neither data nor parameters.binary_data_size")
+    flat, kinds = _flatten(data)
+    count = math.prod(shape)
+    if len(flat) != count:
+        raise InvalidInputError(f"shape {list(shape)} needs {count} elements, data has {len(flat)}")
+    wrong = kinds - _JSON_TYPES[datatype]
+    if wrong:
+        found = ", ".join(sorted(_JSON_NAMES.get(kind, "null") for kind in wrong))
+        raise InvalidInputError(f"{datatype} data may not hold {found} values")
+    if datatype == "BYTES":
+        out = np.empty(count, dtype=np.object_)
+        out[:] = [_element_bytes(text) for text in flat]
+        return out.reshape(shape)
+    try:
+        with np.errstate(over="raise"):
+            return np.array(flat, dtype=dtype).reshape(shape)
+    except (OverflowError, FloatingPointError):
+        raise InvalidInputError(f"data holds a value out of range for {datatype}") from None
+
+
+def _flatten(data: Any) -> tuple[list[Any], set[type]]:
+    """Row-major elements of flat or nested JSON lists, and the element types found."""
+    flat = data if isinstance(data, list) else [data]
+    kinds = set(map(type, flat))
+    while list in kinds:
+        if len(kinds) > 1:
+            raise InvalidInputError("data mixes nested arrays with values")
+        flat = list(itertools.chain.from_iterable(flat))
+        kinds = set(map(type, flat))
+    return flat, kinds
+
+
+# --- bodies -------------------------------------------------------------------------------
+
+
+def header_length_from(value: str | None) -> int | None:
+    """Parse the ``Inference-Header-Content-Length`` header value (absent -> ``None``)."""
+    if value is None:
+        return None
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise InvalidInputError(f"{HEADER_LENGTH_HEADER} must be an integer") from None
+
+
+def _split_body(body: bytes, header_length: int | None) -> tuple[bytes, memoryview]:
+    view = memoryview(body)
+    if header_length is None:
+        return body, view[len(view) :]
+    if not 0 <= header_length <= len(body):
+        raise InvalidInputError(
+            f"{HEADER_LENGTH_HEADER} {header_length} is outside the body of {len(body)} bytes"
+        )
+    return bytes(view[:header_length]), view[header_length:]
+
+
+def _load_json(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"invalid JSON: {exc.msg} at position {exc.pos}") from None
+    except UnicodeDecodeError:
+        raise InvalidInputError("invalid JSON: not UTF-8") from None
+    except RecursionError:
+        raise InvalidInputError("invalid JSON: nested too deeply") from None
+    except ValueError:  # an integer past Python's digit limit
+        raise InvalidInputError("invalid JSON: a number is too long") from None
+    if not isinstance(value, dict):
+        raise InvalidInputError("the JSON header must be an object")
+    return value
+
+
+def _validate(model: type[_Model], value: dict[str, Any], what: str) -> _Model:
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        parts = [f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in errors[:3]]
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        raise InvalidInputError(f"invalid {what}: {'; '.join(parts)}{more}") from None
+
+
+@contextmanager
+def _about(kind: str, name: str) -> Iterator[None]:
+    """Prefix errors with the tensor they concern, keeping their class."""
+    try:
+        yield
+    except InvalidInputError as exc:
+        raise type(exc)(f"{kind} {name!r}: {exc.message}") from None
+
+
+def _check_unique(names: Iterable[str], kind: str) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise InvalidInputError(f"{kind} {name!r} appears more than once")
+        seen.add(name)
+
+
+def _binary_size(parameters: dict[str, Any] | None) -> int | None:
+    size = (parameters or {}).get("binary_data_size")
+    if size is None:
+        return None
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise InvalidInputError("binary_data_size must be a non-negative integer")
+    return size
+
+
+def _decode_tensors(
+    tensors: Sequence[RequestInput] | Sequence[ResponseOutput], binary: memoryview, kind: str
+) -> dict[str, Tensor]:
+    arrays: dict[str, Tensor] = {}
+    offset = 0
+    for tensor in tensors:
+        with _about(kind, tensor.name):
+            size = _binary_size(tensor.parameters)
+            if size is None:
+                arrays[tensor.name] = _from_json(tensor.data, tensor.datatype, tensor.shape)
+            elif tensor.data is not None:
+                raise InvalidInputError("has both data and binary_data_size")
+            elif offset + size > len(binary):
+                raise InvalidInputError(f"binary_data_size {size} runs past the end of the body")
+            else:
+                raw = binary[offset : offset + size]
+                arrays[tensor.name] = tensor_from_bytes(raw, tensor.datatype, tensor.shape)
+                offset += size
+        tensor.data = None  # the array holds the values now; free the JSON lists
+    if offset != len(binary):
+        raise InvalidInputError(f"{len(binary) - offset} bytes follow the last binary tensor")
+    return arrays
+
+
+def _encode_tensors(
+    arrays: Mapping[str, Tensor], binary: Collection[str], kind: str
+) -> tuple[list[dict[str, Any]], list[Buffer]]:
+    tensors: list[dict[str, Any]] = []
+    chunks: list[Buffer] = []
+    for name, value in arrays.items():
+        with _about(kind, name):
+            array = np.asarray(value)
+            datatype = datatype_of(array)
+            tensor: dict[str, Any] = {"name": name, "datatype": datatype}
+            tensor["shape"] = list(array.shape)
+            if name in binary:
+                chunks.append(_wire_buffer(array, datatype))
+                tensor["parameters"] = {"binary_data_size": len(chunks[-1])}
+            else:
+                tensor["data"] = _json_data(array, datatype)
+        tensors.append(tensor)
+    return tensors, chunks
+
+
+def _assemble(header: dict[str, Any], chunks: list[Buffer]) -> tuple[bytes, int | None]:
+    head = json.dumps(header, separators=(",", ":")).encode()
+    if not chunks:
+        return head, None
+    return b"".join([head, *chunks]), len(head)
+
+
+def _flag(parameters: dict[str, Any] | None, key: str, default: bool) -> bool:
+    value = (parameters or {}).get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidInputError(f"parameter {key!r} must be true or false")
+    return value
+
+
+# --- server side --------------------------------------------------------------------------
+
+
+def decode_request(
+    body: bytes, header_length: int | None, *, max_body_bytes: int | None = None
+) -> tuple[InferenceRequest, dict[str, Tensor]]:
+    """Parse an infer request body into its header model and one array per input.
+
+    ``header_length`` is the ``Inference-Header-Content-Length`` value (``None``: the whole
+    body is JSON). Raises ``PayloadTooLargeError`` past ``max_body_bytes``, else
+    ``InvalidInputError`` (or its ``UnsupportedDatatypeError``) for any malformed body.
+    """
+    if max_body_bytes is not None and len(body) > max_body_bytes:
+        raise PayloadTooLargeError(
+            f"request body of {len(body)} bytes exceeds the limit of {max_body_bytes}"
+        )
+    header, binary = _split_body(body, header_length)
+    request = _validate(InferenceRequest, _load_json(header), "inference request")
+    _check_unique((tensor.name for tensor in request.inputs), "input")
+    return request, _decode_tensors(request.inputs, binary, "input")
+
+
+def requested_outputs(request: InferenceRequest, available: Sequence[str]) -> list[str]:
+    """The outputs to return, in the request's order; all of ``available`` if none listed."""
+    if not request.outputs:
+        return list(available)
+    names = [output.name for output in request.outputs]
+    known = set(available)
+    for name in names:
+        if name not in known:
+            raise InvalidInputError(f"unknown output {name!r}; the model has {sorted(known)}")
+    _check_unique(names, "output")
+    return names
+
+
+def binary_outputs_requested(request: InferenceRequest, output_names: Iterable[str]) -> set[str]:
+    """Which of ``output_names`` go back as binary data (Triton's rules): the request's
+    ``binary_data_output`` sets the default, an output's ``binary_data`` overrides it, and
+    when the request lists outputs only those count."""
+    default = _flag(request.parameters, "binary_data_output", False)
+    if not request.outputs:
+        return set(output_names) if default else set()
+    listed = {o.name: _flag(o.parameters, "binary_data", default) for o in request.outputs}
+    return {name for name in output_names if listed.get(name, False)}
+
+
+def encode_response(
+    model_name: str,
+    model_version: str | None,
+    request_id: str | None,
+    outputs: Mapping[str, Tensor],
+    *,
+    binary: Collection[str] = frozenset(),
+    parameters: dict[str, Any] | None = None,
+) -> tuple[bytes, int | None]:
+    """An infer response body and its header length (``None`` when nothing is binary).
+
+    Outputs keep ``outputs``' order; those named in ``binary`` carry raw bytes after the
+    JSON header. An output that cannot be encoded (a dtype with no V2 datatype, BYTES that
+    are not UTF-8 in JSON) is the model's fault: ``InferenceError``.
+    """
+    header: dict[str, Any] = {"model_name": model_name}
+    extras = {"model_version": model_version, "id": request_id, "parameters": parameters}
+    header.update((key, value) for key, value in extras.items() if value is not None)
+    try:
+        header["outputs"], chunks = _encode_tensors(outputs, binary, "output")
+    except InvalidInputError as exc:
+        raise InferenceError(exc.message) from exc
+    return _assemble(header, chunks)
+
+
+# --- client side --------------------------------------------------------------------------
+
+
+def encode_request(
+    inputs: Mapping[str, Tensor],
+    *,
+    binary: bool,
+    request_id: str | None = None,
+    parameters: dict[str, Any] | None = None,
+    outputs: Sequence[str] | None = None,
+    binary_outputs: bool = False,
+) -> tuple[bytes, int | None]:
+    """An infer request body and its header length (``None`` when nothing is binary).
+
+    ``binary`` sends every input as binary data; ``outputs`` lists the outputs wanted
+    (default: all), and ``binary_outputs`` asks for them as binary data.
+    """
+    if not inputs:
+        raise InvalidInputError("a request needs at least one input")
+    header: dict[str, Any] = {} if request_id is None else {"id": request_id}
+    params = dict(parameters or {})
+    if binary_outputs and not outputs:
+        params["binary_data_output"] = True
+    if params:
+        header["parameters"] = params
+    header["inputs"], chunks = _encode_tensors(inputs, set(inputs) if binary else (), "input")
+    if outputs:
+        wanted = {"binary_data": binary_outputs}
+        header["outputs"] = [{"name": name, "parameters": wanted} for name in outputs]
+    return _assemble(header, chunks)
+
+
+def decode_response(
+    body: bytes, header_length: int | None
+) -> tuple[InferenceResponse, dict[str, Tensor]]:
+    """Parse an infer response body into its header model and one array per output.
+
+    A malformed response is the server's fault, not the caller's: ``InferenceError``.
+    """
+    try:
+        header, binary = _split_body(body, header_length)
+        response = _validate(InferenceResponse, _load_json(header), "inference response")
+        _check_unique((tensor.name for tensor in response.outputs), "output")
+        return response, _decode_tensors(response.outputs, binary, "output")
+    except InvalidInputError as exc:
+        raise InferenceError(f"malformed inference response: {exc.message}") from exc

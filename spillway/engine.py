@@ -1,0 +1,210 @@
+"""The inference engine: one ONNX Runtime session per model version.
+
+Every input is validated against the served signature before it may join a batch; a
+request that passes validation cannot make a batch fail for the others. The execution
+provider comes from options (CUDA then CPU on the GPU image); when CUDA was asked for and
+the session came up on the CPU, the engine says so in the log and in the metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import onnxruntime as ort
+
+from spillway.datatypes import datatype_of, from_onnx_type, numpy_dtype
+from spillway.errors import (
+    BatchTooLargeError,
+    InferenceError,
+    InvalidInputError,
+    ModelLoadError,
+    PayloadTooLargeError,
+)
+from spillway.modelconfig import ModelConfig, TensorConfig
+from spillway.processing import GraphTensor, Prepared, Processor, Tensors, make_processor
+
+log = logging.getLogger("spillway.engine")
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+_OPT_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How sessions are built and what one request may carry."""
+
+    providers: tuple[str, ...] = (CPU,)
+    intra_op_threads: int = 0
+    inter_op_threads: int = 0
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
+    max_elements_per_input: int = 16 * 1024 * 1024
+    max_bytes_per_element: int = 64 * 1024
+
+
+def _session(path: Path, options: EngineOptions) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = options.intra_op_threads
+    so.inter_op_num_threads = options.inter_op_threads
+    so.graph_optimization_level = _OPT_LEVELS[options.graph_optimization]
+    available = set(ort.get_available_providers())
+    providers = [p for p in options.providers if p in available] or [CPU]
+    try:
+        return ort.InferenceSession(str(path), sess_options=so, providers=providers)
+    except Exception as exc:
+        raise ModelLoadError(f"ONNX Runtime could not load {path.name}: {exc}") from exc
+
+
+def _graph_tensors(args: list[Any]) -> list[GraphTensor]:
+    return [GraphTensor(a.name, from_onnx_type(a.type), tuple(a.shape)) for a in args]
+
+
+class OnnxModel:
+    """A loaded model version: validation, preparation and batched runs."""
+
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        config: ModelConfig,
+        version_dir: Path,
+        options: EngineOptions,
+    ) -> None:
+        self.name = name
+        self.version = version
+        self.config = config
+        self.options = options
+        self.session = _session(version_dir / config.spillway.onnx_file, options)
+        self.provider = self.session.get_providers()[0]
+        self.provider_fallback = CUDA in options.providers and self.provider != CUDA
+        if self.provider_fallback:
+            log.warning(
+                "CUDA was requested for %s v%d but the session runs on %s",
+                name,
+                version,
+                self.provider,
+            )
+        self._inputs = {t.name: t for t in config.input}
+        self._output_names = [o.name for o in self.session.get_outputs()]
+        self.processor: Processor = make_processor(
+            config, version_dir, _graph_tensors(self.session.get_inputs())
+        )
+
+    @property
+    def batching(self) -> bool:
+        """Whether the first dimension of every tensor is the batch dimension."""
+        return self.config.max_batch_size > 0
+
+    def validate(self, inputs: Tensors) -> int:
+        """Check names, datatypes, shapes and caps; the request's row count."""
+        missing = self._inputs.keys() - inputs.keys()
+        unknown = inputs.keys() - self._inputs.keys()
+        if unknown:
+            raise InvalidInputError(f"unknown input {sorted(unknown)[0]!r} for model {self.name}")
+        if missing:
+            raise InvalidInputError(f"missing input {sorted(missing)[0]!r} for model {self.name}")
+        rows = {self._check_tensor(self._inputs[n], a) for n, a in inputs.items()}
+        if len(rows) != 1:
+            raise InvalidInputError("all inputs must have the same batch size")
+        count = rows.pop()
+        if self.batching and count > self.config.max_batch_size:
+            raise BatchTooLargeError(
+                f"batch of {count} exceeds max_batch_size {self.config.max_batch_size}"
+            )
+        return count
+
+    def _check_tensor(self, spec: TensorConfig, array: np.ndarray) -> int:
+        datatype = datatype_of(array)
+        if datatype != spec.datatype:
+            raise InvalidInputError(f"input {spec.name!r} must be {spec.datatype}, got {datatype}")
+        dims = (-1, *spec.dims) if self.batching else spec.dims
+        if array.ndim != len(dims) or any(
+            want not in (-1, got) for want, got in zip(dims, array.shape, strict=True)
+        ):
+            raise InvalidInputError(
+                f"input {spec.name!r} must have shape {list(dims)}, got {list(array.shape)}"
+            )
+        if array.size > self.options.max_elements_per_input:
+            raise PayloadTooLargeError(f"input {spec.name!r} has too many elements")
+        if datatype == "BYTES" and any(
+            len(x) > self.options.max_bytes_per_element for x in array.reshape(-1)
+        ):
+            raise PayloadTooLargeError(f"an element of input {spec.name!r} is too long")
+        rows = array.shape[0] if self.batching else 1
+        if rows < 1:
+            raise InvalidInputError(f"input {spec.name!r} has an empty batch")
+        return int(rows)
+
+    def prepare(self, inputs: Tensors) -> Prepared:
+        """Validate and pre-process one request, ready to join a batch."""
+        return self.processor.prepare(inputs, self.validate(inputs))
+
+    def run(self, batch: list[Prepared]) -> list[Tensors]:
+        """One ONNX Runtime run over prepared requests; each gets exactly its rows back."""
+        feeds = self.processor.collate(batch)
+        try:
+            raw = self.session.run(self._output_names, feeds)
+        except Exception as exc:
+            raise InferenceError(f"model {self.name} failed: {exc}") from exc
+        outputs = self.processor.outputs(dict(zip(self._output_names, raw, strict=True)))
+        if not self.batching:
+            return [outputs]
+        total = sum(p.rows for p in batch)
+        for name, array in outputs.items():
+            if array.shape[:1] != (total,):
+                raise InferenceError(f"output {name!r} has {array.shape[:1]} rows, not {total}")
+        results, start = [], 0
+        for p in batch:
+            results.append({n: a[start : start + p.rows] for n, a in outputs.items()})
+            start += p.rows
+        return results
+
+    def infer(self, inputs: Tensors) -> Tensors:
+        """Validate, prepare and run a single request (no batching)."""
+        return self.run([self.prepare(inputs)])[0]
+
+    def metadata(self) -> dict[str, Any]:
+        """The Open Inference Protocol model metadata (leading -1 when batching)."""
+        lead = [-1] if self.batching else []
+
+        def tensors(specs: tuple[TensorConfig, ...]) -> list[dict[str, Any]]:
+            return [
+                {"name": t.name, "datatype": t.datatype, "shape": [*lead, *t.dims]} for t in specs
+            ]
+
+        return {
+            "name": self.name,
+            "versions": [str(self.version)],
+            "platform": self.config.platform,
+            "inputs": tensors(self.config.input),
+            "outputs": tensors(self.config.output),
+            "parameters": {
+                "execution_provider": self.provider,
+                "provider_fallback": self.provider_fallback,
+            },
+        }
+
+    def sample_inputs(self, rows: int, length: int = 8) -> Tensors:
+        """Inputs generated from the signature, for warm-up (text: ``length`` words)."""
+        rng = np.random.default_rng(0)
+        samples: Tensors = {}
+        for spec in self.config.input:
+            shape = [rows] if self.batching else []
+            shape += [d if d > 0 else 1 for d in spec.dims]
+            if spec.datatype == "BYTES":
+                text = " ".join(["warm"] * length).encode()
+                samples[spec.name] = np.full(shape, text, dtype=np.object_)
+            else:
+                values = rng.random(math.prod(shape)).reshape(shape)
+                samples[spec.name] = values.astype(numpy_dtype(spec.datatype))
+        return samples

@@ -1,0 +1,127 @@
+"""One error hierarchy for every transport.
+
+Each class carries the HTTP status and a stable machine-readable ``code``. Transports map
+``SpillwayError`` to a response once (``status``, ``{"error": message, "code": code}``);
+they never match on message text.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class SpillwayError(Exception):
+    """Base class: an error a client may see, with its HTTP status and stable code."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal"
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+    def to_body(self) -> dict[str, str]:
+        """The Open Inference Protocol error body plus Spillway's stable code."""
+        return {"error": self.message, "code": self.code}
+
+
+class InvalidInputError(SpillwayError):
+    """The request is malformed or does not match the model's signature."""
+
+    status = 400
+    code = "invalid_input"
+
+
+class UnsupportedDatatypeError(InvalidInputError):
+    """A datatype the protocol does not define, or the model does not accept."""
+
+    code = "unsupported_datatype"
+
+
+class BatchTooLargeError(InvalidInputError):
+    """The request's own batch dimension exceeds what the model accepts."""
+
+    code = "batch_too_large"
+
+
+class InvalidModelNameError(InvalidInputError):
+    """A model name or version that could form an unsafe path or key."""
+
+    code = "invalid_model_name"
+
+
+class ModelNotFoundError(SpillwayError):
+    """No such model (or version) in the repository."""
+
+    status = 404
+    code = "model_not_found"
+
+
+class PayloadTooLargeError(SpillwayError):
+    """The body or a tensor exceeds a configured size cap."""
+
+    status = 413
+    code = "payload_too_large"
+
+
+class OverloadedError(SpillwayError):
+    """The queue is full; the client should retry after ``retry_after_s``."""
+
+    status = 429
+    code = "overloaded"
+
+
+class ModelNotReadyError(SpillwayError):
+    """The model exists but cannot serve right now (loading, failed, evicted)."""
+
+    status = 503
+    code = "model_not_ready"
+
+
+class UnavailableError(SpillwayError):
+    """The server or a backend is shutting down or unreachable."""
+
+    status = 503
+    code = "unavailable"
+
+
+class DeadlineExceededError(SpillwayError):
+    """The request's deadline passed before it could be computed."""
+
+    status = 504
+    code = "deadline_exceeded"
+
+
+class ModelLoadError(SpillwayError):
+    """A model version could not be fetched, verified, loaded or warmed."""
+
+    status = 500
+    code = "model_load_failed"
+
+
+class ChecksumMismatchError(ModelLoadError):
+    """A downloaded model file does not match its recorded sha256."""
+
+    code = "checksum_mismatch"
+
+
+class InferenceError(SpillwayError):
+    """The runtime failed while computing a batch."""
+
+    status = 500
+    code = "inference_failed"
+
+
+class RouteNotFoundError(SpillwayError):
+    """No such path."""
+
+    status = 404
+    code = "not_found"
+
+
+class MethodNotAllowedError(SpillwayError):
+    """The path exists but not for this HTTP method."""
+
+    status = 405
+    code = "method_not_allowed"

@@ -1,0 +1,121 @@
+"""Pydantic models of the Open Inference Protocol (KServe V2) REST messages.
+
+The models describe the JSON header only; tensor contents stay opaque here (``data`` is
+``Any``) and ``spillway.codec`` turns them into numpy arrays. Unknown top-level fields are
+ignored, as a tolerant reader should; the spec's extension point is ``parameters``, an
+open mapping everywhere it appears.
+
+An unknown ``datatype`` raises ``UnsupportedDatatypeError`` straight out of validation
+(pydantic lets non-``ValueError`` exceptions through), so transports answer it with its
+own code rather than a generic validation failure.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
+
+from spillway.datatypes import numpy_dtype
+
+Parameters = dict[str, Any]
+"""Free-form ``parameters``: the protocol's extension point (Triton puts ``binary_data_size``,
+``binary_data``, ``binary_data_output``, ``priority`` and ``timeout`` here)."""
+
+# Strict so that "3", 3.0 or true never pass as a dimension.
+Dim = Annotated[int, Field(strict=True, ge=0)]
+MetadataDim = Annotated[int, Field(strict=True, ge=-1)]
+Name = Annotated[StrictStr, Field(min_length=1, max_length=256)]
+
+
+def _known_datatype(value: str) -> str:
+    numpy_dtype(value)  # raises UnsupportedDatatypeError
+    return value
+
+
+Datatype = Annotated[StrictStr, AfterValidator(_known_datatype)]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class RequestInput(_Message):
+    """One input tensor: ``data`` (flat or nested, row-major) or, with the binary
+    extension, ``parameters.binary_data_size`` bytes after the JSON header."""
+
+    name: Name
+    shape: list[Dim]
+    datatype: Datatype
+    parameters: Parameters | None = None
+    data: Any | None = None
+
+
+class RequestOutput(_Message):
+    """An output the client asks for; ``parameters.binary_data`` picks its encoding."""
+
+    name: Name
+    parameters: Parameters | None = None
+
+
+class InferenceRequest(_Message):
+    """``POST /v2/models/{m}[/versions/{v}]/infer`` body (JSON header part)."""
+
+    id: StrictStr | None = None
+    parameters: Parameters | None = None
+    inputs: list[RequestInput] = Field(min_length=1)
+    outputs: list[RequestOutput] | None = None
+
+
+class ResponseOutput(_Message):
+    """One output tensor of an inference response."""
+
+    name: Name
+    shape: list[Dim]
+    datatype: Datatype
+    parameters: Parameters | None = None
+    data: Any | None = None
+
+
+class InferenceResponse(_Message):
+    """The inference response (JSON header part)."""
+
+    model_name: StrictStr
+    model_version: StrictStr | None = None
+    id: StrictStr | None = None
+    parameters: Parameters | None = None
+    outputs: list[ResponseOutput] = Field(default_factory=list)
+
+
+class MetadataTensor(_Message):
+    """A tensor in model metadata; ``-1`` marks a variable dimension (and the batch one)."""
+
+    name: Name
+    datatype: Datatype
+    shape: list[MetadataDim]
+
+
+class MetadataModelResponse(_Message):
+    """``GET /v2/models/{m}[/versions/{v}]``."""
+
+    name: StrictStr
+    versions: list[StrictStr] = Field(default_factory=list)
+    platform: StrictStr
+    inputs: list[MetadataTensor] = Field(default_factory=list)
+    outputs: list[MetadataTensor] = Field(default_factory=list)
+    parameters: Parameters | None = None
+
+
+class MetadataServerResponse(_Message):
+    """``GET /v2``."""
+
+    name: StrictStr
+    version: StrictStr
+    extensions: list[StrictStr] = Field(default_factory=list)
+
+
+class ErrorResponse(_Message):
+    """The protocol's ``{"error": message}`` plus Spillway's stable ``code``."""
+
+    error: StrictStr
+    code: StrictStr

@@ -1,0 +1,71 @@
+"""The ``spillway`` command: builds models, runs the demo, starts services.
+
+The CLI wires and starts things; it is not part of the core, and the core never imports it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Spillway: AI inference as a service.", no_args_is_help=True)
+models_app = typer.Typer(help="Build and publish models.", no_args_is_help=True)
+serve_app = typer.Typer(help="Start a service in the foreground.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(serve_app, name="serve")
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@models_app.command("build")
+def models_build(
+    out: Annotated[Path, typer.Option(help="Repository folder to write.")] = Path("models"),
+    model: Annotated[list[str] | None, typer.Option(help="Build only these models.")] = None,
+    verbose: bool = False,
+) -> None:
+    """Build the platform's models into a model repository (no downloads)."""
+    from spillway_cli.modelbuild.build import build_repository
+
+    _logging(verbose)
+    reports = build_repository(out, model or None)
+    for report in reports.values():
+        metrics = ", ".join(f"{k}={v:.6g}" for k, v in report.metrics.items())
+        typer.echo(f"{report.model:<10} {report.size_bytes / 1e6:8.2f} MB  {metrics}")
+
+
+@app.command("demo")
+def demo(
+    repository: Annotated[Path, typer.Option(help="Model repository folder.")] = Path("models"),
+    verbose: bool = False,
+) -> None:
+    """Run every model through the core engine on real samples and show the results."""
+    from spillway_cli.demo import run_demo
+
+    _logging(verbose)
+    run_demo(repository)
+
+
+@serve_app.command("gpu")
+def serve_gpu(
+    repository: Annotated[str | None, typer.Option(help="Folder or s3://bucket/prefix.")] = None,
+    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
+) -> None:
+    """The GPU service (Open Inference Protocol, dynamic batching); GPU_* variables apply."""
+    from gpu_service.server import serve
+    from gpu_service.settings import GpuSettings
+
+    flags: dict[str, object] = {"repository": repository, "host": host, "port": port}
+    serve(GpuSettings.model_validate({k: v for k, v in flags.items() if v is not None}))
+
+
+if __name__ == "__main__":
+    app()
