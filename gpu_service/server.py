@@ -8,6 +8,7 @@ queues, and the process exits within ``drain_timeout_s``.
 from __future__ import annotations
 
 import logging
+import signal
 from types import FrameType
 
 import uvicorn
@@ -41,6 +42,9 @@ class _DrainingServer(uvicorn.Server):
             )
         self.spillway_app.plane.draining = True
         super().handle_exit(sig, frame)
+        if sig == signal.SIGTERM:
+            # A drained stop is an orderly exit (status 0), not death by signal.
+            self._captured_signals.remove(sig)
 
 
 def serve(settings: GpuSettings) -> None:

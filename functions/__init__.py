@@ -1,0 +1,1 @@
+"""The Lambda functions: thin adapters over the shared core."""

@@ -1,0 +1,116 @@
+"""Test support: model repositories and real server processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from spillway_cli import procs
+from spillway_cli.modelbuild.common import write_checksums
+
+
+def slow_model(size: int = 2048, steps: int = 5) -> onnx.ModelProto:
+    """``y = x`` after ``steps`` dense ``size``×``size`` matmuls that depend on ``x``: a
+    real model that keeps the CPU busy for a while, so tests can hold a batch running."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])
+    fill = helper.make_tensor("fill", TensorProto.FLOAT, [1], [1.0 / size])
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+        helper.make_node("ConstantOfShape", ["shape"], ["ones"], value=fill),
+        helper.make_node("Mul", ["ones", "s"], ["a0"]),
+    ]
+    for i in range(steps):
+        nodes += [
+            helper.make_node("MatMul", [f"a{i}", f"a{i}"], [f"m{i}"]),
+            helper.make_node("Tanh", [f"m{i}"], [f"a{i + 1}"]),
+        ]
+    nodes += [
+        helper.make_node("ReduceSum", [f"a{steps}"], ["t"], keepdims=0),
+        helper.make_node("Mul", ["t", "zero"], ["z"]),
+        helper.make_node("Add", ["x", "z"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array([size, size], np.int64), "shape"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+    ]
+    graph = helper.make_graph(nodes, "slow", [x], [y], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def write_slow_model(
+    root: Path,
+    name: str = "slow",
+    *,
+    max_batch_size: int = 4,
+    max_queue_size: int = 4,
+    delay_us: int = 0,
+    steps: int = 5,
+) -> None:
+    """A ``slow`` model with its config and checksums in a repository folder."""
+    version_dir = root / name / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    onnx.save(slow_model(steps=steps), version_dir / "model.onnx")
+    write_checksums(version_dir)
+    config = {
+        "name": name,
+        "platform": "onnxruntime_onnx",
+        "max_batch_size": max_batch_size,
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+        "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}],
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": delay_us,
+            "priority_levels": 2,
+            "default_priority_level": 2,
+            "default_queue_policy": {"max_queue_size": max_queue_size},
+        },
+    }
+    (root / name / "config.json").write_text(json.dumps(config))
+
+
+def link_model(source: Path, root: Path, name: str) -> None:
+    """A model from another repository, hard-linked (no copy of the weights)."""
+    shutil.copytree(source / name, root / name, copy_function=os.link)
+
+
+class Service:
+    """A GPU service process on 127.0.0.1 and its URL."""
+
+    def __init__(self, child: procs.Child, port: int) -> None:
+        self.child = child
+        self.port = port
+        self.url = f"127.0.0.1:{port}"
+        self.base = f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def gpu_service(repository: Path, log_dir: Path, **settings: str) -> Iterator[Service]:
+    """``python -m gpu_service`` with ``GPU_*`` settings; stopped by PID afterwards."""
+    port = procs.free_port()
+    env = {
+        "GPU_REPOSITORY": str(repository),
+        "GPU_PORT": str(port),
+        "GPU_PROVIDERS": '["CPUExecutionProvider"]',
+        **{f"GPU_{k.upper()}": v for k, v in settings.items()},
+    }
+    child = procs.start(f"gpu-{port}", [sys.executable, "-m", "gpu_service"], log_dir, env)
+    try:
+        procs.wait_http(f"http://127.0.0.1:{port}/v2/health/ready", 120, child.proc)
+    except (RuntimeError, TimeoutError) as exc:
+        child.stop()
+        raise RuntimeError(f"{exc}\n{child.log_tail()}") from exc
+    try:
+        yield Service(child, port)
+    finally:
+        child.stop()
