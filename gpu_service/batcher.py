@@ -9,8 +9,8 @@ one error to every request of that batch and to no other.
 
 Priority: level 1 is the highest. A request that has waited ``aging_s`` is taken before
 any fresher request whatever its level, which bounds how long low priority can starve.
-Length buckets: requests queue by length bucket and a batch never mixes buckets, so short
-texts neither pad to nor wait behind long ones.
+Length buckets: requests queue by length bucket, a batch never mixes buckets, and each
+bucket has its own compute slots, so short texts neither pad to nor wait behind long ones.
 """
 
 from __future__ import annotations
@@ -64,7 +64,14 @@ class BatchPolicy:
     aging_s: float = 0.1
     length_buckets: tuple[int, ...] = ()
     concurrency: int = 1
+    """Batches that may compute at once per length bucket (a long batch never blocks a
+    short one)."""
     retry_after_s: float = 1.0
+
+    @property
+    def max_parallel_runs(self) -> int:
+        """Runs that may be in flight at once: the executor needs this many threads."""
+        return self.concurrency * (len(self.length_buckets) + 1)
 
     def bucket_of(self, length: int) -> int:
         """The index of the first bucket edge that holds ``length`` (the last if none)."""
@@ -95,6 +102,7 @@ class _Pending:
 class _Bucket:
     levels: list[deque[_Pending]]
     rows: int = 0
+    running: int = 0
 
     def heads(self) -> list[_Pending]:
         """The first queued request of each level; ones that left are dropped here."""
@@ -301,10 +309,10 @@ class DynamicBatcher:
         while not (self._stopping and self._queued == 0 and self._running == 0):
             self._wake.clear()
             wait: float | None = None
-            if self._running < self.policy.concurrency and self._queued:
+            if self._queued:
                 bucket, wait = self._next_due()
                 if bucket is not None and wait <= 0:
-                    self._dispatch(self._form(bucket))
+                    self._dispatch(bucket, self._form(bucket))
                     continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
@@ -324,7 +332,7 @@ class DynamicBatcher:
         best: tuple[float, float, _Bucket] | None = None
         for bucket in self._buckets:
             heads = bucket.heads()
-            if not heads:
+            if not heads or bucket.running >= self.policy.concurrency:
                 continue
             oldest = min(h.arrival for h in heads)
             full = bucket.rows >= target or self._stopping
@@ -363,13 +371,14 @@ class DynamicBatcher:
         self._queued -= len(batch)
         return batch
 
-    def _dispatch(self, batch: list[_Pending]) -> None:
+    def _dispatch(self, bucket: _Bucket, batch: list[_Pending]) -> None:
         self._running += 1
-        task = asyncio.get_running_loop().create_task(self._execute(batch))
+        bucket.running += 1
+        task = asyncio.get_running_loop().create_task(self._execute(bucket, batch))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
-    async def _execute(self, batch: list[_Pending]) -> None:
+    async def _execute(self, bucket: _Bucket, batch: list[_Pending]) -> None:
         loop = asyncio.get_running_loop()
         started = self._clock()
         self.stats.busy.start(started)
@@ -388,6 +397,7 @@ class DynamicBatcher:
             error = InferenceError(f"inference failed on model {self.name}: {exc}")
         finally:
             self._running -= 1
+            bucket.running -= 1
             self._wake.set()
         self._finish(batch, started, results, error)
 

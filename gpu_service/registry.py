@@ -131,7 +131,9 @@ class ModelRegistry:
         model = await asyncio.to_thread(OnnxModel, config.name, version, config, path, options)
         await asyncio.to_thread(model.infer, model.sample_inputs(1))  # warm-up
         policy = batch_policy(config, self.settings)
-        executor = ThreadPoolExecutor(policy.concurrency, thread_name_prefix=f"ort-{config.name}")
+        executor = ThreadPoolExecutor(
+            policy.max_parallel_runs, thread_name_prefix=f"ort-{config.name}"
+        )
         stats = ModelStats()
         batcher = DynamicBatcher(f"{config.name}/{version}", model, policy, executor, stats=stats)
         batcher.start()

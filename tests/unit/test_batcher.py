@@ -70,7 +70,7 @@ Scenario = Callable[[DynamicBatcher, FakeRunner], Awaitable[None]]
 
 def run_with(policy: BatchPolicy, runner: FakeRunner, scenario: Scenario) -> None:
     async def main() -> None:
-        with ThreadPoolExecutor(max_workers=policy.concurrency) as pool:
+        with ThreadPoolExecutor(max_workers=policy.max_parallel_runs) as pool:
             batcher = DynamicBatcher("fake", runner, policy, pool)
             batcher.start()
             try:
@@ -445,3 +445,29 @@ def test_adaptive_target_follows_arrival_rate() -> None:
     for i in range(50):
         batcher._rate.arrive(1 + i * 0.00001)  # a burst caps at max_batch_size
     assert batcher._target() == 64
+
+
+def test_a_running_long_batch_does_not_block_short_ones() -> None:
+    # GIVEN a long-text batch held in compute (one slot per bucket)
+    policy = BatchPolicy(max_batch_size=4, max_queue_delay_s=0.0, length_buckets=(8,))
+    release_long = threading.Event()
+
+    class LengthGated(FakeRunner):
+        def run(self, batch: list[Prepared]) -> list[Tensors]:
+            if batch[0].length > 8:
+                assert release_long.wait(10)
+            return super().run(batch)
+
+    runner = LengthGated()
+
+    async def scenario(batcher: DynamicBatcher, _: FakeRunner) -> None:
+        long = asyncio.ensure_future(batcher.submit(request(9, length=100)))
+        # WHEN short requests arrive THEN they complete while the long one still runs
+        await asyncio.wait_for(batcher.submit(request(1, length=5)), timeout=10)
+        await asyncio.wait_for(batcher.submit(request(2, length=5)), timeout=10)
+        assert not long.done()
+        release_long.set()
+        await long
+
+    run_with(policy, runner, scenario)
+    assert runner.batches == [[1], [2], [9]]

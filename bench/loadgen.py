@@ -1,0 +1,89 @@
+"""A bounded async load generator over raw keep-alive HTTP/1.1 connections.
+
+Each of ``concurrency`` connections sends its share of a fixed list of prepared requests
+one after another; latency is measured per request from write to the last body byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class LoadResult:
+    """Latencies (seconds), status counts and the wall time of one run."""
+
+    latencies: list[float] = field(default_factory=list)
+    statuses: dict[int, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies, q)) if self.latencies else float("nan")
+
+    @property
+    def ok(self) -> int:
+        return self.statuses.get(200, 0)
+
+
+def http_request(
+    path: str, body: bytes, header_length: int | None = None, content_type: str = "application/json"
+) -> bytes:
+    """The bytes of one POST request, prepared once and sent many times."""
+    lines = [
+        f"POST {path} HTTP/1.1",
+        "Host: 127.0.0.1",
+        f"Content-Type: {content_type}",
+        f"Content-Length: {len(body)}",
+    ]
+    if header_length is not None:
+        lines.append(f"Inference-Header-Content-Length: {header_length}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+async def _connection(port: int, requests: list[bytes], result: LoadResult) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for request in requests:
+            started = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            await reader.readexactly(length)
+            result.latencies.append(time.perf_counter() - started)
+            result.statuses[status] = result.statuses.get(status, 0) + 1
+    finally:
+        writer.close()
+
+
+async def _run(port: int, requests: list[bytes], concurrency: int) -> LoadResult:
+    result = LoadResult()
+    shares = [requests[i::concurrency] for i in range(concurrency)]
+    started = time.perf_counter()
+    await asyncio.gather(*(_connection(port, share, result) for share in shares if share))
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+def run_load(
+    port: int,
+    requests: list[bytes],
+    concurrency: int,
+    groups: list[tuple[list[bytes], int]] | None = None,
+) -> list[LoadResult]:
+    """Run one load (or several groups at once, each with its own result)."""
+    import uvloop
+
+    async def main() -> list[LoadResult]:
+        if groups is None:
+            return [await _run(port, requests, concurrency)]
+        return list(await asyncio.gather(*(_run(port, r, c) for r, c in groups)))
+
+    return uvloop.run(main())
