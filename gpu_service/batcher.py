@@ -18,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
@@ -70,8 +72,13 @@ class BatchPolicy:
 
     @property
     def max_parallel_runs(self) -> int:
-        """Runs that may be in flight at once: the executor needs this many threads."""
+        """Runs that may be in flight at once: a shared executor needs this many threads."""
         return self.concurrency * (len(self.length_buckets) + 1)
+
+    def niceness(self, bucket: int) -> int:
+        """OS scheduling niceness of a bucket's compute threads: longer buckets yield the CPU
+        to shorter ones (with one intra-op thread the run computes on this thread)."""
+        return min(19, 5 * bucket)
 
     def bucket_of(self, length: int) -> int:
         """The index of the first bucket edge that holds ``length`` (the last if none)."""
@@ -100,6 +107,7 @@ class _Pending:
 
 @dataclass
 class _Bucket:
+    index: int
     levels: list[deque[_Pending]]
     rows: int = 0
     running: int = 0
@@ -141,7 +149,7 @@ class DynamicBatcher:
         name: str,
         runner: Runner,
         policy: BatchPolicy,
-        executor: Executor,
+        executor: Executor | None = None,
         *,
         stats: ModelStats | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -151,11 +159,19 @@ class DynamicBatcher:
         self.policy = policy
         self.stats = stats or ModelStats()
         self.failure: BaseException | None = None
-        self._executor = executor
+        buckets = len(policy.length_buckets) + 1
+        self._owned: list[ThreadPoolExecutor] = []
+        if executor is None:
+            self._owned = [
+                _compute_pool(policy.concurrency, policy.niceness(b), f"{name}-{b}")
+                for b in range(buckets)
+            ]
+        self._executors: list[Executor] = (
+            [*self._owned] if executor is None else [executor] * buckets
+        )
         self._clock = clock
         self._buckets = [
-            _Bucket([deque() for _ in range(policy.priority_levels)])
-            for _ in range(len(policy.length_buckets) + 1)
+            _Bucket(b, [deque() for _ in range(policy.priority_levels)]) for b in range(buckets)
         ]
         self._queued = 0
         self._running = 0
@@ -181,6 +197,8 @@ class DynamicBatcher:
             await asyncio.wait({self._task}, timeout=drain_timeout_s)
             self._task.cancel()
         self._fail_queued(UnavailableError(f"model {self.name} is shutting down"))
+        for pool in self._owned:
+            pool.shutdown(wait=False)
 
     @property
     def healthy(self) -> bool:
@@ -386,7 +404,7 @@ class DynamicBatcher:
         error: SpillwayError | None = None
         try:
             results = await loop.run_in_executor(
-                self._executor, self.runner.run, [p.prepared for p in batch]
+                self._executors[bucket.index], self.runner.run, [p.prepared for p in batch]
             )
             if len(results) != len(batch):
                 raise InferenceError(f"{len(results)} results for {len(batch)} requests")
@@ -431,3 +449,16 @@ class DynamicBatcher:
             pending.future.set_exception(error)
         elif result is not None:
             pending.future.set_result(result)
+
+
+def _compute_pool(threads: int, niceness: int, name: str) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(
+        threads, thread_name_prefix=f"ort-{name}", initializer=_renice, initargs=(niceness,)
+    )
+
+
+def _renice(niceness: int) -> None:
+    # Linux applies setpriority to a single thread when given its thread id.
+    if niceness and hasattr(os, "setpriority"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)

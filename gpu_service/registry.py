@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from gpu_service.batcher import BatchPolicy, DynamicBatcher
@@ -79,7 +78,6 @@ class ServedVersion:
     model: OnnxModel
     batcher: DynamicBatcher
     stats: ModelStats
-    executor: ThreadPoolExecutor
     load_seconds: float = 0.0
 
     @property
@@ -131,22 +129,17 @@ class ModelRegistry:
         model = await asyncio.to_thread(OnnxModel, config.name, version, config, path, options)
         await asyncio.to_thread(model.infer, model.sample_inputs(1))  # warm-up
         policy = batch_policy(config, self.settings)
-        executor = ThreadPoolExecutor(
-            policy.max_parallel_runs, thread_name_prefix=f"ort-{config.name}"
-        )
         stats = ModelStats()
-        batcher = DynamicBatcher(f"{config.name}/{version}", model, policy, executor, stats=stats)
+        batcher = DynamicBatcher(f"{config.name}/{version}", model, policy, stats=stats)
         batcher.start()
         elapsed = time.monotonic() - started
         log.info("loaded %s v%d on %s in %.2f s", config.name, version, model.provider, elapsed)
-        return ServedVersion(model, batcher, stats, executor, elapsed)
+        return ServedVersion(model, batcher, stats, elapsed)
 
     async def stop(self, drain_timeout_s: float) -> None:
-        """Drain every batcher, then free the executors."""
+        """Drain every batcher (each frees its compute threads)."""
         served = [v for e in self.models.values() for v in e.versions.values()]
         await asyncio.gather(*(v.batcher.stop(drain_timeout_s) for v in served))
-        for version in served:
-            version.executor.shutdown(wait=False)
 
     def entry(self, name: str) -> ModelEntry:
         """A model known to the registry (404 otherwise)."""

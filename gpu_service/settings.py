@@ -23,12 +23,13 @@ class GpuSettings(BaseSettings):
     """Port to listen on."""
     providers: tuple[str, ...] = (CUDA, CPU)
     """ONNX Runtime execution providers in order of preference; a CPU fallback is logged."""
-    intra_op_threads: int = Field(default=0, ge=0)
-    """Threads inside one ONNX Runtime operator (0: ONNX Runtime decides)."""
+    intra_op_threads: int = Field(default=1, ge=0)
+    """Threads inside one ONNX Runtime run (0: one per core). With 1, a run computes on
+    its compute-slot thread, so parallel slots and per-bucket priorities take effect."""
     inter_op_threads: int = Field(default=0, ge=0)
     """Threads across operators (0: ONNX Runtime decides)."""
-    instance_count: int = Field(default=1, ge=1, le=16)
-    """Batches of one model version that may compute at the same time."""
+    instance_count: int = Field(default=2, ge=1, le=16)
+    """Batches of one model version (per length bucket) that may compute at once."""
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     """Largest request body accepted; larger bodies get 413 before they are read."""
     max_elements_per_input: int = Field(default=16 * 1024 * 1024, ge=1)

@@ -216,7 +216,10 @@ def slow_repo(models_dir: Path, tmp_path: Path) -> Path:
 
 def test_full_queue_gives_exactly_k_429s(slow_repo: Path, tmp_path: Path) -> None:
     # GIVEN a busy model with max_queue_size 3
-    with gpu_service(slow_repo, tmp_path / "logs") as svc, ThreadPoolExecutor(8) as pool:
+    with (
+        gpu_service(slow_repo, tmp_path / "logs", instance_count="1") as svc,
+        ThreadPoolExecutor(8) as pool,
+    ):
         first = pool.submit(_infer_slow, svc.base, 1.0)
         _wait_running(svc.base)
         # WHEN 3 + 2 more requests arrive
@@ -232,7 +235,10 @@ def test_full_queue_gives_exactly_k_429s(slow_repo: Path, tmp_path: Path) -> Non
 
 
 def test_deadline_passes_in_queue_gives_504(slow_repo: Path, tmp_path: Path) -> None:
-    with gpu_service(slow_repo, tmp_path / "logs") as svc, ThreadPoolExecutor(2) as pool:
+    with (
+        gpu_service(slow_repo, tmp_path / "logs", instance_count="1") as svc,
+        ThreadPoolExecutor(2) as pool,
+    ):
         first = pool.submit(_infer_slow, svc.base, 1.0)
         _wait_running(svc.base)
         status, _, raw = _infer_slow(svc.base, 2.0, timeout=50_000)  # 50 ms, in microseconds
@@ -262,7 +268,7 @@ def test_lone_request_latency_is_bounded_by_the_delay(models_dir: Path, tmp_path
 
 def test_sigterm_drains_in_flight_and_refuses_new(slow_repo: Path, tmp_path: Path) -> None:
     results: list[int] = []
-    with gpu_service(slow_repo, tmp_path / "logs", drain_timeout_s="60") as svc:
+    with gpu_service(slow_repo, tmp_path / "logs", drain_timeout_s="60", instance_count="1") as svc:
         with ThreadPoolExecutor(4) as pool:
             first = pool.submit(_infer_slow, svc.base, 1.0)
             _wait_running(svc.base)
