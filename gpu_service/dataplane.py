@@ -7,11 +7,12 @@ queues and encodes, and counts what happened.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from gpu_service.registry import ModelRegistry, ServedVersion
+from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
+from gpu_service.versions import ServedVersion
 from spillway import __version__
 from spillway.codec import (
     binary_outputs_requested,
@@ -19,7 +20,16 @@ from spillway.codec import (
     encode_response,
     requested_outputs,
 )
-from spillway.errors import InvalidInputError, ModelNotReadyError, SpillwayError
+from spillway.engine import config_metadata
+from spillway.errors import (
+    ControlDisabledError,
+    InvalidInputError,
+    ModelNotReadyError,
+    SpillwayError,
+    UnavailableError,
+)
+from spillway.processing import Tensors
+from spillway.protocol import InferenceRequest
 
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "schedule_policy"]
 
@@ -33,6 +43,7 @@ class InferResult:
     version: int
     queue_depth: int
     busy: float
+    cold_start_s: float | None = None
 
 
 def _int_parameter(parameters: dict[str, Any] | None, key: str) -> int | None:
@@ -53,7 +64,12 @@ class DataPlane:
         self.draining = False
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "spillway-gpu", "version": __version__, "extensions": EXTENSIONS}
+        extensions = EXTENSIONS + ["model_repository"] * self.control_enabled
+        return {"name": "spillway-gpu", "version": __version__, "extensions": extensions}
+
+    @property
+    def control_enabled(self) -> bool:
+        return self.settings.model_control_mode == "explicit"
 
     def ready(self) -> bool:
         return not self.draining and self.registry.ready
@@ -66,9 +82,16 @@ class DataPlane:
         return not self.draining
 
     def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        entry = self.registry.entry(name)
+        if version is None and entry.serving() is None and entry.config is not None:
+            # Scaled to zero: the signature is known without loading the model.
+            return config_metadata(entry.config, sorted(entry.states))
         return self.registry.get(name, version).model.metadata()
 
     def model_config(self, name: str, version: str | None) -> dict[str, Any]:
+        entry = self.registry.entry(name)
+        if version is None and entry.config is not None:
+            return entry.config.to_json_dict()
         return self.registry.get(name, version).model.config.to_json_dict()
 
     def model_stats(self, name: str | None, version: str | None) -> dict[str, Any]:
@@ -83,38 +106,65 @@ class DataPlane:
             "model_stats": [s.stats.to_triton(s.model.name, str(s.model.version)) for s in served]
         }
 
+    async def repository_index(self) -> list[dict[str, str]]:
+        return await self.registry.index()
+
+    async def load(self, name: str) -> None:
+        """Load (or re-read) a model: new versions are swapped in without failing requests."""
+        self._check_control()
+        failures = await self.registry.sync(name)
+        if failures:
+            raise failures[0]
+
+    async def unload(self, name: str) -> None:
+        self._check_control()
+        await self.registry.unload(name)
+
+    def _check_control(self) -> None:
+        if not self.control_enabled:
+            raise ControlDisabledError(
+                f"model control is disabled (--model-control-mode "
+                f"{self.settings.model_control_mode}); use explicit"
+            )
+
     async def infer(
         self, name: str, version: str | None, body: bytes, header_length: int | None
     ) -> InferResult:
         """Decode, validate, queue, compute and encode one request."""
         if self.draining:
-            raise ModelNotReadyError(
+            raise UnavailableError(
                 "the service is shutting down", retry_after_s=self.settings.retry_after_s
             )
         arrived = time.perf_counter()
-        served = self.registry.get(name, version)
-        try:
-            return await self._infer(served, body, header_length, arrived)
-        except SpillwayError:
-            served.stats.fail.add(time.perf_counter() - arrived)
-            raise
-
-    async def _infer(
-        self, served: ServedVersion, body: bytes, header_length: int | None, arrived: float
-    ) -> InferResult:
         request, arrays = decode_request(
             body, header_length, max_body_bytes=self.settings.max_body_bytes
         )
+        priority = _int_parameter(request.parameters, "priority") or 0
+        timeout_us = _int_parameter(request.parameters, "timeout")
+        timeout_s = None if timeout_us is None else timeout_us / 1e6
+        async with self.registry.lease(name, version, timeout_s) as (served, cold):
+            try:
+                result = await self._infer(served, request, arrays, priority, timeout_s, arrived)
+            except SpillwayError:
+                served.stats.fail.add(time.perf_counter() - arrived)
+                raise
+        return replace(result, cold_start_s=cold)
+
+    async def _infer(
+        self,
+        served: ServedVersion,
+        request: InferenceRequest,
+        arrays: Tensors,
+        priority: int,
+        timeout_s: float | None,
+        arrived: float,
+    ) -> InferResult:
         model = served.model
         outputs = requested_outputs(request, [o.name for o in model.config.output])
         binary = binary_outputs_requested(request, outputs)
-        priority = _int_parameter(request.parameters, "priority") or 0
-        timeout_us = _int_parameter(request.parameters, "timeout")
         prepared = model.prepare(arrays)
         prepared_at = time.perf_counter()
-        result = await served.batcher.submit(
-            prepared, priority=priority, timeout_s=None if timeout_us is None else timeout_us / 1e6
-        )
+        result = await served.batcher.submit(prepared, priority=priority, timeout_s=timeout_s)
         computed_at = time.perf_counter()
         body_out, length = encode_response(
             model.name,

@@ -8,6 +8,7 @@ logged with its traceback and answered with a generic 500.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import re
@@ -22,6 +23,7 @@ from spillway.errors import (
     PayloadTooLargeError,
     RouteNotFoundError,
     SpillwayError,
+    UnauthorizedError,
 )
 
 log = logging.getLogger("spillway.http")
@@ -35,6 +37,7 @@ _MODEL_PATH = re.compile(
     r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
     r"(?:/(?P<op>ready|config|stats|infer))?$"
 )
+_REPOSITORY_PATH = re.compile(r"^/v2/repository/models/(?P<model>[^/]+)/(?P<op>load|unload)$")
 _JSON = (b"content-type", b"application/json")
 
 
@@ -99,6 +102,8 @@ class GpuServiceApp:
         plane = self.plane
         if path.startswith("/v2/models/") and (match := _MODEL_PATH.match(path)):
             return await self._model_route(method, match, scope, receive)
+        if path.startswith("/v2/repository/"):
+            return await self._repository_route(method, path, scope, receive)
         if method != "GET":
             self._method(method, path)
         if path == "/v2/health/live":
@@ -130,6 +135,10 @@ class GpuServiceApp:
                 (b"x-spillway-queue-depth", str(result.queue_depth).encode()),
                 (b"x-spillway-busy", f"{result.busy:.3f}".encode()),
             ]
+            if result.cold_start_s is not None:
+                headers.append(
+                    (b"x-spillway-cold-start-ms", f"{result.cold_start_s * 1e3:.0f}".encode())
+                )
             if result.header_length is None:
                 headers.append(_JSON)
             else:
@@ -147,6 +156,32 @@ class GpuServiceApp:
         if op == "stats":
             return 200, _json(plane.model_stats(model, version)), [_JSON]
         return 200, _json(plane.model_metadata(model, version)), [_JSON]
+
+    async def _repository_route(
+        self, method: str, path: str, scope: Scope, receive: Receive
+    ) -> tuple[int, bytes, Headers]:
+        if method != "POST":
+            self._method(method, path)
+        self._authorize(scope)
+        await self._body(scope, receive)  # a load request's body (parameters) is not used
+        if path == "/v2/repository/index":
+            return 200, _json(await self.plane.repository_index()), [_JSON]
+        match = _REPOSITORY_PATH.match(path)
+        if match is None:
+            raise RouteNotFoundError(f"no route for {path}")
+        if match["op"] == "load":
+            await self.plane.load(match["model"])
+        else:
+            await self.plane.unload(match["model"])
+        return 200, b"", [_JSON]
+
+    def _authorize(self, scope: Scope) -> None:
+        token = self.plane.settings.admin_token
+        if token is None:
+            return
+        given = _header(scope, b"authorization") or ""
+        if not hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode()):
+            raise UnauthorizedError("repository control needs the admin token")
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
         limit = self.plane.settings.max_body_bytes

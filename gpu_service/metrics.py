@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from gpu_service.registry import ModelRegistry, ServedVersion
+from gpu_service.registry import ModelEntry, ModelRegistry
 from gpu_service.stats import BATCH_BUCKETS
+from gpu_service.versions import ServedVersion
 
 _COUNTERS = (
     (
@@ -85,6 +86,46 @@ _GAUGES = (
 )
 
 
+_MODEL_COUNTERS: tuple[tuple[str, str, Callable[[ModelEntry], int]], ...] = (
+    (
+        "spillway_model_loads_total",
+        "Versions loaded (start-up, swaps and cold starts)",
+        lambda e: e.loads,
+    ),
+    (
+        "spillway_model_load_failures_total",
+        "Versions that failed to fetch, verify, load or warm",
+        lambda e: e.load_failures,
+    ),
+    (
+        "spillway_cold_starts_total",
+        "Loads triggered by a request for a model scaled to zero",
+        lambda e: e.cold_starts,
+    ),
+    (
+        "spillway_evictions_total",
+        "Versions evicted to fit the memory budget",
+        lambda e: e.evictions,
+    ),
+)
+
+
+def _model_lines(registry: ModelRegistry) -> list[str]:
+    lines: list[str] = []
+    for name, help_text, read in _MODEL_COUNTERS:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+        lines += [
+            f'{name}{{model="{e.name}"}} {read(e)}' for _, e in sorted(registry.models.items())
+        ]
+    name = "spillway_memory_in_use_bytes"
+    lines += [
+        f"# HELP {name} Summed footprint of loaded versions",
+        f"# TYPE {name} gauge",
+        f"{name} {registry.memory_in_use()}",
+    ]
+    return lines
+
+
 def _labels(served: ServedVersion) -> str:
     return f'model="{served.model.name}",version="{served.model.version}"'
 
@@ -114,4 +155,5 @@ def render(registry: ModelRegistry) -> str:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
             lines += [f"{name}{{{_labels(s)}}} {read(s)}" for s in served]
     lines += _histogram(served)
+    lines += _model_lines(registry)
     return "\n".join(lines) + "\n"

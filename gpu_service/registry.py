@@ -1,46 +1,70 @@
-"""The model registry: which versions are loaded, and their batchers.
+"""The model registry: versions, hot swap, memory budget, scale-to-zero, lazy loads.
 
-At start every model of the repository is loaded (the versions its version policy names),
-warmed up, and given a batcher. A request names a model and optionally a version; without
-a version the newest ready one serves.
+All registry state lives on the event loop; fetching, session creation and warm-up run on
+worker threads. Loads are serialised (one at a time) so memory growth is attributable.
+
+* ``sync(model)`` brings a model in line with its repository and version policy: new
+  versions are fetched, verified, loaded and warmed **beside** the serving one; once a new
+  version is ready the switch is atomic (requests pick the newest ready version), and old
+  versions drain their leases before they are freed. A version that fails to load never
+  replaces a serving one; the failure is reported to the caller and counted.
+* A load that does not fit ``memory_budget_mb`` evicts least-recently-used idle versions
+  of other models; a busy version is never evicted; if nothing can be freed the load fails
+  with ``InsufficientMemoryError``.
+* A version idle longer than its TTL is unloaded (unless its model is pinned); the next
+  request loads it again, and concurrent first requests share that one load.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from gpu_service.batcher import BatchPolicy, DynamicBatcher
+from gpu_service.batcher import BatchPolicy
+from gpu_service.memory import estimate
 from gpu_service.settings import GpuSettings
-from gpu_service.stats import ModelStats
+from gpu_service.versions import ServedVersion, State, load_version, start_version
 from spillway.engine import OnnxModel
-from spillway.errors import ModelNotFoundError, ModelNotReadyError, SpillwayError
+from spillway.errors import (
+    InsufficientMemoryError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    SpillwayError,
+)
 from spillway.modelconfig import ModelConfig, VersionPolicy
 from spillway.repository import ModelRepository, validate_model_name, validate_version
 
 log = logging.getLogger("spillway.registry")
 
+# Creates and warms a session; returns it with its measured footprint and the method used.
+Loader = Callable[[ModelConfig, int, Path, GpuSettings], tuple[OnnxModel, int, str]]
+
 
 def batch_policy(config: ModelConfig, settings: GpuSettings) -> BatchPolicy:
     """A batcher policy from the model's Triton-style config and the service settings."""
     dyn = config.dynamic_batching
+    common: dict[str, Any] = {
+        "concurrency": settings.instance_count,
+        "retry_after_s": settings.retry_after_s,
+    }
     if config.max_batch_size == 0 or dyn is None:
         # No dynamic batching: one request per run, still queued and bounded.
         return BatchPolicy(
             max_batch_size=max(config.max_batch_size, 1),
             max_queue_delay_s=0.0,
-            concurrency=settings.instance_count,
-            retry_after_s=settings.retry_after_s,
+            length_buckets=config.spillway.length_buckets,
+            **common,
         )
     queue = dyn.default_queue_policy
     timeout_us = queue.default_timeout_microseconds
-    default_timeout = (
-        timeout_us / 1e6
-        if timeout_us
-        else (settings.default_timeout_ms / 1e3 if settings.default_timeout_ms else None)
-    )
+    default_ms = settings.default_timeout_ms
+    default_timeout = timeout_us / 1e6 if timeout_us else (default_ms / 1e3 if default_ms else None)
     return BatchPolicy(
         max_batch_size=config.max_batch_size,
         max_queue_delay_s=dyn.max_queue_delay_microseconds / 1e6,
@@ -56,8 +80,7 @@ def batch_policy(config: ModelConfig, settings: GpuSettings) -> BatchPolicy:
         allow_timeout_override=queue.allow_timeout_override,
         aging_s=settings.priority_aging_ms / 1e3,
         length_buckets=config.spillway.length_buckets,
-        concurrency=settings.instance_count,
-        retry_after_s=settings.retry_after_s,
+        **common,
     )
 
 
@@ -72,74 +95,72 @@ def chosen_versions(policy: VersionPolicy, available: list[int]) -> list[int]:
 
 
 @dataclass
-class ServedVersion:
-    """One loaded model version with its batcher and statistics."""
-
-    model: OnnxModel
-    batcher: DynamicBatcher
-    stats: ModelStats
-    load_seconds: float = 0.0
-
-    @property
-    def ready(self) -> bool:
-        return self.batcher.healthy
-
-
-@dataclass
 class ModelEntry:
-    """A model of the repository and its loaded versions (newest last)."""
+    """A model of the repository: its loaded versions and what happened to the others."""
 
     name: str
-    config: ModelConfig | None
+    config: ModelConfig | None = None
     versions: dict[int, ServedVersion] = field(default_factory=dict)
-    error: str | None = None
+    states: dict[int, tuple[State, str]] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    loading: asyncio.Task[list[SpillwayError]] | None = None
+    loads: int = 0
+    load_failures: int = 0
+    cold_starts: int = 0
+    evictions: int = 0
+    last_error: str | None = None
+    footprint: int | None = None  # last measured, the estimate for the next load
+
+    def serving(self) -> ServedVersion | None:
+        """The newest ready version."""
+        ready = [v for n, v in sorted(self.versions.items(), reverse=True) if v.ready]
+        return ready[0] if ready else None
+
+    def ttl(self, default: float | None) -> float | None:
+        if self.config is None or self.config.spillway.pinned:
+            return None
+        return self.config.spillway.idle_ttl_seconds or default
 
 
 class ModelRegistry:
-    """Loads models at start; finds the version that serves a request."""
+    """Loads, swaps, evicts and finds model versions."""
 
-    def __init__(self, repository: ModelRepository, settings: GpuSettings) -> None:
+    def __init__(
+        self, repository: ModelRepository, settings: GpuSettings, *, loader: Loader = load_version
+    ) -> None:
         self.repository = repository
         self.settings = settings
+        self._loader = loader
         self.models: dict[str, ModelEntry] = {}
+        self._load_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- start and stop --------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load every model of the repository; a model that fails is reported, not fatal."""
+        """Register the repository's models, load the start-up set, start background tasks."""
         names = await asyncio.to_thread(self.repository.list_models)
+        wanted = self.settings.startup_models
         for name in names:
-            try:
-                await self._load_model(name)
-            except SpillwayError as error:
-                log.error("model %s failed to load: %s", name, error.message)
-                self.models.setdefault(name, ModelEntry(name, None)).error = error.message
-
-    async def _load_model(self, name: str) -> None:
-        config = await asyncio.to_thread(self.repository.read_config, name)
-        entry = self.models.setdefault(name, ModelEntry(name, config))
-        available = await asyncio.to_thread(self.repository.list_versions, name)
-        for version in chosen_versions(config.version_policy, available):
-            entry.versions[version] = await self._load_version(config, version)
-
-    async def _load_version(self, config: ModelConfig, version: int) -> ServedVersion:
-        started = time.monotonic()
-        path = await asyncio.to_thread(
-            self.repository.fetch_version, config.name, version, self.settings.cache_dir
-        )
-        options = self.settings.engine_options()
-        model = await asyncio.to_thread(OnnxModel, config.name, version, config, path, options)
-        await asyncio.to_thread(model.infer, model.sample_inputs(1))  # warm-up
-        policy = batch_policy(config, self.settings)
-        stats = ModelStats()
-        batcher = DynamicBatcher(f"{config.name}/{version}", model, policy, stats=stats)
-        batcher.start()
-        elapsed = time.monotonic() - started
-        log.info("loaded %s v%d on %s in %.2f s", config.name, version, model.provider, elapsed)
-        return ServedVersion(model, batcher, stats, elapsed)
+            entry = self.models.setdefault(name, ModelEntry(name))
+            if "*" in wanted or name in wanted:
+                for failure in await self.sync(name):
+                    log.error("model %s: %s", name, failure.message)
+            else:
+                entry.config = await asyncio.to_thread(self.repository.read_config, name)
+        loop = asyncio.get_running_loop()
+        if self.settings.model_control_mode == "poll":
+            self._tasks.append(loop.create_task(self._poll(), name="repository-poll"))
+        self._tasks.append(loop.create_task(self._reap(), name="idle-reaper"))
 
     async def stop(self, drain_timeout_s: float) -> None:
-        """Drain every batcher (each frees its compute threads)."""
+        """Stop background work and drain every version."""
+        for task in self._tasks:
+            task.cancel()
         served = [v for e in self.models.values() for v in e.versions.values()]
-        await asyncio.gather(*(v.batcher.stop(drain_timeout_s) for v in served))
+        await asyncio.gather(*(v.drain(drain_timeout_s) for v in served))
+
+    # -- finding a version -----------------------------------------------------------------
 
     def entry(self, name: str) -> ModelEntry:
         """A model known to the registry (404 otherwise)."""
@@ -149,7 +170,7 @@ class ModelRegistry:
         return entry
 
     def get(self, name: str, version: str | None = None) -> ServedVersion:
-        """The version that serves a request: the pinned one, or the newest ready one."""
+        """The version that serves now: the pinned one, or the newest ready one."""
         entry = self.entry(name)
         if version is not None:
             number = validate_version(version)
@@ -157,19 +178,207 @@ class ModelRegistry:
             if served is None:
                 raise ModelNotFoundError(f"model {name!r} has no version {number} loaded")
             if not served.ready:
-                raise ModelNotReadyError(
-                    f"model {name!r} version {number} is not ready",
+                raise self._not_ready(entry, f"version {number} is not ready")
+            return served
+        served = entry.serving()
+        if served is None:
+            raise self._not_ready(entry, "no version is ready")
+        return served
+
+    def _not_ready(self, entry: ModelEntry, what: str) -> ModelNotReadyError:
+        reason = f" ({entry.last_error})" if entry.last_error else ""
+        return ModelNotReadyError(
+            f"model {entry.name!r}: {what}{reason}", retry_after_s=self.settings.retry_after_s
+        )
+
+    @contextlib.asynccontextmanager
+    async def lease(
+        self, name: str, version: str | None, timeout_s: float | None
+    ) -> AsyncIterator[tuple[ServedVersion, float | None]]:
+        """Hold a version for one request, loading it first if it was scaled to zero.
+
+        Yields the version and the seconds this request waited for a cold start (or None).
+        """
+        entry = self.entry(name)
+        cold: float | None = None
+        if version is None and entry.serving() is None and entry.config is not None:
+            started = time.monotonic()
+            await self._cold_start(entry, timeout_s or self.settings.cold_start_timeout_s)
+            cold = time.monotonic() - started
+        served = self.get(name, version)
+        served.acquire()
+        try:
+            yield served, cold
+        finally:
+            served.release()
+
+    async def _cold_start(self, entry: ModelEntry, timeout_s: float) -> None:
+        if entry.loading is None or entry.loading.done():
+            entry.cold_starts += 1
+            entry.loading = asyncio.get_running_loop().create_task(self.sync(entry.name))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(entry.loading), timeout_s)
+
+    # -- loading and unloading -------------------------------------------------------------
+
+    async def sync(self, name: str) -> list[SpillwayError]:
+        """Load the versions the policy wants, then retire the others; the failures."""
+        entry = self.models.setdefault(validate_model_name(name), ModelEntry(name))
+        async with entry.lock:
+            try:
+                entry.config = await asyncio.to_thread(self.repository.read_config, name)
+                available = await asyncio.to_thread(self.repository.list_versions, name)
+            except SpillwayError as error:
+                entry.last_error = error.message
+                return [error]
+            wanted = chosen_versions(entry.config.version_policy, available)
+            failures: list[SpillwayError] = []
+            for number in wanted:
+                if number not in entry.versions:
+                    failure = await self._load(entry, entry.config, number)
+                    if failure is not None:
+                        failures.append(failure)
+            if any(entry.versions[n].ready for n in wanted if n in entry.versions):
+                for number in [n for n in entry.versions if n not in wanted]:
+                    await self._retire(entry, number, "replaced by a newer version")
+            if not failures:
+                entry.last_error = None
+            return failures
+
+    async def _load(
+        self, entry: ModelEntry, config: ModelConfig, number: int
+    ) -> SpillwayError | None:
+        entry.states[number] = (State.LOADING, "")
+        started = time.monotonic()
+        try:
+            async with self._load_lock:
+                path = await asyncio.to_thread(
+                    self.repository.fetch_version, config.name, number, self.settings.cache_dir
+                )
+                await self._make_room(estimate(path, entry.footprint), entry.name)
+                model, footprint, method = await asyncio.to_thread(
+                    self._loader, config, number, path, self.settings
+                )
+                entry.footprint = footprint
+                # The estimate was a guess: make room for what the load really took.
+                await self._make_room(footprint, entry.name)
+            policy = batch_policy(config, self.settings)
+            served = start_version(model, policy, footprint, method, started)
+        except SpillwayError as error:
+            entry.load_failures += 1
+            entry.last_error = f"version {number}: {error.message}"
+            entry.states[number] = (State.UNAVAILABLE, error.message)
+            log.error("model %s v%d failed to load: %s", config.name, number, error.message)
+            return error
+        entry.versions[number] = served
+        entry.states[number] = (State.READY, "")
+        entry.loads += 1
+        log.info(
+            "loaded %s v%d on %s in %.2f s, %.1f MB (%s)",
+            config.name,
+            number,
+            model.provider,
+            served.load_seconds,
+            footprint / 1e6,
+            method,
+        )
+        return None
+
+    async def _retire(self, entry: ModelEntry, number: int, reason: str) -> None:
+        served = entry.versions.get(number)
+        if served is None:
+            return
+        served.retiring = True
+        entry.states[number] = (State.UNLOADING, reason)
+        await served.drain(self.settings.drain_timeout_s)
+        entry.versions.pop(number, None)
+        entry.states[number] = (State.UNAVAILABLE, f"unloaded: {reason}")
+        log.info("unloaded %s v%d: %s", entry.name, number, reason)
+
+    async def unload(self, name: str, reason: str = "unloaded on request") -> None:
+        """Drain and free every version of a model."""
+        entry = self.entry(name)
+        async with entry.lock:
+            for number in list(entry.versions):
+                await self._retire(entry, number, reason)
+
+    async def _make_room(self, needed: int, loading: str) -> None:
+        budget = self.settings.memory_budget_mb
+        if budget is None:
+            return
+        limit = int(budget * 1e6)
+        while self.memory_in_use() + needed > limit:
+            idle = [
+                (v.last_used, e, n)
+                for e in self.models.values()
+                if e.name != loading and not (e.config and e.config.spillway.pinned)
+                for n, v in e.versions.items()
+                if v.idle and not v.retiring
+            ]
+            if not idle:
+                raise InsufficientMemoryError(
+                    f"{needed / 1e6:.1f} MB do not fit the {budget:g} MB budget "
+                    f"({self.memory_in_use() / 1e6:.1f} MB in use by busy or pinned models)",
                     retry_after_s=self.settings.retry_after_s,
                 )
-            return served
-        for number in sorted(entry.versions, reverse=True):
-            if entry.versions[number].ready:
-                return entry.versions[number]
-        reason = f": {entry.error}" if entry.error else ""
-        raise ModelNotReadyError(
-            f"model {name!r} has no ready version{reason}",
-            retry_after_s=self.settings.retry_after_s,
-        )
+            _, victim, number = min(idle, key=lambda item: item[0])
+            victim.evictions += 1
+            await self._retire(victim, number, "evicted to make room")
+
+    def memory_in_use(self) -> int:
+        """Summed footprint of every loaded version."""
+        return sum(v.footprint for e in self.models.values() for v in e.versions.values())
+
+    # -- background ------------------------------------------------------------------------
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.repository_poll_secs)
+            try:
+                names = set(await asyncio.to_thread(self.repository.list_models))
+            except SpillwayError as error:
+                log.warning("repository poll failed: %s", error.message)
+                continue
+            for name in sorted(names):
+                for failure in await self.sync(name):
+                    log.error("poll: model %s: %s", name, failure.message)
+            for gone in set(self.models) - names:
+                await self.unload(gone, "removed from the repository")
+
+    async def _reap(self) -> None:
+        while True:
+            ttls = [t for e in self.models.values() if (t := e.ttl(self.settings.idle_ttl_s))]
+            await asyncio.sleep(min([*ttls, 4.0]) / 4)
+            now = time.monotonic()
+            for entry in list(self.models.values()):
+                ttl = entry.ttl(self.settings.idle_ttl_s)
+                for number, served in list(entry.versions.items()):
+                    if ttl and served.idle and now - served.last_used > ttl:
+                        await self._retire(entry, number, f"idle for more than {ttl:g} s")
+
+    # -- reporting -------------------------------------------------------------------------
+
+    async def index(self) -> list[dict[str, str]]:
+        """The repository index: every model and version with its state and reason."""
+        names = set(await asyncio.to_thread(self.repository.list_models)) | set(self.models)
+        rows = []
+        for name in sorted(names):
+            entry = self.models.get(name)
+            if entry is None or not entry.states:
+                rows.append(
+                    {
+                        "name": name,
+                        "version": "",
+                        "state": State.UNAVAILABLE.value,
+                        "reason": "not loaded",
+                    }
+                )
+                continue
+            for number, (state, reason) in sorted(entry.states.items()):
+                rows.append(
+                    {"name": name, "version": str(number), "state": state.value, "reason": reason}
+                )
+        return rows
 
     def all_versions(self) -> list[ServedVersion]:
         """Every loaded version, by model name then version."""
@@ -177,7 +386,11 @@ class ModelRegistry:
 
     @property
     def ready(self) -> bool:
-        """Every model has a ready version."""
-        return bool(self.models) and all(
-            any(v.ready for v in e.versions.values()) for e in self.models.values()
-        )
+        """Every model that should be resident has a ready version."""
+        startup = self.settings.startup_models
+        required = [
+            e
+            for e in self.models.values()
+            if ("*" in startup or e.name in startup) and e.ttl(self.settings.idle_ttl_s) is None
+        ]
+        return bool(self.models) and all(e.serving() is not None for e in required)

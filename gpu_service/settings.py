@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from spillway.engine import CPU, CUDA, EngineOptions
@@ -48,6 +49,22 @@ class GpuSettings(BaseSettings):
     """The ``Retry-After`` hint sent with 429 when a queue is full."""
     drain_timeout_s: float = Field(default=30.0, gt=0)
     """On SIGTERM: how long in-flight and queued work may take before exit."""
+    model_control_mode: Literal["none", "poll", "explicit"] = "none"
+    """Triton's flag: ``none`` loads every model at start and refuses control requests;
+    ``poll`` also re-reads the repository every ``repository_poll_secs``; ``explicit``
+    accepts ``/v2/repository/models/{m}/load`` and ``/unload``."""
+    repository_poll_secs: float = Field(default=15.0, gt=0)
+    """How often ``poll`` mode re-reads the repository for new and removed versions."""
+    startup_models: tuple[str, ...] = ("*",)
+    """Models loaded at start (``*``: all); in ``explicit`` mode others load on request."""
+    memory_budget_mb: float | None = Field(default=None, gt=0)
+    """Cap on the summed footprint of loaded versions; idle versions are evicted (LRU)."""
+    idle_ttl_s: float | None = Field(default=None, gt=0)
+    """Unload a version idle this long, unless pinned (a model's ``idle_ttl_seconds`` wins)."""
+    cold_start_timeout_s: float = Field(default=60.0, gt=0)
+    """How long a request without a deadline waits for its model to load."""
+    admin_token: SecretStr | None = None
+    """When set, control requests need ``Authorization: Bearer <token>``."""
     cache_dir: Path = Path("/tmp/spillway-models")  # noqa: S108 - a cache, not a secret
     """Where versions downloaded from S3 are kept."""
     log_level: str = "INFO"

@@ -175,24 +175,12 @@ class OnnxModel:
 
     def metadata(self) -> dict[str, Any]:
         """The Open Inference Protocol model metadata (leading -1 when batching)."""
-        lead = [-1] if self.batching else []
-
-        def tensors(specs: tuple[TensorConfig, ...]) -> list[dict[str, Any]]:
-            return [
-                {"name": t.name, "datatype": t.datatype, "shape": [*lead, *t.dims]} for t in specs
-            ]
-
-        return {
-            "name": self.name,
-            "versions": [str(self.version)],
-            "platform": self.config.platform,
-            "inputs": tensors(self.config.input),
-            "outputs": tensors(self.config.output),
-            "parameters": {
-                "execution_provider": self.provider,
-                "provider_fallback": self.provider_fallback,
-            },
+        meta = config_metadata(self.config, [self.version])
+        meta["parameters"] = {
+            "execution_provider": self.provider,
+            "provider_fallback": self.provider_fallback,
         }
+        return meta
 
     def sample_inputs(self, rows: int, length: int = 8) -> Tensors:
         """Inputs generated from the signature, for warm-up (text: ``length`` words)."""
@@ -208,3 +196,19 @@ class OnnxModel:
                 values = rng.random(math.prod(shape)).reshape(shape)
                 samples[spec.name] = values.astype(numpy_dtype(spec.datatype))
         return samples
+
+
+def config_metadata(config: ModelConfig, versions: list[int]) -> dict[str, Any]:
+    """Model metadata from the configuration alone (a model need not be loaded)."""
+    lead = [-1] if config.max_batch_size > 0 else []
+
+    def tensors(specs: tuple[TensorConfig, ...]) -> list[dict[str, Any]]:
+        return [{"name": t.name, "datatype": t.datatype, "shape": [*lead, *t.dims]} for t in specs]
+
+    return {
+        "name": config.name,
+        "versions": [str(v) for v in versions],
+        "platform": config.platform,
+        "inputs": tensors(config.input),
+        "outputs": tensors(config.output),
+    }

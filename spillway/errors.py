@@ -125,3 +125,23 @@ class MethodNotAllowedError(SpillwayError):
 
     status = 405
     code = "method_not_allowed"
+
+
+class InsufficientMemoryError(ModelNotReadyError):
+    """A version cannot fit in the memory budget even after evicting idle versions."""
+
+    code = "insufficient_memory"
+
+
+class ControlDisabledError(SpillwayError):
+    """Model control requests while the service runs without explicit model control."""
+
+    status = 400
+    code = "control_disabled"
+
+
+class UnauthorizedError(SpillwayError):
+    """An admin operation without the admin token."""
+
+    status = 401
+    code = "unauthorized"

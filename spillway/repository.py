@@ -12,6 +12,7 @@ import hashlib
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -105,6 +106,11 @@ class ModelRepository(Protocol):
     def fetch_version(self, model: str, version: int, cache_dir: Path) -> Path:
         """A verified local folder holding the version's files."""
 
+    def publish_version(
+        self, model: str, files: Mapping[str, Path], config: ModelConfig | None = None
+    ) -> int:
+        """Add the next version; ``SHA256SUMS`` is written last and commits it."""
+
 
 class LocalRepository:
     """A repository in a local folder; versions are verified in place."""
@@ -128,7 +134,7 @@ class LocalRepository:
 
     def list_versions(self, model: str) -> list[int]:
         model_dir = self._model_dir(model)
-        names = [p.name for p in model_dir.iterdir() if p.is_dir()]
+        names = [p.name for p in model_dir.iterdir() if (p / CHECKSUM_FILE).is_file()]
         return sorted(int(n) for n in names if _is_version(n))
 
     def read_config(self, model: str) -> ModelConfig:
@@ -141,6 +147,22 @@ class LocalRepository:
             raise ModelNotFoundError(f"model {model!r} has no version {version}")
         verify_version_dir(version_dir, required_files(self.read_config(model)))
         return version_dir
+
+    def publish_version(
+        self, model: str, files: Mapping[str, Path], config: ModelConfig | None = None
+    ) -> int:
+        model_dir = self.root / validate_model_name(model)
+        _ensure(model_dir)
+        if config is not None:
+            _atomic_write(model_dir / CONFIG_FILE, config_bytes(config, model))
+        self.read_config(model)
+        existing = [int(p.name) for p in model_dir.iterdir() if _is_version(p.name)]
+        version = max(existing, default=0) + 1
+        version_dir = _ensure(model_dir / str(version))
+        for name, source in files.items():
+            shutil.copyfile(source, version_dir / _safe_file_name(name))
+        _atomic_write(version_dir / CHECKSUM_FILE, checksums_text(files).encode())
+        return version
 
 
 class S3Repository:
@@ -176,8 +198,33 @@ class S3Repository:
         return sorted(n for n in self._children(root) if MODEL_NAME_PATTERN.fullmatch(n))
 
     def list_versions(self, model: str) -> list[int]:
-        names = self._children(self._key(validate_model_name(model)) + "/")
-        return sorted(int(n) for n in names if _is_version(n))
+        # A version exists once its SHA256SUMS (written last) does.
+        prefix = self._key(validate_model_name(model)) + "/"
+        versions = set()
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+            for item in page.get("Contents", []):
+                version, _, name = item["Key"][len(prefix) :].partition("/")
+                if name == CHECKSUM_FILE and _is_version(version):
+                    versions.add(int(version))
+        return sorted(versions)
+
+    def publish_version(
+        self, model: str, files: Mapping[str, Path], config: ModelConfig | None = None
+    ) -> int:
+        validate_model_name(model)
+        if config is not None:
+            key = self._key(model, CONFIG_FILE)
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=config_bytes(config, model))
+        self.read_config(model)
+        existing = [int(n) for n in self._children(self._key(model) + "/") if _is_version(n)]
+        version = max(existing, default=0) + 1
+        base = self._key(model, str(version))
+        for name, source in files.items():
+            self.client.upload_file(str(source), self.bucket, f"{base}/{_safe_file_name(name)}")
+        body = checksums_text(files).encode()
+        self.client.put_object(Bucket=self.bucket, Key=f"{base}/{CHECKSUM_FILE}", Body=body)
+        return version
 
     def read_config(self, model: str) -> ModelConfig:
         return _parse_config(self._get(self._key(validate_model_name(model), CONFIG_FILE)), model)
@@ -204,6 +251,30 @@ class S3Repository:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return target
+
+
+def checksums_text(files: Mapping[str, Path]) -> str:
+    """``SHA256SUMS`` content for files (name -> path), sorted by name."""
+    return "".join(f"{sha256_file(files[n])}  {_safe_file_name(n)}\n" for n in sorted(files))
+
+
+def config_bytes(config: ModelConfig, model: str) -> bytes:
+    """A model's ``config.json`` content; the name inside must be the model's."""
+    if config.name != model:
+        raise ModelLoadError(f"config.json names {config.name!r}, expected {model!r}")
+    return (config.model_dump_json(indent=2, exclude_none=True) + "\n").encode()
+
+
+def _safe_file_name(name: str) -> str:
+    if not _FILE_NAME.fullmatch(name) or name == CHECKSUM_FILE:
+        raise InvalidModelNameError(f"invalid model file name {name[:80]!r}")
+    return name
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_bytes(data)
+    staging.replace(path)
 
 
 def _is_version(name: str) -> bool:

@@ -41,6 +41,31 @@ def models_build(
         typer.echo(f"{report.model:<10} {report.size_bytes / 1e6:8.2f} MB  {metrics}")
 
 
+@models_app.command("publish")
+def models_publish(
+    repository: Annotated[str, typer.Option(help="Folder or s3://bucket/prefix.")],
+    model: Annotated[str, typer.Option(help="Model name.")],
+    file: Annotated[Path, typer.Option(help="The ONNX file of the new version.")],
+    config: Annotated[
+        Path | None, typer.Option(help="config.json (required for a new model).")
+    ] = None,
+    extra: Annotated[
+        list[Path] | None, typer.Option(help="More files for the version (tokenizer.json).")
+    ] = None,
+) -> None:
+    """Add the next version of a model, with its checksums; a serving GPU service swaps it
+    in on its next poll or load request."""
+    from spillway.modelconfig import ModelConfig
+    from spillway.repository import open_repository
+
+    repo = open_repository(repository)
+    parsed = ModelConfig.model_validate_json(config.read_bytes()) if config else None
+    onnx_name = parsed.spillway.onnx_file if parsed else repo.read_config(model).spillway.onnx_file
+    files = {onnx_name: file, **{p.name: p for p in extra or []}}
+    version = repo.publish_version(model, files, parsed)
+    typer.echo(f"published {model} v{version} to {repo.location}")
+
+
 @app.command("demo")
 def demo(
     repository: Annotated[Path, typer.Option(help="Model repository folder.")] = Path("models"),
@@ -58,12 +83,24 @@ def serve_gpu(
     repository: Annotated[str | None, typer.Option(help="Folder or s3://bucket/prefix.")] = None,
     host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
+    model_control_mode: Annotated[
+        str | None, typer.Option(help="none | poll | explicit (Triton's meaning).")
+    ] = None,
+    repository_poll_secs: Annotated[
+        float | None, typer.Option(help="Poll interval in poll mode.")
+    ] = None,
 ) -> None:
     """The GPU service (Open Inference Protocol, dynamic batching); GPU_* variables apply."""
     from gpu_service.server import serve
     from gpu_service.settings import GpuSettings
 
-    flags: dict[str, object] = {"repository": repository, "host": host, "port": port}
+    flags: dict[str, object] = {
+        "repository": repository,
+        "host": host,
+        "port": port,
+        "model_control_mode": model_control_mode,
+        "repository_poll_secs": repository_poll_secs,
+    }
     serve(GpuSettings.model_validate({k: v for k, v in flags.items() if v is not None}))
 
 

@@ -95,7 +95,9 @@ class Service:
 
 
 @contextmanager
-def gpu_service(repository: Path, log_dir: Path, **settings: str) -> Iterator[Service]:
+def gpu_service(
+    repository: Path | str, log_dir: Path, wait_path: str = "/v2/health/ready", **settings: str
+) -> Iterator[Service]:
     """``python -m gpu_service`` with ``GPU_*`` settings; stopped by PID afterwards."""
     port = procs.free_port()
     env = {
@@ -106,7 +108,7 @@ def gpu_service(repository: Path, log_dir: Path, **settings: str) -> Iterator[Se
     }
     child = procs.start(f"gpu-{port}", [sys.executable, "-m", "gpu_service"], log_dir, env)
     try:
-        procs.wait_http(f"http://127.0.0.1:{port}/v2/health/ready", 120, child.proc)
+        procs.wait_http(f"http://127.0.0.1:{port}{wait_path}", 120, child.proc)
     except (RuntimeError, TimeoutError) as exc:
         child.stop()
         raise RuntimeError(f"{exc}\n{child.log_tail()}") from exc

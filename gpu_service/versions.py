@@ -1,0 +1,103 @@
+"""A loaded model version, its leases, and how it is loaded and warmed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from gpu_service.batcher import BatchPolicy, DynamicBatcher
+from gpu_service.memory import Probe
+from gpu_service.settings import GpuSettings
+from gpu_service.stats import ModelStats
+from spillway.engine import CUDA, OnnxModel
+from spillway.modelconfig import ModelConfig
+
+
+class State(StrEnum):
+    """Triton's model states, as the repository index reports them."""
+
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass
+class ServedVersion:
+    """One loaded model version: its engine, batcher, statistics and leases.
+
+    A request holds a lease from the moment it picks this version until its response is
+    encoded, so a version that is being replaced is freed only once nobody uses it.
+    """
+
+    model: OnnxModel
+    batcher: DynamicBatcher
+    stats: ModelStats
+    load_seconds: float
+    footprint: int
+    footprint_method: str
+    leases: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+    retiring: bool = False
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def ready(self) -> bool:
+        """Takes new requests."""
+        return not self.retiring and self.batcher.healthy
+
+    @property
+    def idle(self) -> bool:
+        """Nobody holds it and nothing is queued or running."""
+        return self.leases == 0 and self.batcher.idle
+
+    def acquire(self) -> None:
+        self.leases += 1
+        self.released.clear()
+
+    def release(self) -> None:
+        self.leases -= 1
+        self.last_used = time.monotonic()
+        if self.leases == 0:
+            self.released.set()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait until no request holds it, then stop its batcher."""
+        if self.leases:
+            await asyncio.wait({asyncio.ensure_future(self.released.wait())}, timeout=timeout_s)
+        await self.batcher.stop(timeout_s)
+
+
+def warm_up(model: OnnxModel, buckets: tuple[int, ...]) -> None:
+    """Run samples through every length bucket at one row and at the largest batch."""
+    lengths = [max(1, edge - 2) for edge in buckets] or [8]
+    rows = sorted({1, max(1, model.config.max_batch_size)})
+    for length in lengths:
+        for count in rows:
+            model.infer(model.sample_inputs(count, length=length))
+
+
+def load_version(
+    config: ModelConfig, version: int, path: Path, settings: GpuSettings
+) -> tuple[OnnxModel, int, str]:
+    """Create the session and warm it up; blocking (run it on a thread)."""
+    probe = Probe(on_device=CUDA in settings.providers)
+    model = OnnxModel(config.name, version, config, path, settings.engine_options())
+    warm_up(model, config.spillway.length_buckets)
+    files = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    # The allocator may reuse memory freed by an earlier unload, so never count less than
+    # the version's files.
+    return model, max(probe.grown(), files), probe.method
+
+
+def start_version(
+    model: OnnxModel, policy: BatchPolicy, footprint: int, method: str, started: float
+) -> ServedVersion:
+    """A batcher for a loaded model, started on the running loop."""
+    stats = ModelStats()
+    batcher = DynamicBatcher(f"{model.name}/{model.version}", model, policy, stats=stats)
+    batcher.start()
+    return ServedVersion(model, batcher, stats, time.monotonic() - started, footprint, method)
