@@ -83,6 +83,7 @@ _GAUGES = (
         "Time to fetch, load and warm the version",
         lambda s: round(s.load_seconds, 4),
     ),
+    ("spillway_model_memory_bytes", "Measured footprint of the version", lambda s: s.footprint),
 )
 
 

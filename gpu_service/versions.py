@@ -72,12 +72,13 @@ class ServedVersion:
 
 
 def warm_up(model: OnnxModel, buckets: tuple[int, ...]) -> None:
-    """Run samples through every length bucket at one row and at the largest batch."""
+    """One row through every length bucket, then a full batch through the shortest: each
+    shape class is initialised before the first request, at a bounded cost."""
     lengths = [max(1, edge - 2) for edge in buckets] or [8]
-    rows = sorted({1, max(1, model.config.max_batch_size)})
     for length in lengths:
-        for count in rows:
-            model.infer(model.sample_inputs(count, length=length))
+        model.infer(model.sample_inputs(1, length=length))
+    if model.config.max_batch_size > 1:
+        model.infer(model.sample_inputs(model.config.max_batch_size, length=lengths[0]))
 
 
 def load_version(

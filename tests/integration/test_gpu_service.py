@@ -181,6 +181,7 @@ def test_metrics_expose_batching_and_queue(service: Service) -> None:
         "spillway_batch_size_bucket",
         "spillway_queue_depth",
         "nv_inference_queue_duration_us",
+        "spillway_model_memory_bytes",
     ):
         assert f'{name}{{model="digits",version="1"' in text
 
