@@ -1,0 +1,71 @@
+"""A Lambda handler behind a local HTTP server, the way API Gateway (REST, proxy
+integration) would call it: each request becomes a v1 proxy event, the handler's answer
+becomes the response. Used to serve the jobs function on 127.0.0.1."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import parse_qsl
+
+Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
+_MAX_BODY = 10 * 1024 * 1024  # API Gateway's limit
+
+
+class _Context:
+    """The parts of a Lambda context a handler may read."""
+
+    function_name = "local"
+    memory_limit_in_mb = 512
+
+    def __init__(self) -> None:
+        self.aws_request_id = str(uuid.uuid4())
+
+    @staticmethod
+    def get_remaining_time_in_millis() -> int:
+        return 30_000
+
+
+def event_from_environ(environ: dict[str, Any]) -> dict[str, Any]:
+    """A REST API v1 proxy event for one WSGI request."""
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    body = environ["wsgi.input"].read(min(length, _MAX_BODY)) if length else b""
+    headers = {
+        k[5:].replace("_", "-").title(): v for k, v in environ.items() if k.startswith("HTTP_")
+    }
+    if environ.get("CONTENT_TYPE"):
+        headers["Content-Type"] = environ["CONTENT_TYPE"]
+    query = dict(parse_qsl(environ.get("QUERY_STRING", "")))
+    return {
+        "resource": "/{proxy+}",
+        "path": environ.get("PATH_INFO", "/"),
+        "httpMethod": environ["REQUEST_METHOD"],
+        "headers": headers,
+        "queryStringParameters": query or None,
+        "requestContext": {"requestId": str(uuid.uuid4()), "stage": "local"},
+        "body": base64.b64encode(body).decode() if body else None,
+        "isBase64Encoded": bool(body),
+    }
+
+
+def wsgi_app(
+    handler: Handler, health_path: str = "/health"
+) -> Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]:
+    """A WSGI application that calls ``handler`` with API Gateway proxy events; the
+    health path answers 200 itself (API Gateway has no such route)."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == health_path:
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [b"{}"]
+        result = handler(event_from_environ(environ), _Context())
+        raw = result.get("body") or ""
+        body = base64.b64decode(raw) if result.get("isBase64Encoded") else raw.encode()
+        status = int(result.get("statusCode", 200))
+        headers = [(k, str(v)) for k, v in (result.get("headers") or {}).items()]
+        start_response(f"{status} -", headers)
+        return [body]
+
+    return app

@@ -1,0 +1,205 @@
+"""``spillway up``: the whole platform on 127.0.0.1, with moto as the AWS endpoint.
+
+Starts, in order, and waits for each to be healthy: a moto server (S3, Batch without
+Docker, DynamoDB, SSM, ...), the model repository uploaded to S3 there, the GPU service
+(CUDA where present, CPU otherwise — its log says which), the CPU fallback, the jobs API
+and the router. Every child is a process of ours, stopped by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spillway.repository import aws_client
+from spillway_cli import procs
+
+log = logging.getLogger("spillway.stack")
+REGION = "us-east-1"
+MODELS_BUCKET = "spillway-models"
+DATA_BUCKET = "spillway-data"
+REPOSITORY = f"s3://{MODELS_BUCKET}/repository"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Ports:
+    """Where each part listens on 127.0.0.1 (0: a free port)."""
+
+    moto: int = 0
+    gpu: int = 0
+    cpu: int = 0
+    jobs: int = 0
+    router: int = 0
+
+    def resolved(self) -> Ports:
+        return Ports(
+            *(
+                p or procs.free_port()
+                for p in (self.moto, self.gpu, self.cpu, self.jobs, self.router)
+            )
+        )
+
+
+@dataclass
+class LocalStack:
+    """The running parts of the local platform."""
+
+    models: Path
+    log_dir: Path
+    ports: Ports = field(default_factory=Ports)
+    policy: Path = ROOT / "policies" / "example.yaml"
+    gpu_settings: dict[str, str] = field(default_factory=dict)
+    children: dict[str, procs.Child] = field(default_factory=dict)
+
+    def url(self, part: str) -> str:
+        return f"http://127.0.0.1:{getattr(self.ports, part)}"
+
+    def aws_env(self) -> dict[str, str]:
+        """boto3's standard variables pointing every client at the moto server."""
+        return {
+            "AWS_ENDPOINT_URL": self.url("moto"),
+            "AWS_ACCESS_KEY_ID": "local",
+            "AWS_SECRET_ACCESS_KEY": "local",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+        }
+
+    def start(self) -> None:
+        """Bring every part up, in dependency order."""
+        self.ports = self.ports.resolved()
+        os.environ.update(self.aws_env())
+        try:
+            self._moto()
+            self._upload_models()
+            self._jobs_resources()
+            self.start_gpu()
+            self._start(
+                "cpu",
+                [
+                    *_spillway(),
+                    "serve",
+                    "cpu",
+                    "--port",
+                    str(self.ports.cpu),
+                    "--repository",
+                    REPOSITORY,
+                ],
+                {"CPU_CACHE_DIR": str(self.log_dir / "cpu-cache")},
+                "/v2/health/ready",
+            )
+            self._start(
+                "jobs",
+                [*_spillway(), "serve", "jobs", "--port", str(self.ports.jobs)],
+                self._jobs_env(),
+                "/v1/health",
+            )
+            self._start(
+                "router",
+                [*_spillway(), "serve", "router", "--port", str(self.ports.router)],
+                self._router_env(),
+                "/v2/health/live",
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def start_gpu(self) -> None:
+        """(Re)start the GPU service from the S3 repository."""
+        env = {
+            "GPU_REPOSITORY": REPOSITORY,
+            "GPU_PORT": str(self.ports.gpu),
+            "GPU_MODEL_CONTROL_MODE": "explicit",
+            "GPU_CACHE_DIR": str(self.log_dir / "gpu-cache"),
+            **self.gpu_settings,
+        }
+        self._start("gpu", [sys.executable, "-m", "gpu_service"], env, "/v2/health/ready")
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str], health: str) -> None:
+        child = procs.start(name, argv, self.log_dir, {**self.aws_env(), **env})
+        self.children[name] = child
+        try:
+            procs.wait_http(f"{self.url(name)}{health}", 180, child.proc)
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(f"{name} did not come up: {exc}\n{child.log_tail()}") from exc
+        log.info("%s is up at %s (pid %d)", name, self.url(name), child.pid)
+
+    def _moto(self) -> None:
+        argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.ports.moto)]
+        self._start("moto", argv, {}, "/moto-api/")
+
+    def _upload_models(self) -> None:
+        s3 = aws_client("s3", REGION)
+        for bucket in (MODELS_BUCKET, DATA_BUCKET):
+            s3.create_bucket(Bucket=bucket)
+        for path in sorted(self.models.rglob("*")):
+            relative = path.relative_to(self.models).as_posix()
+            if path.is_file() and not relative.startswith(".") and "/samples/" not in relative:
+                s3.upload_file(str(path), MODELS_BUCKET, f"repository/{relative}")
+
+    def _jobs_env(self) -> dict[str, str]:
+        return {
+            "JOBS_REPOSITORY": REPOSITORY,
+            "JOBS_CACHE_DIR": str(self.log_dir / "jobs-cache"),
+            "JOBS_WORK_DIR": str(self.log_dir / "jobs-work"),
+        }
+
+    def _jobs_resources(self) -> None:
+        from batch_job.local import configure_moto, create_resources
+        from batch_job.settings import JobsSettings
+
+        configure_moto(self.url("moto"))
+        create_resources(JobsSettings())
+
+    def _router_env(self) -> dict[str, str]:
+        return {
+            "ROUTER_GPU_URL": self.url("gpu"),
+            "ROUTER_CPU_URL": self.url("cpu"),
+            "ROUTER_JOBS_URL": f"{self.url('jobs')}/v1/jobs",
+            "ROUTER_POLICY_FILE": str(self.policy),
+            "ROUTER_METRICS_LOG": str(self.log_dir / "router-metrics.jsonl"),
+        }
+
+    def stop(self) -> None:
+        """Stop every child we started, newest first, by PID."""
+        for name in reversed(list(self.children)):
+            child = self.children.pop(name)
+            code = child.stop()
+            log.info("%s stopped (pid %d, exit %s)", name, child.pid, code)
+
+    def summary(self) -> str:
+        """URLs and a first request to try."""
+        lines = [
+            f"  {name:<7} {self.url(name)}  (pid {c.pid}, log {c.log_path})"
+            for name, c in self.children.items()
+        ]
+        body = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "text",
+                        "shape": [1, 1],
+                        "datatype": "BYTES",
+                        "data": ["hello from spillway"],
+                    }
+                ]
+            }
+        )
+        lines += [
+            "",
+            "Try:",
+            f"  curl -s {self.url('router')}/v2/models/minilm/infer "
+            f"-H 'content-type: application/json' -d '{body}' -D - | head -20",
+            f'  python -c "import tritonclient.http as t; '
+            f"print(t.InferenceServerClient('127.0.0.1:{self.ports.router}')"
+            f".get_model_metadata('digits'))\"",
+        ]
+        return "\n".join(lines)
+
+
+def _spillway() -> list[str]:
+    return [sys.executable, "-m", "spillway_cli.main"]
