@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 MODELS ?= models
 export SPILLWAY_MODELS_DIR := $(abspath $(MODELS))
 
-.PHONY: setup models lint test demo clean
+.PHONY: setup models lint test demo clean check-infra
 
 setup: $(STAMP)
 
@@ -28,13 +28,41 @@ $(MODELS)/.built: $(STAMP) $(wildcard spillway_cli/modelbuild/*.py)
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy spillway spillway_cli tests
+	$(BIN)/mypy spillway spillway_cli gpu_service functions batch_job bench tests
 
-test: setup models lint
+test: setup models lint check-infra
 	$(BIN)/pytest
 
 demo: setup models
-	$(BIN)/spillway demo --repository $(MODELS)
+	$(BIN)/spillway demo --models $(MODELS)
 
 clean:
 	rm -rf $(MODELS) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# --- infrastructure checks (docs/deploy.md) ----------------------------------------------
+# Tools in their own environments (SAM CLI pins its own boto3), installed once per change
+# of their pins (stamp files); then scripts/check_infra.sh runs every offline check.
+INFRA_VENV := .venv-infra
+SAM_VENV   := .venv-sam
+INFRA_STAMP := $(INFRA_VENV)/.installed
+SAM_STAMP   := $(SAM_VENV)/.installed
+NODE_STAMP  := node_modules/.installed
+
+$(INFRA_STAMP): requirements/infra.txt
+	test -x $(INFRA_VENV)/bin/python || $(PYTHON) -m venv $(INFRA_VENV)
+	$(INFRA_VENV)/bin/pip install -q --upgrade pip
+	$(INFRA_VENV)/bin/pip install -q -r requirements/infra.txt
+	touch $@
+
+$(SAM_STAMP): requirements/sam.txt
+	test -x $(SAM_VENV)/bin/python || $(PYTHON) -m venv $(SAM_VENV)
+	$(SAM_VENV)/bin/pip install -q --upgrade pip
+	$(SAM_VENV)/bin/pip install -q -r requirements/sam.txt
+	touch $@
+
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	touch $@
+
+check-infra: setup $(INFRA_STAMP) $(SAM_STAMP) $(NODE_STAMP)
+	INFRA_VENV=$(INFRA_VENV) SAM_VENV=$(SAM_VENV) bash scripts/check_infra.sh

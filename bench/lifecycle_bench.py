@@ -29,12 +29,12 @@ MODELS = ("digits", "minilm", "mlp-bench")
 def body(model: str) -> bytes:
     import numpy as np
 
-    inputs = {
+    samples: dict[str, dict[str, np.ndarray]] = {
         "digits": {"image": np.zeros((1, 8, 8), np.float32)},
         "minilm": {"text": np.array([[b"a short sentence to embed"]], dtype=np.object_)},
         "mlp-bench": {"input": np.zeros((1, 1024), np.float32)},
-    }[model]
-    return encode_request(inputs, binary=False)[0]
+    }
+    return encode_request(samples[model], binary=False)[0]
 
 
 def call(port: int, method: str, path: str, data: bytes = b"") -> tuple[int, dict[str, str], bytes]:

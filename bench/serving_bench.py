@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from spillway.codec import encode_request
 from spillway_cli import procs
 
 ROOT = Path(__file__).resolve().parent.parent
+Feeds = Callable[[int], dict[str, np.ndarray]]
 WORDS = [
     "request",
     "batch",
@@ -90,7 +92,7 @@ def formed(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
 
 
 def raw_rows_per_s(
-    session: ort.InferenceSession, feeds_for: callable, sizes: dict[int, int], budget_s: float = 4.0
+    session: ort.InferenceSession, feeds_for: Feeds, sizes: dict[int, int], budget_s: float = 4.0
 ) -> float:
     """Rows/s of ``session.run`` at the server's batch-size mix (time per size × its count)."""
     total_rows = sum(b * n for b, n in sizes.items())
@@ -107,7 +109,7 @@ def raw_rows_per_s(
     return total_rows / total_time if total_time else float("nan")
 
 
-def text_feeds(tokenizer: Tokenizer, pool: list[str]) -> callable:
+def text_feeds(tokenizer: Tokenizer, pool: list[str]) -> Feeds:
     def feeds(size: int) -> dict[str, np.ndarray]:
         enc = tokenizer.encode_batch([pool[i % len(pool)] for i in range(size)])
         longest = max(len(e.ids) for e in enc)
@@ -128,7 +130,7 @@ def measure(
     requests: list[bytes],
     concurrency: int,
     session: ort.InferenceSession,
-    feeds_for: callable,
+    feeds_for: Feeds,
     scenario: str,
 ) -> Row:
     before = stats(base, model)

@@ -143,6 +143,9 @@ class DataPlane:
         timeout_us = _int_parameter(request.parameters, "timeout")
         timeout_s = None if timeout_us is None else timeout_us / 1e6
         async with self.registry.lease(name, version, timeout_s) as (served, cold):
+            if timeout_s is not None and cold is not None:
+                # The deadline runs from arrival: a cold start spent part of it.
+                timeout_s = max(0.0, timeout_s - cold)
             try:
                 result = await self._infer(served, request, arrays, priority, timeout_s, arrived)
             except SpillwayError:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gpu_service import metrics
+from gpu_service import metrics, openapi
 from gpu_service.dataplane import DataPlane
 from spillway.codec import header_length_from
 from spillway.errors import (
@@ -39,6 +39,7 @@ _MODEL_PATH = re.compile(
 )
 _REPOSITORY_PATH = re.compile(r"^/v2/repository/models/(?P<model>[^/]+)/(?P<op>load|unload)$")
 _JSON = (b"content-type", b"application/json")
+_OPENAPI = openapi.document_bytes()
 
 
 def _json(value: Any) -> bytes:
@@ -100,6 +101,8 @@ class GpuServiceApp:
     async def _route(self, scope: Scope, receive: Receive) -> tuple[int, bytes, Headers]:
         method, path = scope["method"], scope["path"]
         plane = self.plane
+        if path == "/v2/models/stats" and method == "GET":
+            return 200, _json(plane.model_stats(None, None)), [_JSON]
         if path.startswith("/v2/models/") and (match := _MODEL_PATH.match(path)):
             return await self._model_route(method, match, scope, receive)
         if path.startswith("/v2/repository/"):
@@ -112,8 +115,8 @@ class GpuServiceApp:
             return self._flag(plane.ready(), "the service is not ready")
         if path == "/v2":
             return 200, _json(plane.server_metadata()), [_JSON]
-        if path == "/v2/models/stats":
-            return 200, _json(plane.model_stats(None, None)), [_JSON]
+        if path == "/openapi.json":
+            return 200, _OPENAPI, [_JSON]
         if path == "/metrics":
             text = metrics.render(plane.registry).encode()
             return 200, text, [(b"content-type", b"text/plain; version=0.0.4")]

@@ -38,7 +38,8 @@ from spillway.errors import (
     SpillwayError,
 )
 from spillway.modelconfig import ModelConfig, VersionPolicy
-from spillway.repository import ModelRepository, validate_model_name, validate_version
+from spillway.names import validate_model_name, validate_version
+from spillway.repository import ModelRepository
 
 log = logging.getLogger("spillway.registry")
 
@@ -230,6 +231,8 @@ class ModelRegistry:
                 available = await asyncio.to_thread(self.repository.list_versions, name)
             except SpillwayError as error:
                 entry.last_error = error.message
+                if isinstance(error, ModelNotFoundError) and not entry.versions:
+                    self.models.pop(name, None)  # never known: requests get 404, not 503
                 return [error]
             wanted = chosen_versions(entry.config.version_policy, available)
             failures: list[SpillwayError] = []

@@ -8,14 +8,13 @@ Per-version checksums live beside each version in ``<version>/SHA256SUMS``.
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from spillway.datatypes import from_triton_type
+from spillway.names import MODEL_NAME_PATTERN
 
-MODEL_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 CHECKSUM_FILE = "SHA256SUMS"
 CONFIG_FILE = "config.json"
 

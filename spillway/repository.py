@@ -22,25 +22,11 @@ from spillway.errors import (
     ModelLoadError,
     ModelNotFoundError,
 )
-from spillway.modelconfig import CHECKSUM_FILE, CONFIG_FILE, MODEL_NAME_PATTERN, ModelConfig
+from spillway.modelconfig import CHECKSUM_FILE, CONFIG_FILE, ModelConfig
+from spillway.names import MODEL_NAME_PATTERN, validate_model_name, validate_version
 
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CHUNK = 1 << 20
-
-
-def validate_model_name(name: str) -> str:
-    """The name itself if it is safe to use as one path component or key segment."""
-    if not isinstance(name, str) or not MODEL_NAME_PATTERN.fullmatch(name):
-        raise InvalidModelNameError(f"invalid model name {str(name)[:80]!r}")
-    return name
-
-
-def validate_version(version: str | int) -> int:
-    """A positive integer version, from an int or its decimal string."""
-    text = str(version)
-    if not text.isascii() or not text.isdigit() or len(text) > 9 or int(text) < 1:
-        raise InvalidModelNameError(f"invalid model version {text[:20]!r}")
-    return int(text)
 
 
 def sha256_file(path: Path) -> str:

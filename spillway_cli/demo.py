@@ -1,15 +1,31 @@
-"""``make demo``: each model through the core engine on real samples."""
+"""``make demo``: the whole platform on 127.0.0.1, with real traffic through the router.
+
+Scenarios, in order: digits on the GPU tier (accuracy), minilm similarity, a request the
+policy sends to the CPU fallback, an offline batch job over S3, the GPU service killed
+under load (nothing fails: the router falls back), a hot swap under load (nothing fails),
+then a summary per backend and a chart of latency and routing over time.
+"""
 
 from __future__ import annotations
 
+import http.client
+import json
+import os
+import subprocess
+import sys
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import typer
 
-from spillway.engine import EngineOptions, OnnxModel
-from spillway.repository import LocalRepository
+from spillway.codec import decode_response, encode_request, header_length_from
+from spillway_cli.stack import DATA_BUCKET, REGION, LocalStack
 
 SENTENCES = (
     "A cat sits on the mat.",
@@ -20,59 +36,304 @@ SENTENCES = (
 )
 
 
-def load(repo: LocalRepository, name: str, options: EngineOptions) -> OnnxModel:
-    """The newest version of a model, verified and loaded."""
-    version = repo.list_versions(name)[-1]
-    path = repo.fetch_version(name, version, cache_dir=repo.root)
-    return OnnxModel(name, version, repo.read_config(name), path, options)
+@dataclass
+class Record:
+    """One request as the client saw it."""
+
+    at: float
+    scenario: str
+    status: int
+    backend: str
+    latency_ms: float
+    cost_usd: float
+    fallback: str | None
 
 
-def digits_accuracy(model: OnnxModel, samples: Path) -> tuple[float, int]:
-    """Held-out accuracy, computed through the engine in batches of max_batch_size."""
-    images = np.load(samples / "images.npy", allow_pickle=False).astype(np.float32)
-    labels = np.load(samples / "labels.npy", allow_pickle=False)
-    step = model.config.max_batch_size
-    predicted = np.concatenate(
-        [
-            model.infer({"image": images[i : i + step]})["label"][:, 0]
-            for i in range(0, len(images), step)
-        ]
+@dataclass
+class Client:
+    """Sends V2 requests to the router and records what happened."""
+
+    port: int
+    started: float = field(default_factory=time.monotonic)
+    records: list[Record] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    local: threading.local = field(default_factory=threading.local)
+
+    def _conn(self) -> http.client.HTTPConnection:
+        if getattr(self.local, "conn", None) is None:
+            self.local.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn: http.client.HTTPConnection = self.local.conn
+        return conn
+
+    def infer(
+        self,
+        scenario: str,
+        model: str,
+        inputs: dict[str, np.ndarray],
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], Any]:
+        body, length = encode_request(inputs, binary=True, binary_outputs=True)
+        sent = {"Content-Type": "application/octet-stream", **(headers or {})}
+        if length is not None:
+            sent["Inference-Header-Content-Length"] = str(length)
+        started = time.monotonic()
+        try:
+            conn = self._conn()
+            conn.request("POST", f"/v2/models/{model}/infer", body=body, headers=sent)
+            response = conn.getresponse()
+            raw = response.read()
+            status, got = response.status, {k.lower(): v for k, v in response.getheaders()}
+        except (OSError, http.client.HTTPException):
+            self.local.conn = None
+            status, got, raw = 599, {}, b""
+        elapsed = (time.monotonic() - started) * 1e3
+        self._record(scenario, status, got, elapsed)
+        if status != 200:
+            return status, got, raw
+        length_out = header_length_from(got.get("inference-header-content-length"))
+        return status, got, decode_response(raw, length_out)[1]
+
+    def _record(self, scenario: str, status: int, headers: dict[str, str], ms: float) -> None:
+        record = Record(
+            time.monotonic() - self.started,
+            scenario,
+            status,
+            headers.get("x-spillway-backend", "none"),
+            ms,
+            float(headers.get("x-spillway-cost-usd", 0.0)),
+            headers.get("x-spillway-fallback"),
+        )
+        with self.lock:
+            self.records.append(record)
+
+
+def under_load(
+    client: Client, scenario: str, count: int, threads: int, during: Callable[[], None]
+) -> list[Record]:
+    """``count`` digits requests from ``threads`` clients while ``during`` runs."""
+    images = np.random.default_rng(3).random((count, 1, 8, 8)).astype(np.float32) * 16
+    done = threading.Event()
+    before = len(client.records)
+
+    def worker(offset: int) -> None:
+        for i in range(offset, count, threads):
+            client.infer(scenario, "digits", {"image": images[i]})
+
+    with ThreadPoolExecutor(threads + 1) as pool:
+        futures = [pool.submit(worker, t) for t in range(threads)]
+        while len(client.records) - before < count // 4:
+            time.sleep(0.01)
+        during()
+        for future in futures:
+            future.result()
+        done.set()
+    return client.records[before:]
+
+
+def say(text: str) -> None:
+    typer.echo(text)
+
+
+def scenario_digits(client: Client, models: Path) -> None:
+    images = np.load(models / "digits/samples/images.npy", allow_pickle=False).astype(np.float32)
+    labels = np.load(models / "digits/samples/labels.npy", allow_pickle=False)
+    predicted = []
+    for start in range(0, len(images), 16):
+        status, _, out = client.infer("digits", "digits", {"image": images[start : start + 16]})
+        if status != 200:
+            raise RuntimeError(f"digits request failed with {status}")
+        predicted.append(out["label"][:, 0])
+    accuracy = float((np.concatenate(predicted) == labels).mean())
+    backends = {r.backend for r in client.records if r.scenario == "digits"}
+    say(
+        f"1. digits via the router: accuracy {accuracy:.4f} on {len(labels)} held-out images "
+        f"(served by: {', '.join(sorted(backends))})"
     )
-    return float((predicted == labels).mean()), len(labels)
 
 
-def similarity_table(model: OnnxModel) -> str:
-    """Cosine similarities of the demo sentences (embeddings are L2-normalised)."""
+def scenario_minilm(client: Client) -> None:
     texts = np.array([[s.encode()] for s in SENTENCES], dtype=np.object_)
-    embeddings = np.asarray(model.infer({"text": texts})["embedding"], dtype=np.float32)
-    sims = embeddings @ embeddings.T
-    head = "      " + " ".join(f"  s{i}  " for i in range(len(SENTENCES)))
-    rows = [f"  s{i}  " + " ".join(f"{v:6.3f} " for v in sims[i]) for i in range(len(SENTENCES))]
-    legend = [f"  s{i}: {s}" for i, s in enumerate(SENTENCES)]
-    return "\n".join([head, *rows, "", *legend])
+    status, headers, out = client.infer("minilm", "minilm", {"text": texts})
+    if status != 200:
+        raise RuntimeError(f"minilm request failed with {status}")
+    emb = np.asarray(out["embedding"], dtype=np.float32)
+    sims = emb @ emb.T
+    say(f"\n2. minilm via the router ({headers.get('x-spillway-backend')}): cosine similarity")
+    say("      " + "".join(f"    s{i}" for i in range(len(SENTENCES))))
+    for i, row in enumerate(sims):
+        say(f"  s{i}  " + "".join(f"{v:6.3f}" for v in row) + f"   {SENTENCES[i]}")
 
 
-def run_demo(repository: Path) -> None:
-    """Load each model from the repository and show what it predicts."""
-    repo = LocalRepository(repository)
-    options = EngineOptions()
-    digits = load(repo, "digits", options)
-    accuracy, count = digits_accuracy(digits, repository / "digits" / "samples")
-    typer.echo(
-        f"digits v{digits.version} on {digits.provider}: accuracy {accuracy:.4f} "
-        f"on {count} held-out images"
+def scenario_serverless(client: Client) -> None:
+    image = {"image": np.zeros((1, 8, 8), np.float32)}
+    status, headers, _ = client.infer(
+        "serverless", "digits", image, {"x-spillway-mode": "serverless", "x-spillway-priority": "3"}
+    )
+    say(
+        f"\n3. a serverless, low-priority request: {status}, served by "
+        f"{headers.get('x-spillway-backend')} (rule {headers.get('x-spillway-rule')}, "
+        f"cost ${float(headers.get('x-spillway-cost-usd', 0)):.7f})"
     )
 
-    minilm = load(repo, "minilm", options)
-    typer.echo(f"\nminilm v{minilm.version} on {minilm.provider}: cosine similarity")
-    typer.echo(similarity_table(minilm))
 
-    mlp = load(repo, "mlp-bench", options)
-    batch = mlp.sample_inputs(64)
-    started = time.perf_counter()
-    out = mlp.infer(batch)["output"]
-    elapsed = time.perf_counter() - started
-    typer.echo(
-        f"\nmlp-bench v{mlp.version}: batch of 64 -> output {list(out.shape)} "
-        f"in {elapsed * 1e3:.2f} ms (mean {float(out.mean()):+.4f})"
+def scenario_batch(stack: LocalStack, models: Path) -> None:
+    from spillway.repository import aws_client
+
+    images = np.load(models / "digits/samples/images.npy", allow_pickle=False)[:300]
+    s3 = aws_client("s3", REGION)
+    for shard in range(3):
+        lines = [
+            json.dumps({"id": f"img-{shard}-{i}", "data": {"image": img.tolist()}})
+            for i, img in enumerate(images[shard * 100 : (shard + 1) * 100])
+        ]
+        s3.put_object(
+            Bucket=DATA_BUCKET,
+            Key=f"inputs/digits/part-{shard}.jsonl",
+            Body="\n".join(lines).encode(),
+        )
+    say("\n4. an offline batch job over s3://spillway-data/inputs/digits/ (3 files, 300 records):")
+    argv = [
+        sys.executable,
+        "-m",
+        "spillway_cli.main",
+        "jobs",
+        "submit",
+        "--model",
+        "digits",
+        "--input",
+        f"s3://{DATA_BUCKET}/inputs/digits/",
+        "--output",
+        f"s3://{DATA_BUCKET}/outputs/digits/",
+        "--local",
+        "--wait",
+    ]
+    env = {**stack.aws_env(), **stack.jobs_env()}
+    subprocess.run(argv, check=True, env={**os.environ, **env})  # noqa: S603
+    listing = s3.list_objects_v2(Bucket=DATA_BUCKET, Prefix="outputs/digits/")
+    keys = [o["Key"] for o in listing.get("Contents", [])]
+    outputs = [k for k in keys if k.endswith(".jsonl") and not k.endswith(".errors.jsonl")]
+    truth = np.load(models / "digits/samples/labels.npy", allow_pickle=False)[:300]
+    correct = total = 0
+    for key in outputs:
+        for line in s3.get_object(Bucket=DATA_BUCKET, Key=key)["Body"].read().splitlines():
+            record = json.loads(line)
+            shard, index = (int(x) for x in record["id"].split("-")[1:])
+            correct += int(np.ravel(record["outputs"]["label"])[0] == truth[shard * 100 + index])
+            total += 1
+    say(f"   {total} output records in {len(outputs)} files; accuracy {correct / total:.4f}")
+
+
+def scenario_kill_gpu(client: Client, stack: LocalStack) -> None:
+    def kill() -> None:
+        stack.children["gpu"].signal(9)
+
+    records = under_load(client, "gpu-killed", 600, 8, kill)
+    failed = sum(r.status != 200 for r in records)
+    fallback = sum(r.fallback is not None or r.backend == "cpu" for r in records)
+    say(
+        f"\n5. GPU service SIGKILLed under load: {len(records)} requests, {failed} failed, "
+        f"{fallback} answered by the CPU fallback"
     )
+    stack.children.pop("gpu").proc.wait(10)
+    stack.start_gpu()
+    # The router's circuit breaker reopens the GPU route after its half-open probe succeeds.
+    deadline = time.monotonic() + 120
+    image = {"image": np.zeros((1, 8, 8), np.float32)}
+    while client.infer("recovery", "digits", image)[1].get("x-spillway-backend") != "gpu":
+        if time.monotonic() > deadline:
+            raise RuntimeError("the router never went back to the GPU service")
+        time.sleep(0.5)
+    say("   GPU service restarted; the router's breaker closed again")
+
+
+def scenario_hot_swap(client: Client, stack: LocalStack, models: Path) -> None:
+    from spillway.repository import open_repository
+    from spillway_cli.stack import REPOSITORY
+
+    def swap() -> None:
+        version = open_repository(REPOSITORY).publish_version(
+            "digits", {"model.onnx": models / "digits/1/model.onnx"}
+        )
+        conn = http.client.HTTPConnection("127.0.0.1", stack.ports.gpu, timeout=120)
+        conn.request("POST", "/v2/repository/models/digits/load")
+        response = conn.getresponse()
+        response.read()
+        say(f"   published digits v{version}; load call answered {response.status}")
+
+    records = under_load(client, "hot-swap", 1500, 8, swap)
+    failed = sum(r.status != 200 for r in records)
+    on_gpu = sum(r.backend == "gpu" for r in records)
+    say(
+        f"\n6. hot swap of digits under load: {len(records)} requests ({on_gpu} on the GPU "
+        f"service), {failed} failed"
+    )
+
+
+def summary(client: Client) -> str:
+    rows = [
+        "| backend | requests | p50 ms | p99 ms | errors | cost USD |",
+        "|---|---|---|---|---|---|",
+    ]
+    for backend in sorted({r.backend for r in client.records}):
+        mine = [r for r in client.records if r.backend == backend]
+        lat = np.array([r.latency_ms for r in mine])
+        rows.append(
+            f"| {backend} | {len(mine)} | {np.percentile(lat, 50):.1f} | "
+            f"{np.percentile(lat, 99):.1f} | {sum(r.status != 200 for r in mine)} | "
+            f"{sum(r.cost_usd for r in mine):.6f} |"
+        )
+    return "\n".join(rows)
+
+
+def chart(client: Client, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for backend in sorted({r.backend for r in client.records}):
+        mine = [r for r in client.records if r.backend == backend]
+        ax.scatter([r.at for r in mine], [r.latency_ms for r in mine], s=4, label=backend)
+    for scenario in ("gpu-killed", "hot-swap"):
+        times = [r.at for r in client.records if r.scenario == scenario]
+        if times:
+            ax.axvspan(min(times), max(times), alpha=0.1)
+            ax.text(
+                min(times),
+                ax.get_ylim()[1] if ax.get_ylim()[1] else 1,
+                scenario,
+                fontsize=8,
+                va="top",
+            )
+    ax.set_yscale("log")
+    ax.set_xlabel("seconds since the first request")
+    ax.set_ylabel("latency (ms)")
+    ax.set_title("Spillway demo: latency and routing over time")
+    ax.legend(title="backend", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def run_demo(models: Path, out: Path) -> None:
+    """Bring the stack up, run every scenario through the router, stop everything."""
+    stack = LocalStack(models, out / "stack")
+    stack.start()
+    try:
+        say("Spillway is up:\n" + stack.summary() + "\n")
+        client = Client(stack.ports.router)
+        scenario_digits(client, models)
+        scenario_minilm(client)
+        scenario_serverless(client)
+        scenario_batch(stack, models)
+        scenario_kill_gpu(client, stack)
+        scenario_hot_swap(client, stack, models)
+        say("\nSummary per backend:\n" + summary(client))
+        chart(client, out / "demo.png")
+        say(f"\nChart: {out / 'demo.png'}")
+        failures = [r for r in client.records if r.status != 200]
+        if failures:
+            raise typer.Exit(1)
+    finally:
+        stack.stop()

@@ -11,11 +11,19 @@ from typing import Annotated
 
 import typer
 
+from spillway_cli.jobs_cli import jobs_app
+from spillway_cli.router_cli import cost_app, policy_app, serve_cpu, serve_router
+
 app = typer.Typer(help="Spillway: AI inference as a service.", no_args_is_help=True)
 models_app = typer.Typer(help="Build and publish models.", no_args_is_help=True)
 serve_app = typer.Typer(help="Start a service in the foreground.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(serve_app, name="serve")
+app.add_typer(policy_app, name="policy")
+app.add_typer(cost_app, name="cost")
+app.add_typer(jobs_app, name="jobs")
+serve_app.command("router")(serve_router)
+serve_app.command("cpu")(serve_cpu)
 
 
 def _logging(verbose: bool) -> None:
@@ -68,14 +76,15 @@ def models_publish(
 
 @app.command("demo")
 def demo(
-    repository: Annotated[Path, typer.Option(help="Model repository folder.")] = Path("models"),
-    verbose: bool = False,
+    models: Annotated[Path, typer.Option(help="Built model repository.")] = Path("models"),
+    out: Annotated[Path, typer.Option(help="Logs, summary and chart.")] = Path("out/demo"),
 ) -> None:
-    """Run every model through the core engine on real samples and show the results."""
+    """The whole platform on 127.0.0.1 with real traffic through the router."""
     from spillway_cli.demo import run_demo
 
-    _logging(verbose)
-    run_demo(repository)
+    _logging(False)
+    logging.getLogger("botocore").setLevel(logging.WARNING)
+    run_demo(models, out)
 
 
 @serve_app.command("gpu")
@@ -102,6 +111,58 @@ def serve_gpu(
         "repository_poll_secs": repository_poll_secs,
     }
     serve(GpuSettings.model_validate({k: v for k, v in flags.items() if v is not None}))
+
+
+@serve_app.command("jobs")
+def serve_jobs(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8082,
+) -> None:
+    """The jobs API (the jobs Lambda as API Gateway calls it); JOBS_* variables apply."""
+    from functions.jobs.handler import handler
+    from functions.router.serve import serve_forever
+    from spillway_cli.lambda_http import wsgi_app
+
+    _logging(False)
+    serve_forever(wsgi_app(handler, health_path="/v1/health"), host, port)
+
+
+@app.command("up")
+def up(
+    models: Annotated[Path, typer.Option(help="Built model repository to upload.")] = Path(
+        "models"
+    ),
+    log_dir: Annotated[Path, typer.Option(help="Where the parts write their logs.")] = Path(
+        "out/stack"
+    ),
+    router_port: Annotated[int, typer.Option(help="Router port (0: free).")] = 8080,
+    gpu_port: Annotated[int, typer.Option(help="GPU service port (0: free).")] = 8000,
+    cpu_port: Annotated[int, typer.Option(help="CPU fallback port (0: free).")] = 8081,
+    jobs_port: Annotated[int, typer.Option(help="Jobs API port (0: free).")] = 8082,
+    moto_port: Annotated[int, typer.Option(help="Moto (AWS) port (0: free).")] = 5000,
+) -> None:
+    """The whole platform on 127.0.0.1 until Ctrl-C or SIGTERM."""
+    import signal
+
+    from spillway_cli.stack import LocalStack, Ports
+
+    _logging(False)
+    stack = LocalStack(
+        models, log_dir, Ports(moto_port, gpu_port, cpu_port, jobs_port, router_port)
+    )
+
+    def stop(signum: int, _: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        stack.start()
+        typer.echo("Spillway is up:\n" + stack.summary() + "\n\nCtrl-C stops everything.")
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ class LocalStack:
             self._start(
                 "jobs",
                 [*_spillway(), "serve", "jobs", "--port", str(self.ports.jobs)],
-                self._jobs_env(),
+                self.jobs_env(),
                 "/v1/health",
             )
             self._start(
@@ -141,7 +141,8 @@ class LocalStack:
             if path.is_file() and not relative.startswith(".") and "/samples/" not in relative:
                 s3.upload_file(str(path), MODELS_BUCKET, f"repository/{relative}")
 
-    def _jobs_env(self) -> dict[str, str]:
+    def jobs_env(self) -> dict[str, str]:
+        (self.log_dir / "jobs-work").mkdir(parents=True, exist_ok=True)
         return {
             "JOBS_REPOSITORY": REPOSITORY,
             "JOBS_CACHE_DIR": str(self.log_dir / "jobs-cache"),
@@ -160,6 +161,7 @@ class LocalStack:
             "ROUTER_GPU_URL": self.url("gpu"),
             "ROUTER_CPU_URL": self.url("cpu"),
             "ROUTER_JOBS_URL": f"{self.url('jobs')}/v1/jobs",
+            "ROUTER_JOBS_STAGING": f"s3://{DATA_BUCKET}/staging",
             "ROUTER_POLICY_FILE": str(self.policy),
             "ROUTER_METRICS_LOG": str(self.log_dir / "router-metrics.jsonl"),
         }

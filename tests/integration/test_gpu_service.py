@@ -289,3 +289,20 @@ def test_sigterm_drains_in_flight_and_refuses_new(slow_repo: Path, tmp_path: Pat
     assert results == [200, 200, 200]
     assert late in (-1, 503)
     assert code == 0
+
+
+def test_statistics_of_every_model(service: Service) -> None:
+    status, _, raw = _http("GET", f"{service.base}/v2/models/stats")
+    assert status == 200
+    names = {entry["name"] for entry in json.loads(raw)["model_stats"]}
+    assert {"digits", "minilm", "mlp-bench", "slow"} <= names
+
+
+def test_openapi_document_is_valid(service: Service) -> None:
+    from openapi_spec_validator import validate
+
+    status, _, raw = _http("GET", f"{service.base}/openapi.json")
+    assert status == 200
+    document = json.loads(raw)
+    validate(document)
+    assert "/v2/models/{model}/infer" in document["paths"]

@@ -14,14 +14,8 @@ from spillway.errors import (
     ModelLoadError,
     ModelNotFoundError,
 )
-from spillway.repository import (
-    LocalRepository,
-    S3Repository,
-    aws_client,
-    open_repository,
-    validate_model_name,
-    validate_version,
-)
+from spillway.names import validate_model_name, validate_version
+from spillway.repository import LocalRepository, S3Repository, aws_client, open_repository
 
 BAD_NAMES = [
     "..",

@@ -284,3 +284,17 @@ def test_version_policy_latest_two_and_pinned_version_requests(tmp_path: Path) -
             registry.get("m", "1")
 
     run(repo, FakeLoader(), scenario)
+
+
+def test_loading_an_unknown_model_leaves_no_trace(tmp_path: Path) -> None:
+    repo = FakeRepository(tmp_path)
+    repo.add("m", 1)
+
+    async def scenario(registry: ModelRegistry) -> None:
+        failures = await registry.sync("ghost")
+        assert [f.code for f in failures] == ["model_not_found"]
+        with pytest.raises(ModelNotFoundError):
+            registry.get("ghost")
+        assert "ghost" not in {r["name"] for r in await registry.index()}
+
+    run(repo, FakeLoader(), scenario)

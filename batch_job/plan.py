@@ -1,0 +1,202 @@
+"""Shard planning: one shard per input file, frozen in ``_plan.json`` at the output prefix.
+
+The unit of work is an input object (``.jsonl``/``.ndjson`` records or a ``.npy`` array):
+it is what a producer writes atomically, S3 lists it with its size and ETag, and a shard
+can then be re-run from scratch without reading any other file. Large inputs should be
+written as several files. The first submission (or run) freezes the plan, so every array
+child, retry and later re-run sees the same shards even if the input prefix changes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from batch_job.errors import JobConflictError
+from batch_job.storage import ObjectStore, open_location
+from spillway.errors import InvalidInputError, ModelNotFoundError
+from spillway.names import validate_model_name
+from spillway.repository import ModelRepository
+
+InputFormat = Literal["jsonl", "npy"]
+SUFFIXES: dict[str, InputFormat] = {".jsonl": "jsonl", ".ndjson": "jsonl", ".npy": "npy"}
+PLAN_NAME = "_plan.json"
+
+
+class ShardSpec(BaseModel):
+    """One shard: an input object and how to read it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: int = Field(ge=0)
+    key: str
+    format: InputFormat
+    size: int = Field(ge=0)
+    etag: str = ""
+
+    @property
+    def name(self) -> str:
+        """``part-00007``: the stem of every object this shard writes."""
+        return f"part-{self.index:05d}"
+
+
+class Plan(BaseModel):
+    """A job's shards, its input and the exact model version every child uses."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: str
+    model: str
+    model_version: int = Field(ge=1)
+    shards: tuple[ShardSpec, ...] = Field(min_length=1)
+    created_at: str
+
+    def assigned(self, index: int | None, size: int | None) -> list[ShardSpec]:
+        """The shards array child ``index`` of ``size`` runs: ``index``, ``index+size``…;
+        every shard when ``index`` is ``None``."""
+        if index is None:
+            return list(self.shards)
+        stride = size or len(self.shards)
+        if index >= stride:
+            raise InvalidInputError(f"array index {index} is outside the array of {stride}")
+        return list(self.shards[index::stride])
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """Where a job writes under its output prefix."""
+
+    prefix: str
+
+    @property
+    def plan(self) -> str:
+        return f"{self.prefix}{PLAN_NAME}"
+
+    @property
+    def committed_prefix(self) -> str:
+        return f"{self.prefix}_committed/"
+
+    def key(self, name: str) -> str:
+        """The final key of a file a shard wrote (``part-00007.jsonl`` …)."""
+        return f"{self.prefix}{name}"
+
+    def manifest(self, shard: ShardSpec) -> str:
+        return f"{self.prefix}{shard.name}.manifest.json"
+
+    def marker(self, shard: ShardSpec) -> str:
+        """The completion marker: its existence is the shard's commit point."""
+        return f"{self.committed_prefix}{shard.name}.json"
+
+    def temp(self, final_key: str) -> str:
+        """The temporary key a final object is staged at before the commit."""
+        return f"{self.prefix}_tmp/{final_key.removeprefix(self.prefix)}"
+
+
+def plan_shards(store: ObjectStore, prefix: str, input_url: str, model: str, version: int) -> Plan:
+    """One shard per non-empty input file under ``prefix``, in key order."""
+    shards: list[ShardSpec] = []
+    for obj in store.list_objects(prefix):
+        base = obj.key.rsplit("/", 1)[-1]
+        suffix = base[base.rfind(".") :] if "." in base else ""
+        if obj.size == 0 or base.startswith(("_", ".")) or suffix not in SUFFIXES:
+            continue
+        shards.append(
+            ShardSpec(
+                index=len(shards),
+                key=obj.key,
+                format=SUFFIXES[suffix],
+                size=obj.size,
+                etag=obj.etag,
+            )
+        )
+    if not shards:
+        raise InvalidInputError(f"no .jsonl, .ndjson or .npy input under {input_url[:200]}")
+    created = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    return Plan(
+        input=input_url,
+        model=model,
+        model_version=version,
+        shards=tuple(shards),
+        created_at=created,
+    )
+
+
+def load_plan(store: ObjectStore, layout: OutputLayout) -> Plan | None:
+    """The frozen plan at the output prefix, if any."""
+    raw = store.get_bytes(layout.plan)
+    return None if raw is None else Plan.model_validate_json(raw)
+
+
+def check_plan(plan: Plan, input_url: str, model: str, version: int | None) -> None:
+    """Refuse to mix two different jobs in one output prefix."""
+    if (plan.input.rstrip("/"), plan.model) != (input_url.rstrip("/"), model) or (
+        version is not None and version != plan.model_version
+    ):
+        raise JobConflictError(
+            f"the output prefix already holds a job of {plan.model} v{plan.model_version} "
+            f"over {plan.input}; use another output prefix"
+        )
+
+
+def check_disjoint(input_url: str, output_url: str) -> None:
+    """Outputs inside the input prefix would be read back as input by a later plan."""
+    a, b = input_url.rstrip("/") + "/", output_url.rstrip("/") + "/"
+    if a.startswith(b) or b.startswith(a):
+        raise InvalidInputError("input and output prefixes must not contain each other")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What ``spillway jobs run`` was asked to do."""
+
+    model: str
+    input: str
+    output: str
+    version: int | None = None
+    batch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Locations:
+    """The input and output stores of a job and their key prefixes."""
+
+    input: ObjectStore
+    input_prefix: str
+    output: ObjectStore
+    layout: OutputLayout
+
+    @classmethod
+    def of(cls, spec: RunSpec, *, client: Any | None = None) -> Locations:
+        """Open both locations of ``spec`` (S3 through ``client`` when given)."""
+        check_disjoint(spec.input, spec.output)
+        in_store, in_prefix = open_location(spec.input, client=client)
+        out_store, out_prefix = open_location(spec.output, client=client)
+        return cls(in_store, in_prefix, out_store, OutputLayout(out_prefix))
+
+
+def ensure_plan(spec: RunSpec, repository: ModelRepository, where: Locations) -> Plan:
+    """The frozen plan at the output prefix, created from the input listing if absent."""
+    validate_model_name(spec.model)
+    plan = load_plan(where.output, where.layout)
+    if plan is not None:
+        check_plan(plan, spec.input, spec.model, spec.version)
+        return plan
+    version = resolve_version(repository, spec.model, spec.version)
+    plan = plan_shards(where.input, where.input_prefix, spec.input, spec.model, version)
+    where.output.put_bytes(where.layout.plan, plan.model_dump_json(indent=2).encode())
+    return plan
+
+
+def resolve_version(repository: ModelRepository, model: str, version: int | None) -> int:
+    """``version`` if the repository has it, else the newest when none was asked for."""
+    versions = repository.list_versions(model)
+    if not versions:
+        raise ModelNotFoundError(f"model {model!r} is not in the repository")
+    if version is None:
+        return versions[-1]
+    if version not in versions:
+        raise ModelNotFoundError(f"model {model!r} has no version {version}")
+    return version

@@ -1,0 +1,300 @@
+"""The job container's work: run this child's shards, skip committed ones, commit atomically.
+
+A shard's outputs, errors and manifest are written to local files, uploaded to temporary
+keys (``<output>/_tmp/…``), copied to their final keys, and only then is the completion
+marker written: the marker is the commit point. A crash anywhere before it leaves the
+shard uncommitted, and the next run redoes it from scratch, overwriting whatever the
+crashed run left, so every input record ends up exactly once in outputs or errors.
+The next shard's input downloads while the current one computes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from batch_job.jsonlshard import process_jsonl
+from batch_job.manifest import ShardManifest
+from batch_job.npyshard import process_npy
+from batch_job.plan import Locations, Plan, RunSpec, ShardSpec, ensure_plan
+from batch_job.progress import Progress
+from batch_job.settings import JobsSettings
+from batch_job.shard import BatchModel, ShardCounts, count_records
+from spillway.errors import BatchTooLargeError
+from spillway.repository import ModelRepository, open_repository
+
+log = logging.getLogger("spillway.jobs.runner")
+
+
+@dataclass
+class RunResult:
+    """Shards this run committed, found committed, and failed (name -> reason)."""
+
+    committed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    records: int = 0
+    seconds: float = 0.0
+
+
+def load_model(repository: ModelRepository, settings: JobsSettings, plan: Plan) -> BatchModel:
+    """The plan's exact model version, verified, as an ONNX Runtime session."""
+    from spillway.engine import EngineOptions, OnnxModel  # onnxruntime only in the container
+
+    path = repository.fetch_version(plan.model, plan.model_version, settings.cache_dir)
+    options = EngineOptions(
+        providers=settings.providers, intra_op_threads=settings.intra_op_threads
+    )
+    config = repository.read_config(plan.model)
+    return OnnxModel(plan.model, plan.model_version, config, path, options)
+
+
+class JobRunner:
+    """Runs the shards assigned to this process, one at a time, each committed alone."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        settings: JobsSettings,
+        plan: Plan,
+        model: BatchModel,
+        where: Locations,
+    ) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.plan = plan
+        self.model = model
+        self.in_store = where.input
+        self.out_store = where.output
+        self.layout = where.layout
+        self.batch_size = _batch_size(model, spec.batch_size or settings.batch_size)
+        self.run_id = uuid.uuid4().hex
+        self._records_seen = 0
+        self._paused = False
+        self._pending: tuple[ShardSpec, ShardManifest, Future[None]] | None = None
+
+    def committed(self, shard: ShardSpec) -> bool:
+        """Whether the shard's completion marker exists."""
+        return self.out_store.head(self.layout.marker(shard)) is not None
+
+    def run(self, shards: list[ShardSpec]) -> RunResult:
+        """Run every uncommitted shard; a failed shard does not stop the others.
+
+        While a shard computes, the next one's input downloads and the previous one
+        commits (two I/O threads); commits still complete in shard order.
+        """
+        result = RunResult()
+        todo = [s for s in shards if not self.committed(s)]
+        result.skipped = [s.name for s in shards if s not in todo]
+        if result.skipped:
+            log.info("skipping %d committed shards: %s", len(result.skipped), result.skipped)
+        progress = Progress(
+            len(todo), self.settings.progress_interval_s, bar=self.settings.progress_bar
+        )
+        started = time.monotonic()
+        if self.settings.work_dir is not None:
+            self.settings.work_dir.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="spillway-job-", dir=self.settings.work_dir))
+        (work / "in").mkdir()
+        (work / "out").mkdir()
+        with ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="job-io", initializer=_background
+        ) as pool:
+            downloads: dict[int, Future[Path]] = {}
+            for position, shard in enumerate(todo):
+                if position + 1 < len(todo):
+                    following = todo[position + 1]
+                    downloads[following.index] = pool.submit(self._download, following, work)
+                try:
+                    source = downloads.pop(shard.index, None)
+                    path = source.result() if source else self._download(shard, work)
+                    manifest = self._compute(shard, path, work, progress)
+                except Exception as exc:
+                    # One shard's failure must not lose the others; the child exits
+                    # non-zero and Batch retries it, skipping what is committed by then.
+                    log.exception("shard %s failed", shard.name)
+                    self._failed(result, shard, exc, work)
+                    continue
+                self._settle(result, progress, work)
+                self._pending = (shard, manifest, pool.submit(self._commit, shard, work, manifest))
+            self._settle(result, progress, work)
+        progress.close()
+        shutil.rmtree(work, ignore_errors=True)
+        result.seconds = time.monotonic() - started
+        return result
+
+    def _settle(self, result: RunResult, progress: Progress, work: Path) -> None:
+        """Wait for the commit in flight, if any, and record how it went."""
+        if self._pending is None:
+            return
+        shard, manifest, commit = self._pending
+        self._pending = None
+        try:
+            commit.result()
+        except Exception as exc:
+            log.exception("shard %s failed to commit", shard.name)
+            self._failed(result, shard, exc, work)
+        else:
+            _clean(work, shard)
+            result.committed.append(shard.name)
+            result.records += manifest.records
+            progress.finish_shard()
+
+    def _failed(self, result: RunResult, shard: ShardSpec, error: Exception, work: Path) -> None:
+        _clean(work, shard)
+        result.failed[shard.name] = f"{type(error).__name__}: {error}"
+
+    def _download(self, shard: ShardSpec, work: Path) -> Path:
+        path = work / "in" / shard.name
+        self.in_store.download(shard.key, path)
+        return path
+
+    def _compute(
+        self, shard: ShardSpec, source: Path, work: Path, progress: Progress
+    ) -> ShardManifest:
+        """Run a shard's records into local outputs and errors files; its manifest."""
+        started_at, started = _now(), time.monotonic()
+        progress.start_shard(shard.name, count_records(source, shard.format))
+        stem = work / "out" / shard.name  # every file here is committed as <prefix><name>
+        out_path = stem.with_name(f"{shard.name}.jsonl")
+        err_path = stem.with_name(f"{shard.name}.errors.jsonl")
+
+        def on_batch(records: int, errors: int) -> None:
+            progress.advance(records, errors)
+            self._fault_injection(records)
+
+        with err_path.open("w", encoding="utf-8") as errors:
+            if shard.format == "npy":
+                counts = process_npy(self.model, source, stem, errors, self.batch_size, on_batch)
+            else:
+                with out_path.open("w", encoding="utf-8") as outputs:
+                    counts = process_jsonl(
+                        self.model, source, outputs, errors, self.batch_size, on_batch
+                    )
+        if counts.records != counts.outputs + counts.errors:
+            raise RuntimeError(f"{shard.name}: {counts} does not add up; not committing")
+        files = [self.layout.key(p.name) for p in sorted(stem.parent.glob(f"{shard.name}.*"))]
+        return self._manifest(shard, counts, files, started_at, time.monotonic() - started)
+
+    def _manifest(
+        self,
+        shard: ShardSpec,
+        counts: ShardCounts,
+        files: list[str],
+        started_at: str,
+        seconds: float,
+    ) -> ShardManifest:
+        attempt = os.environ.get("AWS_BATCH_JOB_ATTEMPT", "")
+        return ShardManifest(
+            shard=shard.name,
+            input=self.in_store.url(shard.key),
+            input_etag=shard.etag,
+            format=shard.format,
+            model=self.plan.model,
+            model_version=self.plan.model_version,
+            records=counts.records,
+            outputs=counts.outputs,
+            errors=counts.errors,
+            batch_size=self.batch_size,
+            batches=counts.batches,
+            batch_failures=counts.batch_failures,
+            files=files,
+            started_at=started_at,
+            finished_at=_now(),
+            seconds=round(seconds, 3),
+            records_per_s=round(counts.records / seconds, 1) if seconds > 0 else 0.0,
+            run_id=self.run_id,
+            batch_job_id=os.environ.get("AWS_BATCH_JOB_ID"),
+            attempt=int(attempt) if attempt.isdigit() else None,
+        )
+
+    def _commit(self, shard: ShardSpec, work: Path, manifest: ShardManifest) -> None:
+        """Temporary keys, then final keys, then the marker: the commit point."""
+        store, layout = self.out_store, self.layout
+        body = manifest.model_dump_json(indent=2).encode()
+        finals = [*manifest.files, layout.manifest(shard)]
+        for key in manifest.files:
+            store.upload(work / "out" / key.removeprefix(layout.prefix), layout.temp(key))
+        store.put_bytes(layout.temp(finals[-1]), body)
+        for key in finals:
+            store.copy(layout.temp(key), key)
+        store.put_bytes(layout.marker(shard), body)  # the commit point
+        store.delete([layout.temp(key) for key in finals])
+        log.info(
+            "committed %s: %d records, %d outputs, %d errors in %.1f s",
+            shard.name,
+            manifest.records,
+            manifest.outputs,
+            manifest.errors,
+            manifest.seconds,
+        )
+
+    def _fault_injection(self, records: int) -> None:
+        """Test-only: pause once after ``fault_pause_after_records`` so a test can kill us."""
+        limit = self.settings.fault_pause_after_records
+        self._records_seen += records
+        if limit is not None and not self._paused and self._records_seen >= limit:
+            self._paused = True
+            if self._pending is not None:  # the shards before this one are committed
+                wait([self._pending[2]])
+            log.warning("fault injection: pausing after %d records", self._records_seen)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            time.sleep(self.settings.fault_pause_s)
+
+
+def _batch_size(model: BatchModel, requested: int | None) -> int:
+    limit = model.config.max_batch_size
+    if not model.batching:
+        return 1
+    if requested is not None and requested > limit:
+        raise BatchTooLargeError(f"batch size {requested} exceeds max_batch_size {limit}")
+    return requested or limit
+
+
+def _background() -> None:
+    """Run this I/O thread at a lower priority than the model's threads (Linux)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+
+
+def _clean(work: Path, shard: ShardSpec) -> None:
+    (work / "in" / shard.name).unlink(missing_ok=True)
+    for leftover in (work / "out").glob(f"{shard.name}.*"):
+        leftover.unlink(missing_ok=True)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def run_job(spec: RunSpec, settings: JobsSettings, repository: str | None = None) -> RunResult:
+    """Plan (or read the plan), load the model, and run this child's shards."""
+    repo = open_repository(repository or settings.repository)
+    where = Locations.of(spec)
+    plan = ensure_plan(spec, repo, where)
+    shards = plan.assigned(settings.array_index, settings.array_size)
+    log.info(
+        "job %s v%d: %d of %d shards for this child (array index %s of %s)",
+        plan.model,
+        plan.model_version,
+        len(shards),
+        len(plan.shards),
+        settings.array_index,
+        settings.array_size,
+    )
+    if all(where.output.head(where.layout.marker(s)) is not None for s in shards):
+        log.info("every shard of this child is committed already")
+        return RunResult(skipped=[s.name for s in shards])
+    model = load_model(repo, settings, plan)
+    return JobRunner(spec, settings, plan, model, where).run(shards)

@@ -1,0 +1,281 @@
+"""Submitting and tracking jobs: one code path for the jobs Lambda, the CLI and the tests.
+
+``submit`` validates the request, claims the job record (idempotent on the key), freezes
+the shard plan at the output prefix, submits the AWS Batch array job (queue, definition,
+retry strategy and timeout from settings) and records it. ``status`` combines Batch's
+state with the shard markers. Nothing here imports onnxruntime.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from functools import cached_property
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from batch_job.errors import JobConflictError, JobNotFoundError, NotConfiguredError
+from batch_job.jobstore import SUBMITTED, SUBMITTING, JobStore
+from batch_job.manifest import read_markers, totals
+from batch_job.plan import Locations, OutputLayout, Plan, RunSpec, ensure_plan
+from batch_job.settings import JobsSettings
+from batch_job.storage import open_location
+from spillway.errors import InvalidInputError
+from spillway.names import MODEL_NAME_PATTERN, validate_model_name
+from spillway.repository import aws_client, open_repository
+
+# Job ids of keyed submissions are uuid5(key) in this namespace: one key, one job id.
+_NAMESPACE = uuid.UUID("6f1d7c1e-3b0a-5c4e-9a57-5b1f0e2d8c41")
+_KEY = re.compile(r"^[\x21-\x7e]{1,128}$")
+_BATCH_EXIT_NO_RETRY = "3"  # ``spillway jobs run`` exit code for configuration errors
+
+
+class JobRequest(BaseModel):
+    """``POST /v1/jobs``: what to run over which data."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(pattern=MODEL_NAME_PATTERN.pattern)
+    version: int | None = Field(default=None, ge=1, le=999_999_999)
+    input: str = Field(max_length=1024)
+    output: str = Field(max_length=1024)
+    shards: int | None = Field(default=None, ge=1, le=10_000)
+    batch_size: int | None = Field(default=None, ge=1, le=65_536)
+
+    @field_validator("input", "output")
+    @classmethod
+    def _s3(cls, value: str) -> str:
+        if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\\]*)?", value):
+            raise ValueError("must be an s3://bucket/prefix location")
+        return value
+
+    @classmethod
+    def parse(cls, raw: str | bytes) -> JobRequest:
+        """A request from a JSON body; a clear 400 naming the field, never internals."""
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "body"
+            raise InvalidInputError(f"{where}: {first['msg']}") from None
+
+
+class JobView(BaseModel):
+    """A job as the API shows it."""
+
+    job_id: str
+    state: str
+    model: str
+    model_version: int | None = None
+    input: str
+    output: str
+    shards_total: int | None = None
+    array_size: int | None = None
+    batch_job_id: str | None = None
+    created_at: str
+
+
+class JobStatus(JobView):
+    """A job's record, Batch's state and what its shard markers add up to."""
+
+    batch_status: str | None = None
+    array_status: dict[str, int] = Field(default_factory=dict)
+    shards_done: int = 0
+    records: int = 0
+    outputs: int = 0
+    errors: int = 0
+
+
+class SubmitResult(BaseModel):
+    """The job, and whether an earlier submission with the same key already made it."""
+
+    job: JobView
+    replayed: bool
+
+
+class JobService:
+    """Submission and status over AWS Batch, DynamoDB and S3."""
+
+    def __init__(self, settings: JobsSettings, client: Callable[[str], Any] | None = None) -> None:
+        self.settings = settings
+        self._client = client or (lambda service: aws_client(service, settings.region))
+
+    @cached_property
+    def batch(self) -> Any:
+        return self._client("batch")
+
+    @cached_property
+    def s3(self) -> Any:
+        return self._client("s3")
+
+    @cached_property
+    def store(self) -> JobStore:
+        return JobStore(self.settings.table, self._client("dynamodb"))
+
+    def submit(self, request: JobRequest, key: str | None = None) -> SubmitResult:
+        """Start the job once per idempotency key; later calls with it return that job."""
+        validate_model_name(request.model)
+        if key is not None and not _KEY.fullmatch(key):
+            raise InvalidInputError("the idempotency key must be 1-128 printable characters")
+        job_id = str(uuid.uuid5(_NAMESPACE, key) if key else uuid.uuid4())
+        digest = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+        now = time.time()
+        record = {
+            **request.model_dump(exclude={"version"}),
+            "job_id": job_id,
+            "idempotency_key": key,
+            "request_hash": digest,
+            "requested_version": request.version,
+            "state": SUBMITTING,
+            "created_at": dt.datetime.fromtimestamp(now, dt.UTC).isoformat(timespec="seconds"),
+            "lease_until": now + self.settings.submit_lease_s,
+            "expires_at": int(now) + self.settings.record_ttl_days * 86_400,
+        }
+        if not self.store.create(record):
+            existing = self._claim_existing(job_id, digest, now)
+            if existing is not None:
+                return SubmitResult(job=_view(existing), replayed=True)
+        try:
+            plan = self._plan(request)
+            array_size = min(request.shards or len(plan.shards), len(plan.shards))
+            array_size = min(array_size, self.settings.max_array_size)
+            submitted = self._submit_batch(job_id, request, plan, array_size)
+        except BaseException:
+            self.store.release(job_id)
+            raise
+        fields = {
+            "batch_job_id": submitted["jobId"],
+            "batch_job_name": submitted["jobName"],
+            "model_version": plan.model_version,
+            "shards_total": len(plan.shards),
+            "array_size": array_size,
+        }
+        return SubmitResult(job=_view(self.store.mark_submitted(job_id, fields)), replayed=False)
+
+    def _claim_existing(self, job_id: str, digest: str, now: float) -> dict[str, Any] | None:
+        """The existing record to replay, or ``None`` when we took over a stalled one."""
+        existing = self.store.get(job_id)
+        if existing is None:
+            raise JobConflictError("a submission with this key is being cancelled; retry")
+        if existing["request_hash"] != digest:
+            raise JobConflictError("this idempotency key was used for a different request")
+        stalled = existing["state"] == SUBMITTING and existing["lease_until"] < now
+        lease = now + self.settings.submit_lease_s
+        if stalled and self.store.take_over(job_id, existing["lease_until"], lease):
+            return None
+        return existing
+
+    def _plan(self, request: JobRequest) -> Plan:
+        spec = RunSpec(request.model, request.input, request.output, request.version)
+        repo_client = self.s3 if self.settings.repository.startswith("s3://") else None
+        repository = open_repository(self.settings.repository, client=repo_client)
+        return ensure_plan(spec, repository, Locations.of(spec, client=self.s3))
+
+    def _submit_batch(
+        self, job_id: str, request: JobRequest, plan: Plan, array_size: int
+    ) -> dict[str, Any]:
+        s = self.settings
+        command = ["spillway", "jobs", "run", "--repository", s.repository]
+        command += ["--model", plan.model, "--version", str(plan.model_version)]
+        command += ["--input", request.input, "--output", request.output]
+        if request.batch_size:
+            command += ["--batch-size", str(request.batch_size)]
+        environment = [{"name": "JOBS_ARRAY_SIZE", "value": str(array_size)}]
+        kwargs: dict[str, Any] = {
+            "jobName": f"spillway-{re.sub(r'[^A-Za-z0-9_-]', '-', plan.model)}-{job_id[:8]}",
+            "jobQueue": s.job_queue,
+            "jobDefinition": s.job_definition,
+            "containerOverrides": {"command": command, "environment": environment},
+            "retryStrategy": {
+                "attempts": s.retry_attempts,
+                "evaluateOnExit": [{"onExitCode": _BATCH_EXIT_NO_RETRY, "action": "EXIT"}],
+            },
+            "timeout": {"attemptDurationSeconds": s.attempt_timeout_s},
+            "tags": {"spillway:job-id": job_id},
+            "propagateTags": True,
+        }
+        if array_size > 1:  # Batch arrays have 2 to 10,000 children
+            kwargs["arrayProperties"] = {"size": array_size}
+        result: dict[str, Any] = self.batch.submit_job(**kwargs)
+        return result
+
+    def status(self, job_id: str) -> JobStatus:
+        """The job's record, Batch's view of it and its committed shards."""
+        try:
+            uuid.UUID(job_id)
+        except ValueError:
+            raise InvalidInputError("a job id is a UUID") from None
+        record = self.store.get(job_id)
+        if record is None:
+            raise JobNotFoundError(f"no job {job_id}")
+        view = _view(record).model_dump()
+        batch_status, summary = None, {}
+        if record.get("batch_job_id"):
+            jobs = self.batch.describe_jobs(jobs=[record["batch_job_id"]])["jobs"]
+            if jobs:
+                batch_status = jobs[0]["status"]
+                summary = jobs[0].get("arrayProperties", {}).get("statusSummary", {})
+        store, prefix = open_location(record["output"], client=self.s3)
+        layout = OutputLayout(prefix)
+        manifests = read_markers(store, layout, self.settings.status_read_concurrency)
+        done = totals(manifests)
+        view["state"] = combined_state(record, batch_status, done.shards_done)
+        return JobStatus(
+            **view, batch_status=batch_status, array_status=summary, **done.model_dump()
+        )
+
+    def scheduled(self, event: Mapping[str, Any]) -> SubmitResult:
+        """The nightly re-scoring for an EventBridge scheduled event: one job per rule and
+        day, however often the event is delivered."""
+        s = self.settings
+        if not (s.schedule_model and s.schedule_input and s.schedule_output):
+            raise NotConfiguredError("JOBS_SCHEDULE_MODEL, _INPUT and _OUTPUT must be set")
+        try:
+            when = dt.datetime.fromisoformat(str(event.get("time", "")).replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidInputError("the scheduled event has no valid 'time'") from None
+        resources = event.get("resources") or ["rule/manual"]
+        rule = str(resources[0]).rsplit("/", 1)[-1][:64]
+        day = when.date().isoformat()
+        request = JobRequest(
+            model=s.schedule_model,
+            version=s.schedule_version,
+            input=s.schedule_input,
+            output=f"{s.schedule_output.rstrip('/')}/{day}/",
+            shards=s.schedule_shards,
+        )
+        return self.submit(request, key=f"schedule:{rule}:{day}")
+
+
+def _view(record: Mapping[str, Any]) -> JobView:
+    return JobView(
+        job_id=record["job_id"],
+        state=record["state"],
+        model=record["model"],
+        model_version=record.get("model_version") or record.get("requested_version"),
+        input=record["input"],
+        output=record["output"],
+        shards_total=record.get("shards_total"),
+        array_size=record.get("array_size"),
+        batch_job_id=record.get("batch_job_id"),
+        created_at=record["created_at"],
+    )
+
+
+def combined_state(record: Mapping[str, Any], batch_status: str | None, shards_done: int) -> str:
+    """One state for users: the shards decide success, Batch decides failure."""
+    total = record.get("shards_total")
+    if record["state"] != SUBMITTED:
+        return str(record["state"])
+    if total is not None and shards_done >= int(total):
+        return "SUCCEEDED"
+    if batch_status == "FAILED":
+        return "FAILED"
+    if batch_status == "SUCCEEDED":
+        return "INCOMPLETE"  # Batch says done but markers are missing (e.g. deleted)
+    return batch_status or SUBMITTED

@@ -1,0 +1,82 @@
+"""Settings of the batch job and the jobs function: ``JOBS_<FIELD>`` in the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class JobsSettings(BaseSettings):
+    """Settings of the job container, the jobs Lambda and the CLI (``JOBS_<FIELD>``)."""
+
+    model_config = SettingsConfigDict(env_prefix="JOBS_", extra="ignore", populate_by_name=True)
+
+    # --- the job container -------------------------------------------------------------
+    repository: str = "models"
+    """Model repository the job container loads from: a folder or ``s3://bucket/prefix``."""
+    cache_dir: Path = Path("/tmp/spillway-models")  # noqa: S108 - a cache, not a secret
+    """Where versions downloaded from S3 are kept."""
+    work_dir: Path | None = None
+    """Scratch space for shard inputs and outputs (default: the system temp folder)."""
+    providers: tuple[str, ...] = ("CUDAExecutionProvider", "CPUExecutionProvider")
+    """ONNX Runtime execution providers in order of preference; a CPU fallback is logged."""
+    intra_op_threads: int = Field(default=0, ge=0)
+    """Threads inside one ONNX Runtime operator (0: ONNX Runtime decides)."""
+    batch_size: int | None = Field(default=None, ge=1)
+    """Rows per ONNX Runtime run (default: the model's ``max_batch_size``)."""
+    array_index: int | None = Field(
+        default=None,
+        ge=0,
+        validation_alias=AliasChoices("AWS_BATCH_JOB_ARRAY_INDEX", "JOBS_ARRAY_INDEX"),
+    )
+    """This array child's index, set by AWS Batch; unset: run every shard."""
+    array_size: int | None = Field(default=None, ge=1)
+    """Children of the array job (set by the submitter); child ``i`` runs shards ``i, i+n…``."""
+    progress_interval_s: float = Field(default=10.0, gt=0)
+    """Seconds between progress lines in the log."""
+    progress_bar: bool = True
+    """Show a progress bar when stdout is a terminal."""
+
+    # --- submission (the jobs Lambda and ``spillway jobs submit``) ---------------------
+    region: str | None = None
+    """AWS region of Batch and DynamoDB (default: boto3's own resolution)."""
+    job_queue: str = "spillway-jobs"
+    """AWS Batch job queue the array jobs are submitted to."""
+    job_definition: str = "spillway-batch-job"
+    """AWS Batch job definition (the GPU image running ``spillway jobs run``)."""
+    retry_attempts: int = Field(default=3, ge=1, le=10)
+    """Attempts per array child; a retried child skips the shards it already committed."""
+    attempt_timeout_s: int = Field(default=4 * 3600, ge=60)
+    """AWS Batch ``attemptDurationSeconds`` of one child attempt."""
+    max_array_size: int = Field(default=100, ge=1, le=10_000)
+    """Most array children one job may use (shards beyond it are shared round-robin)."""
+    table: str = "spillway-jobs"
+    """DynamoDB table of job records (partition key ``job_id``, TTL on ``expires_at``)."""
+    record_ttl_days: int = Field(default=30, ge=1)
+    """Days a job record (and so its idempotency key) is kept."""
+    submit_lease_s: float = Field(default=60.0, gt=0)
+    """A submission that crashed before reaching Batch may be taken over after this long."""
+    status_read_concurrency: int = Field(default=16, ge=1, le=64)
+    """Parallel reads of shard markers when computing a job's status."""
+
+    # --- the nightly schedule (EventBridge) ---------------------------------------------
+    schedule_model: str | None = None
+    """Model the scheduled re-scoring runs; unset: scheduled events are refused."""
+    schedule_version: int | None = Field(default=None, ge=1)
+    """Version for scheduled runs (default: the latest at submission)."""
+    schedule_input: str | None = None
+    """Input prefix the scheduled run re-scores (``s3://bucket/prefix/``)."""
+    schedule_output: str | None = None
+    """Output root; each run writes under ``<root>/<YYYY-MM-DD>/``."""
+    schedule_shards: int | None = Field(default=None, ge=1)
+    """Array children of a scheduled run (default: one per shard, up to the cap)."""
+
+    # --- fault injection (tests only) ---------------------------------------------------
+    fault_pause_after_records: int | None = Field(default=None, ge=1)
+    """Test-only fault injection: after this many records the runner logs
+    ``fault injection: pausing`` and sleeps ``fault_pause_s`` so a test can kill it
+    mid-shard. Never set in production."""
+    fault_pause_s: float = Field(default=600.0, gt=0)
+    """How long the fault-injection pause lasts."""

@@ -1,0 +1,205 @@
+"""Object storage for job data: an S3 prefix, or a local folder for development.
+
+A location is ``s3://bucket/prefix/`` or a folder path. Keys are ``/``-separated and
+relative to the bucket (S3) or the folder (local). S3 clients come from
+``spillway.repository.aws_client``, so ``AWS_ENDPOINT_URL`` points them at moto.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from spillway.errors import InvalidInputError
+from spillway.repository import aws_client
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One listed object."""
+
+    key: str
+    size: int
+    etag: str
+
+
+class ObjectStore(Protocol):
+    """The few object operations a job needs."""
+
+    def url(self, key: str) -> str:
+        """The location of ``key`` as users write it."""
+
+    def list_objects(self, prefix: str) -> list[ObjectInfo]:
+        """Every object under ``prefix``, sorted by key."""
+
+    def get_bytes(self, key: str) -> bytes | None:
+        """An object's content, or ``None`` when there is none."""
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Write a small object in one request."""
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """An object's size and ETag, or ``None`` when there is none."""
+
+    def download(self, key: str, path: Path) -> None:
+        """Copy an object to a local file."""
+
+    def upload(self, path: Path, key: str) -> None:
+        """Copy a local file to an object (multipart when large)."""
+
+    def copy(self, source: str, target: str) -> None:
+        """Server-side copy inside this store."""
+
+    def delete(self, keys: list[str]) -> None:
+        """Remove objects; missing ones are ignored."""
+
+
+class S3Store:
+    """Objects in one S3 bucket."""
+
+    def __init__(self, bucket: str, client: Any) -> None:
+        self.bucket = bucket
+        self.client = client
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def list_objects(self, prefix: str) -> list[ObjectInfo]:
+        found: list[ObjectInfo] = []
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+            found += [
+                ObjectInfo(o["Key"], int(o["Size"]), str(o.get("ETag", "")).strip('"'))
+                for o in page.get("Contents", [])
+            ]
+        return sorted(found, key=lambda o: o.key)
+
+    def get_bytes(self, key: str) -> bytes | None:
+        try:
+            body: bytes = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return body
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            meta = self.client.head_object(Bucket=self.bucket, Key=key)
+        except self.client.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+        return ObjectInfo(key, int(meta["ContentLength"]), str(meta.get("ETag", "")).strip('"'))
+
+    def download(self, key: str, path: Path) -> None:
+        self.client.download_file(self.bucket, key, str(path))
+
+    def upload(self, path: Path, key: str) -> None:
+        self.client.upload_file(str(path), self.bucket, key)
+
+    def copy(self, source: str, target: str) -> None:
+        # The managed copy switches to multipart above 5 GB, where CopyObject stops.
+        self.client.copy({"Bucket": self.bucket, "Key": source}, self.bucket, target)
+
+    def delete(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), 1000):
+            chunk = [{"Key": k} for k in keys[start : start + 1000]]
+            if chunk:
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk})
+
+
+class LocalStore:
+    """Objects as files under a folder (local runs, unit tests). Files are hard-linked
+    rather than copied where the file system allows: like S3 objects, they are never
+    modified in place, only replaced."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if path != self.root and self.root not in path.parents:
+            raise InvalidInputError(f"key {key[:100]!r} leaves the storage folder")
+        return path
+
+    def url(self, key: str) -> str:
+        return str(self.root / key)
+
+    def list_objects(self, prefix: str) -> list[ObjectInfo]:
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.rglob("*"):
+            key = path.relative_to(self.root).as_posix()
+            if path.is_file() and key.startswith(prefix):
+                found.append(ObjectInfo(key, path.stat().st_size, ""))
+        return sorted(found, key=lambda o: o.key)
+
+    def get_bytes(self, key: str) -> bytes | None:
+        path = self._path(key)
+        return path.read_bytes() if path.is_file() else None
+
+    def _replace(self, key: str, write: Callable[[Path], object]) -> None:
+        """Write beside the target, then rename: readers never see half a file, and a
+        rewrite gets a new inode (hard-linked copies keep the old content)."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f".{path.name}.partial")
+        staging.unlink(missing_ok=True)
+        write(staging)
+        staging.replace(path)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._replace(key, lambda staging: staging.write_bytes(data))
+
+    def head(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
+        return ObjectInfo(key, path.stat().st_size, "") if path.is_file() else None
+
+    def download(self, key: str, path: Path) -> None:
+        _link_or_copy(self._path(key), path)
+
+    def upload(self, path: Path, key: str) -> None:
+        # A hard link where possible: the job never writes to a file it has uploaded.
+        self._replace(key, lambda staging: _link_or_copy(path, staging))
+
+    def copy(self, source: str, target: str) -> None:
+        self._replace(target, lambda staging: _link_or_copy(self._path(source), staging))
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            self._path(key).unlink(missing_ok=True)
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system, or links not supported
+        shutil.copyfile(source, target)
+
+
+def split_location(location: str) -> tuple[str, str]:
+    """``(bucket, prefix)`` of ``s3://bucket/prefix``; the prefix ends with ``/`` or is empty."""
+    if not location.startswith("s3://"):
+        raise InvalidInputError(f"{location[:200]!r} is not an s3:// location")
+    bucket, _, prefix = location.removeprefix("s3://").partition("/")
+    if not bucket or "\\" in prefix or any(part == ".." for part in prefix.split("/")):
+        raise InvalidInputError(f"{location[:200]!r} is not a valid s3:// location")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
+def open_location(location: str, *, client: Any | None = None) -> tuple[ObjectStore, str]:
+    """The store and key prefix for ``s3://bucket/prefix/`` or a local folder."""
+    if location.startswith("s3://"):
+        bucket, prefix = split_location(location)
+        return S3Store(bucket, client or aws_client("s3")), prefix
+    if "://" in location:
+        raise InvalidInputError(f"unsupported location {location[:200]!r}")
+    return LocalStore(Path(location)), ""

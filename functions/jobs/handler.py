@@ -1,0 +1,128 @@
+"""The jobs Lambda: ``POST /v1/jobs``, ``GET /v1/jobs/{id}`` and the scheduled event.
+
+A thin adapter: it parses the API Gateway (REST v1 proxy, or HTTP API v2) or EventBridge
+event, calls ``batch_job.service`` and maps ``SpillwayError`` to a response in one place.
+A tiny router instead of a web framework keeps the cold start small; nothing here
+imports onnxruntime.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import json
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from batch_job.service import JobRequest, JobService, JobStatus, SubmitResult
+from batch_job.settings import JobsSettings
+from spillway.errors import (
+    InvalidInputError,
+    MethodNotAllowedError,
+    PayloadTooLargeError,
+    RouteNotFoundError,
+    SpillwayError,
+)
+
+log = logging.getLogger("spillway.jobs.api")
+logging.getLogger("spillway").setLevel(logging.INFO)
+
+MAX_BODY_BYTES = 64 * 1024
+_JOB_PATH = re.compile(r"^/v1/jobs/([^/]{1,64})/?$")
+
+
+class Jobs(Protocol):
+    """What the routes need: ``JobService``, or a fake in unit tests."""
+
+    def submit(self, request: JobRequest, key: str | None = None) -> SubmitResult:
+        """Start (or replay) a job."""
+
+    def status(self, job_id: str) -> JobStatus:
+        """A job's combined status."""
+
+
+@functools.cache
+def service() -> JobService:
+    """The service, built once per execution environment (on the first event)."""
+    return JobService(JobsSettings())
+
+
+def handler(event: Mapping[str, Any], context: object) -> dict[str, Any]:
+    """Lambda entry point."""
+    if event.get("source") == "aws.events" and event.get("detail-type") == "Scheduled Event":
+        # Errors propagate: the invocation fails and EventBridge retries; the day's
+        # idempotency key makes a retry return the job a first attempt started.
+        result = service().scheduled(event)
+        log.info("scheduled run %s: job %s", event.get("id"), result.job.job_id)
+        return result.model_dump()
+    return dispatch(event, service())
+
+
+def dispatch(event: Mapping[str, Any], jobs: Jobs) -> dict[str, Any]:
+    """Route an API Gateway event; every error becomes ``{"error", "code"}``."""
+    context = event.get("requestContext") or {}
+    method = str(event.get("httpMethod") or context.get("http", {}).get("method", "")).upper()
+    path = str(event.get("path") or event.get("rawPath") or "")
+    try:
+        return _route(method, path, event, jobs)
+    except SpillwayError as exc:
+        log.warning("%s %s -> %d %s: %s", method, path[:100], exc.status, exc.code, exc.message)
+        return _response(exc.status, exc.to_body())
+    except Exception:
+        log.exception("unhandled error in %s %s", method, path[:100])
+        return _response(500, {"error": "internal error", "code": "internal"})
+
+
+def _route(method: str, path: str, event: Mapping[str, Any], jobs: Jobs) -> dict[str, Any]:
+    if path.rstrip("/") == "/v1/jobs":
+        if method != "POST":
+            raise MethodNotAllowedError(f"{method} is not allowed on /v1/jobs")
+        request = JobRequest.parse(_body(event))
+        result = jobs.submit(request, _header(event, "idempotency-key"))
+        headers = {"Location": f"/v1/jobs/{result.job.job_id}"}
+        if result.replayed:
+            headers["Idempotent-Replayed"] = "true"
+        return _response(202, result.model_dump(), headers)
+    match = _JOB_PATH.match(path)
+    if match:
+        if method != "GET":
+            raise MethodNotAllowedError(f"{method} is not allowed on /v1/jobs/{{id}}")
+        return _response(200, jobs.status(match.group(1)).model_dump())
+    raise RouteNotFoundError(f"no route for {path[:100]!r}")
+
+
+def _body(event: Mapping[str, Any]) -> bytes:
+    raw = event.get("body") or ""
+    if len(raw) > MAX_BODY_BYTES * 4 // 3 + 4:
+        raise PayloadTooLargeError(f"the body exceeds {MAX_BODY_BYTES} bytes")
+    if event.get("isBase64Encoded"):
+        try:
+            data = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidInputError("the body is not valid base64") from None
+    else:
+        data = str(raw).encode()
+    if len(data) > MAX_BODY_BYTES:
+        raise PayloadTooLargeError(f"the body exceeds {MAX_BODY_BYTES} bytes")
+    return data
+
+
+def _header(event: Mapping[str, Any], name: str) -> str | None:
+    for key, value in (event.get("headers") or {}).items():
+        if key.lower() == name and value:
+            return str(value)
+    return None
+
+
+def _response(
+    status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "statusCode": status,
+        "headers": {"Content-Type": "application/json", **(headers or {})},
+        "body": json.dumps(body),
+        "isBase64Encoded": False,
+    }

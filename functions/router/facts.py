@@ -1,0 +1,219 @@
+"""What the router reads from a request: routing hints, sizes and the JSON header.
+
+Hints come from the infer request's ``parameters`` first, then from headers
+(``x-spillway-mode``, ``x-spillway-latency-budget-ms``, ``x-spillway-priority``,
+``x-spillway-tenant``). For a binary body only the JSON header (the first
+``Inference-Header-Content-Length`` bytes) is parsed; tensor bytes are never touched.
+Sizes are estimates for the policy: elements from the shapes, text tokens as UTF-8
+bytes / 4. Model names are checked with the core's pattern without importing numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from spillway.errors import InvalidInputError
+from spillway.names import validate_model_name, validate_version
+
+HEADER_LENGTH = "inference-header-content-length"
+MODES = ("auto", "realtime", "serverless", "batch")
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+_BYTES_PER_TOKEN = 4
+# API Gateway and Lambda alone take tens of milliseconds: a smaller budget cannot be met.
+MIN_BUDGET_MS = 100
+MAX_BUDGET_MS = 3_600_000
+
+
+@dataclass(frozen=True)
+class RequestFacts:
+    """Everything the policy may look at, for one request."""
+
+    method: str
+    path: str
+    operation: str
+    """``infer``, ``metadata``, ``ready``, ``config``, ``stats`` or ``server``."""
+    model: str | None = None
+    version: str | None = None
+    mode: str | None = None
+    latency_budget_ms: float | None = None
+    priority: int | None = None
+    tenant: str | None = None
+    payload_bytes: int = 0
+    input_elements: int | None = None
+    input_tokens: int | None = None
+    rows: int = 1
+
+
+def check_model_name(name: str) -> str:
+    """The name itself when it is a valid model name (the core's rule)."""
+    return validate_model_name(name)
+
+
+def check_version(version: str) -> str:
+    """The version itself when it is a positive integer of at most 9 digits."""
+    validate_version(version)
+    return version
+
+
+def header_length_from(value: str | None) -> int | None:
+    """The ``Inference-Header-Content-Length`` value (absent: ``None``)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()):
+        raise InvalidInputError("Inference-Header-Content-Length must be a non-negative integer")
+    return int(text)
+
+
+def read_json_header(body: bytes, header_length: int | None) -> dict[str, Any]:
+    """The JSON header of an infer body, parsed (not validated: the backend does that)."""
+    if header_length is not None and header_length > len(body):
+        raise InvalidInputError(
+            f"Inference-Header-Content-Length {header_length} is outside the body"
+        )
+    raw = body if header_length is None else body[:header_length]
+    try:
+        value = json.loads(raw)
+    except (UnicodeDecodeError, RecursionError):
+        raise InvalidInputError("invalid JSON: not UTF-8 or nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, or a number past the digit limit
+        raise InvalidInputError(f"invalid JSON: {str(exc)[:200]}") from None
+    if not isinstance(value, dict):
+        raise InvalidInputError("the JSON header must be an object")
+    parameters = value.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise InvalidInputError("parameters must be an object")
+    return value
+
+
+@dataclass(frozen=True)
+class Hints:
+    """The routing hints of one request, validated."""
+
+    mode: str | None = None
+    latency_budget_ms: float | None = None
+    priority: int | None = None
+    tenant: str | None = None
+
+
+def read_hints(parameters: Mapping[str, Any] | None, headers: Mapping[str, str]) -> Hints:
+    """Hints from request parameters, else headers; bad values are the client's error."""
+    params = parameters or {}
+
+    def pick(key: str) -> Any:
+        value = params.get(key)
+        if value is None:
+            value = headers.get(f"x-spillway-{key.replace('_', '-')}")
+        return value
+
+    return Hints(
+        mode=_mode(pick("mode")),
+        latency_budget_ms=_budget(pick("latency_budget_ms")),
+        priority=_priority(pick("priority")),
+        tenant=_tenant(pick("tenant")),
+    )
+
+
+def _mode(value: Any) -> str | None:
+    if value is None:
+        return None
+    if value not in MODES:
+        raise InvalidInputError(f"mode must be one of {', '.join(MODES)}")
+    return str(value)
+
+
+def _number(value: Any, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise InvalidInputError(f"{what} must be a number") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInputError(f"{what} must be a finite number")
+    return float(value)
+
+
+def _budget(value: Any) -> float | None:
+    number = _number(value, "latency_budget_ms")
+    if number is not None and not MIN_BUDGET_MS <= number <= MAX_BUDGET_MS:
+        raise InvalidInputError(
+            f"latency_budget_ms must be between {MIN_BUDGET_MS} and {MAX_BUDGET_MS}"
+        )
+    return number
+
+
+def _priority(value: Any) -> int | None:
+    number = _number(value, "priority")
+    if number is None:
+        return None
+    if number != int(number) or not 0 <= number <= 1_000_000:
+        raise InvalidInputError("priority must be a non-negative integer")
+    return int(number)
+
+
+def _tenant(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _TENANT.fullmatch(value):
+        raise InvalidInputError("tenant must be 1-128 letters, digits or ._:@-")
+    return value
+
+
+def input_size(header: Mapping[str, Any]) -> tuple[int | None, int | None, int]:
+    """Estimated (elements, text tokens, rows) of an infer request's inputs."""
+    inputs = header.get("inputs")
+    if not isinstance(inputs, list):
+        return None, None, 1
+    elements, tokens, rows = 0, 0, 1
+    for index, tensor in enumerate(inputs):
+        shape = tensor.get("shape") if isinstance(tensor, dict) else None
+        if not isinstance(shape, list) or not all(_dim(d) for d in shape):
+            return None, None, 1
+        elements += math.prod(shape)
+        if index == 0 and shape:
+            rows = max(1, shape[0])
+        if tensor.get("datatype") == "BYTES":
+            tokens += _text_tokens(tensor)
+    return elements, tokens, rows
+
+
+def _dim(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**40
+
+
+def _text_tokens(tensor: dict[str, Any]) -> int:
+    size = (tensor.get("parameters") or {}).get("binary_data_size")
+    if isinstance(size, int) and not isinstance(size, bool):
+        return math.ceil(size / _BYTES_PER_TOKEN)
+    data = tensor.get("data")
+    stack, total = [data], 0
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            total += len(item.encode())
+    return math.ceil(total / _BYTES_PER_TOKEN)
+
+
+def with_timeout(
+    body: bytes, header: dict[str, Any], header_length: int | None, timeout_us: int
+) -> tuple[bytes, int | None]:
+    """The body with ``parameters.timeout`` set to ``timeout_us`` (a lower value the client
+    sent is kept), and its new header length. Binary tensor bytes are carried over as-is."""
+    parameters = dict(header.get("parameters") or {})
+    current = parameters.get("timeout")
+    if isinstance(current, int) and not isinstance(current, bool) and 0 < current <= timeout_us:
+        timeout_us = current
+    parameters["timeout"] = timeout_us
+    head = json.dumps({**header, "parameters": parameters}, separators=(",", ":")).encode()
+    if header_length is None:
+        return head, None
+    return head + body[header_length:], len(head)

@@ -1,0 +1,126 @@
+"""Building the router from its settings: backends, policy store, pricing, metrics.
+
+Tests and benchmarks pass their own clocks, random source, backends or metrics sink;
+everything else comes from ``RouterSettings``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from functions.router.app import RouterApp
+from functions.router.backends import Backend, HttpBackend
+from functions.router.batch import BatchBackend, BatchSubmitter, JobsApiSubmitter
+from functions.router.cost import Pricing, load_pricing
+from functions.router.decide import SpillState
+from functions.router.dispatch import Dispatcher
+from functions.router.metrics import EmfSink, event_metric
+from functions.router.openapi import document_bytes
+from functions.router.policy_store import FileSource, PolicySource, PolicyStore, SsmSource
+from functions.router.router import Router, RouterConfig
+from functions.router.settings import RouterSettings
+
+log = logging.getLogger("spillway.router")
+
+
+@dataclass
+class Overrides:
+    """What a test or benchmark replaces; ``None`` keeps the real thing."""
+
+    clock: Callable[[], float] | None = None
+    wall: Callable[[], datetime] | None = None
+    rng: random.Random | None = None
+    backends: Mapping[str, Backend] | None = None
+    submitter: BatchSubmitter | None = None
+    sink: EmfSink | None = None
+    pricing: Pricing | None = None
+
+
+def make_backends(settings: RouterSettings, submitter: BatchSubmitter | None) -> dict[str, Backend]:
+    """The backends the settings name (an unset one is left out of every chain)."""
+
+    def http(name: str, url: str) -> HttpBackend:
+        return HttpBackend(
+            name,
+            url,
+            pool_size=settings.pool_size,
+            idle_s=settings.pool_idle_s,
+            connect_timeout_s=settings.connect_timeout_ms / 1000,
+        )
+
+    backends: dict[str, Backend] = {}
+    if settings.gpu_url:
+        backends["gpu"] = http("gpu", settings.gpu_url)
+    if settings.cpu_function:
+        from functions.router.lambda_backend import LambdaBackend
+
+        backends["cpu"] = LambdaBackend(
+            "cpu", settings.cpu_function, read_timeout_s=settings.lambda_timeout_s
+        )
+    elif settings.cpu_url:
+        backends["cpu"] = http("cpu", settings.cpu_url)
+    if submitter is None and settings.jobs_url and settings.jobs_staging:
+        submitter = JobsApiSubmitter(settings.jobs_url, settings.jobs_staging)
+    backends["batch"] = BatchBackend(submitter)
+    return backends
+
+
+def _policy_source(settings: RouterSettings) -> PolicySource | None:
+    if settings.policy_parameter:
+        return SsmSource(settings.policy_parameter)
+    if settings.policy_file is not None:
+        return FileSource(settings.policy_file)
+    return None
+
+
+def router_config(settings: RouterSettings) -> RouterConfig:
+    """The router's tuning from the settings."""
+    return RouterConfig(
+        default_deadline_s=settings.default_deadline_ms / 1000,
+        deadline_margin_s=settings.deadline_margin_ms / 1000,
+        fallback_reserve=settings.fallback_reserve,
+        breaker_failures=settings.breaker_failures,
+        breaker_reset_s=settings.breaker_reset_s,
+        breaker_max_reset_s=settings.breaker_max_reset_s,
+        retry_budget=settings.retry_budget,
+        load_halflife_s=settings.load_halflife_s,
+        load_stale_s=settings.load_stale_s,
+    )
+
+
+def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> RouterApp:
+    """The router WSGI application for these settings."""
+    o = overrides or Overrides()
+    clock = o.clock or time.monotonic
+    rng = o.rng or random.Random(settings.spill_seed)  # noqa: S311 - spill draws, not secrets
+    sink = o.sink or EmfSink(settings.metrics_log)
+    backends = o.backends if o.backends is not None else make_backends(settings, o.submitter)
+    spills = SpillState(rng)
+    router = Router(backends, router_config(settings), clock=clock, spills=spills)
+    store = PolicyStore(
+        _policy_source(settings),
+        ttl_s=settings.policy_ttl_s,
+        clock=clock,
+        on_change=lambda _: spills.reset(),
+        on_reject=lambda _: sink.write(event_metric("PolicyRejected")),
+    )
+    pricing = o.pricing or load_pricing(settings.pricing_file)
+    dispatcher = Dispatcher(
+        router,
+        store,
+        pricing,
+        sink,
+        o.wall or (lambda: datetime.now(UTC)),
+        trust_tenant_hints=settings.trust_tenant_hints,
+    )
+    log.info(
+        "router up: backends %s, policy from %s",
+        sorted(backends),
+        store.loaded.source,
+    )
+    return RouterApp(dispatcher, max_body_bytes=settings.max_body_bytes, openapi=document_bytes())

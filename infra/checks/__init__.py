@@ -1,0 +1,1 @@
+"""Offline checks of the infrastructure templates (run by scripts/check_infra.sh)."""

@@ -1,0 +1,156 @@
+"""``spillway jobs``: run a job's shards (the container's command), submit, track.
+
+``run`` is what the AWS Batch job definition executes; as an array child it reads
+``AWS_BATCH_JOB_ARRAY_INDEX`` and runs only its shards. ``submit`` and ``status`` use the
+same service as the jobs Lambda. ``submit --local`` also executes the array children as
+local processes (moto does not run containers). ``JOBS_*`` variables configure all three.
+
+Exit codes of ``run``: 0 every shard committed, 1 a shard failed (Batch retries; committed
+shards are skipped), 3 a configuration error that a retry cannot fix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from batch_job.local import EXIT_NO_RETRY, configure_moto, create_resources, run_local
+from batch_job.plan import RunSpec
+from batch_job.service import JobRequest, JobService, JobStatus
+from batch_job.settings import JobsSettings
+from spillway.errors import SpillwayError
+
+jobs_app = typer.Typer(help="Offline batch inference on AWS Batch.", no_args_is_help=True)
+log = logging.getLogger("spillway.jobs.cli")
+
+LAUNCHER = (sys.executable, "-m", "spillway_cli.jobs_cli")
+"""How a local child runs ``spillway jobs`` (the container's entry point)."""
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "INCOMPLETE"})
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _fail(exc: SpillwayError, code: int = EXIT_NO_RETRY) -> typer.Exit:
+    typer.echo(f"error ({exc.code}): {exc.message}", err=True)
+    return typer.Exit(code)
+
+
+@jobs_app.command("run")
+def run(
+    model: Annotated[str, typer.Option(help="Model name.")],
+    input: Annotated[str, typer.Option("--input", help="s3://bucket/prefix/ of the inputs.")],
+    output: Annotated[str, typer.Option(help="s3://bucket/prefix/ for outputs.")],
+    repository: Annotated[str | None, typer.Option(help="Folder or s3://… repository.")] = None,
+    version: Annotated[int | None, typer.Option(min=1, help="Default: latest.")] = None,
+    batch_size: Annotated[int | None, typer.Option(min=1, help="Rows per run.")] = None,
+    verbose: bool = False,
+) -> None:
+    """Run this child's shards (all shards outside an array job); skip committed ones."""
+    from batch_job.runner import run_job  # onnxruntime and numpy only for this command
+
+    _logging(verbose)
+    settings = JobsSettings()
+    spec = RunSpec(model, input, output, version, batch_size)
+    try:
+        result = run_job(spec, settings, repository)
+    except SpillwayError as exc:
+        raise _fail(exc) from None
+    typer.echo(
+        f"committed {len(result.committed)}, already committed {len(result.skipped)}, "
+        f"failed {len(result.failed)} shards; {result.records} records in {result.seconds:.1f} s"
+    )
+    if result.failed:
+        raise typer.Exit(1)
+
+
+@jobs_app.command("submit")
+def submit(
+    model: Annotated[str, typer.Option(help="Model name.")],
+    input: Annotated[str, typer.Option("--input", help="s3://bucket/prefix/ of the inputs.")],
+    output: Annotated[str, typer.Option(help="s3://bucket/prefix/ for outputs.")],
+    version: Annotated[int | None, typer.Option(min=1, help="Default: latest.")] = None,
+    shards: Annotated[int | None, typer.Option(min=1, help="Array children.")] = None,
+    batch_size: Annotated[int | None, typer.Option(min=1, help="Rows per run.")] = None,
+    idempotency_key: Annotated[str | None, typer.Option(help="Same key, same job.")] = None,
+    wait: Annotated[bool, typer.Option(help="Show progress until the job ends.")] = False,
+    local: Annotated[bool, typer.Option(help="Run the children here (moto).")] = False,
+) -> None:
+    """Plan shards, submit the AWS Batch array job and record it (idempotent per key)."""
+    _logging(False)
+    settings = JobsSettings()
+    service = JobService(settings)
+    fields: dict[str, Any] = {"model": model, "input": input, "output": output}
+    fields |= {"version": version, "shards": shards, "batch_size": batch_size}
+    try:
+        request = JobRequest.parse(json.dumps(fields))
+        result = service.submit(request, idempotency_key)
+    except SpillwayError as exc:
+        raise _fail(exc) from None
+    typer.echo(result.model_dump_json(indent=2))
+    if local and result.job.batch_job_id:
+        log_dir = Path(tempfile.mkdtemp(prefix=f"spillway-job-{result.job.job_id[:8]}-"))
+        runs = run_local(settings, result.job.batch_job_id, LAUNCHER, log_dir)
+        for child in runs:
+            typer.echo(f"child {child.index}: exit {child.exit_code} ({child.log_path})")
+    if wait:
+        final = _wait(service, result.job.job_id)
+        typer.echo(final.model_dump_json(indent=2))
+        if final.state != "SUCCEEDED":
+            raise typer.Exit(1)
+
+
+def _wait(service: JobService, job_id: str, poll_s: float = 5.0) -> JobStatus:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()) as bar:
+        task = bar.add_task(f"job {job_id[:8]}", total=None)
+        while True:
+            current = service.status(job_id)
+            bar.update(
+                task,
+                total=current.shards_total,
+                completed=current.shards_done,
+                description=f"job {job_id[:8]} {current.state} ({current.records} records)",
+            )
+            if current.state in TERMINAL:
+                return current
+            time.sleep(poll_s)
+
+
+@jobs_app.command("status")
+def status(job_id: Annotated[str, typer.Argument(help="The job id submit printed.")]) -> None:
+    """The job's state: Batch's view and its committed shards, records and errors."""
+    try:
+        typer.echo(JobService(JobsSettings()).status(job_id).model_dump_json(indent=2))
+    except SpillwayError as exc:
+        raise _fail(exc, 1) from None
+
+
+@jobs_app.command("init-local")
+def init_local() -> None:
+    """Point at moto (AWS_ENDPOINT_URL): allow Batch without Docker, create the queue,
+    job definition and job table."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if not endpoint:
+        typer.echo("AWS_ENDPOINT_URL must point at a moto server", err=True)
+        raise typer.Exit(2)
+    configure_moto(endpoint)
+    create_resources(JobsSettings())
+    typer.echo(f"Batch queue, job definition and table ready on {endpoint}")
+
+
+if __name__ == "__main__":
+    jobs_app()

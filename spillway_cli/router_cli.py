@@ -1,0 +1,193 @@
+"""CLI for the router and the CPU fallback: policies, cost reports, local servers.
+
+Registered by ``spillway_cli.main``: ``policy_app`` as ``spillway policy``, ``cost_app`` as
+``spillway cost``, ``serve_router`` and ``serve_cpu`` as ``spillway serve router|cpu``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+policy_app = typer.Typer(help="Check and explain routing policies.", no_args_is_help=True)
+cost_app = typer.Typer(help="Cost accounting of the router.", no_args_is_help=True)
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(message, err=True)
+    return typer.Exit(1)
+
+
+def _load_policy(file: Path) -> Any:
+    from functions.router.policy import PolicyError, parse_policy
+
+    try:
+        return parse_policy(file.read_text(encoding="utf-8"), str(file))
+    except OSError as exc:
+        raise _fail(f"{file}: {exc.strerror or exc}") from None
+    except PolicyError as exc:
+        raise _fail(str(exc)) from None
+
+
+@policy_app.command("check")
+def policy_check(file: Annotated[Path, typer.Argument(help="Policy file (YAML or JSON).")]) -> None:
+    """Validate a policy file; exit 1 with the reasons when it is not valid."""
+    policy = _load_policy(file)
+    names = ", ".join(rule.name for rule in policy.rules)
+    typer.echo(f"{file}: valid, {len(policy.rules)} rules: {names}")
+
+
+class _FixedLoad:
+    """The load ``explain`` assumes: one backend busy at a level for a while."""
+
+    def __init__(self, backend: str, busy: float | None, for_s: float) -> None:
+        self.backend, self.busy, self.for_s = backend, busy, for_s
+
+    def sustained_above(self, backend: str, threshold: float, for_s: float) -> bool:
+        """Whether the assumed load is above ``threshold`` for at least ``for_s``."""
+        return (
+            backend == self.backend
+            and self.busy is not None
+            and self.busy > threshold
+            and self.for_s >= for_s
+        )
+
+
+def _request_document(request: str) -> dict[str, Any]:
+    text = Path(request[1:]).read_text(encoding="utf-8") if request.startswith("@") else request
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise _fail(f"--request is not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise _fail("--request must be a JSON object")
+    return document
+
+
+def _call_and_target(document: dict[str, Any], path: str) -> tuple[Any, Any]:
+    from functions.router.app import model_target
+    from functions.router.dispatch import Call
+
+    envelope = "body" in document or "headers" in document or "path" in document
+    body = document.get("body") if envelope else document
+    headers = {str(k).lower(): str(v) for k, v in (document.get("headers") or {}).items()}
+    target = model_target(str(document.get("path", path)) if envelope else path)
+    raw = json.dumps(body).encode() if body is not None else b""
+    method = "POST" if target.operation == "infer" else "GET"
+    return Call(method=method, headers=headers, body=raw, request_id="explain"), target
+
+
+@policy_app.command("explain")
+def policy_explain(
+    file: Annotated[Path, typer.Argument(help="Policy file (YAML or JSON).")],
+    request: Annotated[
+        str,
+        typer.Option(
+            help="JSON (or @file): an infer body, or {path, headers, body} around one.",
+        ),
+    ],
+    path: Annotated[str, typer.Option(help="Path when --request is a bare body.")] = (
+        "/v2/models/digits/infer"
+    ),
+    at: Annotated[str | None, typer.Option(help="ISO time to decide at (default now).")] = None,
+    gpu_busy: Annotated[float | None, typer.Option(help="Assume this GPU busy fraction.")] = None,
+    busy_for: Annotated[float, typer.Option(help="…sustained for this many seconds.")] = 0.0,
+) -> None:
+    """Print the decision for a request and why each rule before it did not fire."""
+    from functions.router.decide import explain
+    from functions.router.dispatch import parse_request
+    from spillway.errors import SpillwayError
+
+    policy = _load_policy(file)
+    try:
+        when = datetime.fromisoformat(at) if at else datetime.now(UTC)
+        when = when if when.tzinfo else when.replace(tzinfo=UTC)
+        call, target = _call_and_target(_request_document(request), path)
+        facts = parse_request(call, target).facts
+    except (ValueError, SpillwayError) as exc:
+        raise _fail(f"cannot explain: {getattr(exc, 'message', exc)}") from None
+    traces = explain(policy, facts, when, _FixedLoad("gpu", gpu_busy, busy_for))
+    for trace in traces:
+        mark = "FIRES " if trace.matched else "skip  "
+        typer.echo(f"{mark}{trace.rule}: {trace.reason}")
+    rule = next(r for r in policy.rules if r.name == traces[-1].rule)
+    typer.echo(
+        f"decision: rule {rule.name}, backends {' -> '.join(policy.chain(rule, rule.route))}"
+    )
+    if rule.spill is not None:
+        spilled = " -> ".join(policy.chain(rule, rule.spill.to))
+        typer.echo(f"spill: {rule.spill.share:.0%} of these requests go {spilled}")
+
+
+@cost_app.command("report")
+def cost_report(
+    log: Annotated[Path, typer.Argument(help="Metrics log: EMF JSON lines ('-': stdin).")],
+    output: Annotated[str, typer.Option("--format", help="markdown or json.")] = "markdown",
+) -> None:
+    """Summarise the router's per-request metrics by route (rule and backend)."""
+    from functions.router.report import as_json, markdown, summarise
+
+    if output not in ("markdown", "json"):
+        raise _fail("--format must be markdown or json")
+    try:
+        if str(log) == "-":
+            routes = summarise(sys.stdin)
+        else:
+            with log.open(encoding="utf-8") as handle:
+                routes = summarise(handle)
+    except OSError as exc:
+        raise _fail(f"{log}: {exc.strerror or exc}") from None
+    if output == "json":
+        typer.echo(json.dumps(as_json(routes), indent=2))
+    else:
+        typer.echo(markdown(routes))
+
+
+def serve_router(
+    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
+    policy: Annotated[Path | None, typer.Option(help="Policy file (YAML or JSON).")] = None,
+    gpu_url: Annotated[str | None, typer.Option(help="GPU service base URL.")] = None,
+    cpu_url: Annotated[str | None, typer.Option(help="CPU fallback base URL.")] = None,
+) -> None:
+    """The router on a local HTTP server; ROUTER_* variables apply, flags win."""
+    from aws_lambda_powertools.logging import Logger
+
+    from functions.router.policy import PolicyError
+    from functions.router.serve import serve_forever
+    from functions.router.settings import RouterSettings
+    from functions.router.wiring import create_app
+
+    try:
+        settings = RouterSettings.from_env(
+            host=host, port=port, policy_file=policy, gpu_url=gpu_url, cpu_url=cpu_url
+        )
+        Logger(service="spillway.router", level=settings.log_level)
+        app = create_app(settings)
+    except (ValueError, PolicyError) as exc:
+        raise _fail(f"cannot start the router: {exc}") from None
+    serve_forever(app, settings.host, settings.port)
+
+
+def serve_cpu(
+    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
+    repository: Annotated[str | None, typer.Option(help="Folder or s3://bucket/prefix.")] = None,
+) -> None:
+    """The CPU fallback on a local HTTP server (also Lambda's invoke API); CPU_* apply."""
+    from aws_lambda_powertools.logging import Logger
+
+    from functions.cpu_infer.app import CpuApp
+    from functions.cpu_infer.service import CpuService
+    from functions.cpu_infer.settings import CpuSettings
+    from functions.router.serve import serve_forever
+
+    flags = {"host": host, "port": port, "repository": repository}
+    settings = CpuSettings.model_validate({k: v for k, v in flags.items() if v is not None})
+    Logger(service="spillway.cpu_infer", level=settings.log_level)
+    serve_forever(CpuApp(CpuService.load(settings)), settings.host, settings.port)

@@ -1,0 +1,231 @@
+"""The router's AWS paths on 127.0.0.1: ``lambda:Invoke`` of the CPU fallback through
+boto3 (against the invoke API ``spillway serve cpu`` answers) and the policy in SSM
+(a moto server), refreshed without a restart."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import random
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+import boto3
+import pytest
+from werkzeug.test import Client
+
+from functions.cpu_infer.app import CpuApp
+from functions.cpu_infer.service import CpuService
+from functions.cpu_infer.settings import CpuSettings
+from functions.router.serve import running
+from functions.router.settings import RouterSettings
+from functions.router.wiring import Overrides, create_app
+from spillway_cli.procs import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+BODY = json.loads((ROOT / "events" / "cpu_infer" / "infer-direct.json").read_text())["body"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def cpu_url(models_dir: Path) -> Iterator[str]:
+    cpu = CpuService.load(CpuSettings(repository=str(models_dir), models=["digits"]))
+    with running(CpuApp(cpu)) as url:
+        yield url
+
+
+def test_the_cpu_fallback_is_invoked_as_a_lambda_function(
+    aws_env: str, cpu_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # GIVEN a router whose GPU cannot be reached and whose CPU fallback is a Lambda function,
+    # invoked through boto3 at the endpoint AWS_ENDPOINT_URL_LAMBDA names
+    monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA", cpu_url)
+    settings = RouterSettings(
+        gpu_url=f"http://127.0.0.1:{free_port()}",
+        cpu_function="spillway-cpu-infer",
+        metrics_log=tmp_path / "metrics.log",
+    )
+    app = create_app(settings)
+    # WHEN an infer request arrives
+    response = Client(app).post("/v2/models/digits/infer", json=BODY)
+    # THEN the Lambda function served it, and the response says it was a fallback
+    assert response.status_code == 200, response.data
+    assert response.headers["x-spillway-backend"] == "cpu"
+    assert response.headers["x-spillway-fallback"] == "gpu:connect_error"
+    answer = json.loads(response.data)
+    assert answer["outputs"][0]["name"] == "label"
+    assert answer["id"] == "post-1"
+    # AND metadata and readiness travel as direct-invoke operations too
+    meta = Client(app).get("/v2/models/digits", headers={"x-spillway-mode": "serverless"})
+    assert meta.status_code == 200
+    assert json.loads(meta.data)["name"] == "digits"
+    assert (
+        Client(app)
+        .get("/v2/models/minilm/ready", headers={"x-spillway-mode": "serverless"})
+        .status_code
+        == 404
+    )
+
+
+def test_an_unknown_function_is_unavailable_not_a_crash(
+    aws_env: str, cpu_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA", cpu_url)
+    settings = RouterSettings(
+        gpu_url=None, cpu_function="no-such-function", metrics_log=Path("/dev/null")
+    )
+    response = Client(create_app(settings)).post("/v2/models/digits/infer", json=BODY)
+    assert response.status_code == 503
+    assert response.headers["x-spillway-backend"] == "cpu"
+
+
+def _policy(rule: str) -> str:
+    return json.dumps(
+        {
+            "rules": [
+                {"name": rule, "match": {"mode": ["serverless"]}, "route": "cpu"},
+                {"name": "default", "route": "gpu"},
+            ]
+        }
+    )
+
+
+def test_the_policy_comes_from_ssm_and_a_bad_update_is_refused(
+    aws_env: str, cpu_url: str, tmp_path: Path
+) -> None:
+    # GIVEN a policy in an SSM parameter and a router that reads it with a 60 s TTL
+    ssm = boto3.client("ssm")
+    name = f"/spillway/router/policy-{random.randrange(10**9)}"
+    ssm.put_parameter(Name=name, Value=_policy("first"), Type="String")
+    clock = Clock()
+    metrics = tmp_path / "metrics.log"
+    settings = RouterSettings(
+        gpu_url=None, cpu_url=cpu_url, policy_parameter=name, policy_ttl_s=60, metrics_log=metrics
+    )
+    app = create_app(settings, Overrides(clock=clock, wall=lambda: datetime.now(UTC)))
+
+    def rule() -> str:
+        response = Client(app).post(
+            "/v2/models/digits/infer", json=BODY, headers={"x-spillway-mode": "serverless"}
+        )
+        assert response.status_code == 200
+        return str(response.headers["x-spillway-rule"])
+
+    assert rule() == "first"
+    # WHEN the parameter is overwritten with a policy that does not validate
+    ssm.put_parameter(Name=name, Value='{"rules": [{"name": "x", "route": "tpu"}]}', Overwrite=True)
+    clock.now += 60
+    # THEN the last good policy keeps serving and the refusal is counted
+    assert rule() == "first"
+    rejected = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert sum(d.get("PolicyRejected", [0])[0] for d in rejected if "PolicyRejected" in d) == 1
+    # WHEN a good policy is put, it serves once the TTL has passed, without a restart
+    ssm.put_parameter(Name=name, Value=_policy("second"), Overwrite=True)
+    assert rule() == "first"
+    clock.now += 60
+    assert rule() == "second"
+
+
+def test_a_missing_parameter_leaves_the_built_in_policy_serving(aws_env: str) -> None:
+    settings = RouterSettings(
+        gpu_url=None, policy_parameter="/spillway/none", metrics_log=Path("/dev/null")
+    )
+    app = create_app(settings)
+    store = app.dispatcher.policies
+    assert store.loaded.source == "built-in"
+    assert store.last_error is not None
+    assert "ssm:/spillway/none" in store.last_error
+
+
+class _JobsApi(http.server.BaseHTTPRequestHandler):
+    """Stands in for the jobs API: records submissions, answers 202 like it does."""
+
+    protocol_version = "HTTP/1.1"
+    seen: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.seen.append({"headers": dict(self.headers.items()), "body": body})
+        answer = json.dumps({"job": {"job_id": "job-7", "status": "SUBMITTED"}}).encode()
+        self.send_response(202)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Location", "/v1/jobs/job-7")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+def test_batch_mode_stages_records_in_s3_and_submits_a_job(
+    aws_env: str, models_dir: Path, tmp_path: Path
+) -> None:
+    # GIVEN a staging bucket (moto) and a jobs API, and a router configured for both
+    from batch_job.records import split_record, to_tensors
+    from batch_job.service import JobRequest
+    from spillway.repository import LocalRepository
+
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="staging")
+    _JobsApi.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _JobsApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = RouterSettings(
+            gpu_url=None,
+            jobs_url=f"http://127.0.0.1:{server.server_port}/v1/jobs",
+            jobs_staging="s3://staging/router",
+            metrics_log=tmp_path / "metrics.log",
+        )
+        app = create_app(settings)
+        images = [[float(i % 16)] * 64 for i in range(3)]
+        body = {
+            "inputs": [{"name": "image", "shape": [3, 8, 8], "datatype": "FP32", "data": images}]
+        }
+        # WHEN a batch-mode request arrives
+        response = Client(app).post(
+            "/v2/models/digits/infer",
+            json=body,
+            headers={"x-spillway-mode": "batch", "x-request-id": "nightly-42"},
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    # THEN it is accepted with the jobs API's job id
+    assert response.status_code == 202
+    assert json.loads(response.data) == {
+        "job_id": "job-7",
+        "status": "submitted",
+        "status_url": "/v1/jobs/job-7",
+    }
+    assert response.headers["x-spillway-backend"] == "batch"
+    # AND the submission is one the jobs API accepts, keyed by the request id
+    (seen,) = _JobsApi.seen
+    assert seen["headers"]["idempotency-key"] == "nightly-42"
+    job = JobRequest.parse(seen["body"])
+    assert job.model == "digits"
+    # AND its input is the request's three rows, readable by the batch job's record reader
+    bucket, _, key = job.input.removeprefix("s3://").partition("/")
+    text = s3.get_object(Bucket=bucket, Key=f"{key}records.jsonl")["Body"].read().decode()
+    config = LocalRepository(models_dir).read_config("digits")
+    specs = {t.name: t for t in config.input}
+    parsed = [split_record(line.encode()) for line in text.splitlines()]
+    assert [record_id for record_id, _ in parsed] == [
+        "nightly-42-0",
+        "nightly-42-1",
+        "nightly-42-2",
+    ]
+    tensors = [to_tensors(data, specs, batch=True)["image"] for _, data in parsed]
+    assert [t.shape for t in tensors] == [(1, 8, 8)] * 3
+    assert [float(t[0, 0, 0]) for t in tensors] == [0.0, 1.0, 2.0]
