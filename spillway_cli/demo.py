@@ -54,6 +54,7 @@ class Client:
     """Sends V2 requests to the router and records what happened."""
 
     port: int
+    headers: dict[str, str] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     records: list[Record] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -65,6 +66,28 @@ class Client:
         conn: http.client.HTTPConnection = self.local.conn
         return conn
 
+    def _post(
+        self, path: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, dict[str, str], bytes]:
+        # A kept-alive connection the server closed while idle fails before any answer:
+        # that one case is retried once on a new connection, as HTTP clients do.
+        for attempt in (1, 2):
+            reused = getattr(self.local, "conn", None) is not None
+            try:
+                conn = self._conn()
+                conn.request("POST", path, body=body, headers=headers)
+                response = conn.getresponse()
+                raw = response.read()
+                return response.status, {k.lower(): v for k, v in response.getheaders()}, raw
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                self.local.conn = None
+                if not reused or attempt == 2:
+                    break
+            except (OSError, http.client.HTTPException):
+                self.local.conn = None
+                break
+        return 599, {}, b""
+
     def infer(
         self,
         scenario: str,
@@ -73,19 +96,11 @@ class Client:
         headers: dict[str, str] | None = None,
     ) -> tuple[int, dict[str, str], Any]:
         body, length = encode_request(inputs, binary=True, binary_outputs=True)
-        sent = {"Content-Type": "application/octet-stream", **(headers or {})}
+        sent = {"Content-Type": "application/octet-stream", **self.headers, **(headers or {})}
         if length is not None:
             sent["Inference-Header-Content-Length"] = str(length)
         started = time.monotonic()
-        try:
-            conn = self._conn()
-            conn.request("POST", f"/v2/models/{model}/infer", body=body, headers=sent)
-            response = conn.getresponse()
-            raw = response.read()
-            status, got = response.status, {k.lower(): v for k, v in response.getheaders()}
-        except (OSError, http.client.HTTPException):
-            self.local.conn = None
-            status, got, raw = 599, {}, b""
+        status, got, raw = self._post(f"/v2/models/{model}/infer", body, sent)
         elapsed = (time.monotonic() - started) * 1e3
         self._record(scenario, status, got, elapsed)
         if status != 200:
@@ -316,13 +331,14 @@ def chart(client: Client, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def run_demo(models: Path, out: Path) -> None:
+def run_demo(models: Path, out: Path, router_runtime: str = "wsgi") -> None:
     """Bring the stack up, run every scenario through the router, stop everything."""
-    stack = LocalStack(models, out / "stack")
+    stack = LocalStack(models, out / "stack", router_runtime=router_runtime)
     stack.start()
     try:
         say("Spillway is up:\n" + stack.summary() + "\n")
-        client = Client(stack.ports.router)
+        say(f"The router runs as {stack.router_runtime}.\n")
+        client = Client(stack.ports.router, dict(stack.router_headers))
         scenario_digits(client, models)
         scenario_minilm(client)
         scenario_serverless(client)

@@ -16,6 +16,7 @@ from spillway_cli.router_cli import cost_app, policy_app, serve_cpu, serve_route
 
 app = typer.Typer(help="Spillway: AI inference as a service.", no_args_is_help=True)
 models_app = typer.Typer(help="Build and publish models.", no_args_is_help=True)
+RUNTIME_HELP = "wsgi | serverless-offline | auto (serverless-offline when installed)"
 serve_app = typer.Typer(help="Start a service in the foreground.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(serve_app, name="serve")
@@ -78,13 +79,15 @@ def models_publish(
 def demo(
     models: Annotated[Path, typer.Option(help="Built model repository.")] = Path("models"),
     out: Annotated[Path, typer.Option(help="Logs, summary and chart.")] = Path("out/demo"),
+    router_runtime: Annotated[str, typer.Option(help=RUNTIME_HELP)] = "auto",
 ) -> None:
     """The whole platform on 127.0.0.1 with real traffic through the router."""
     from spillway_cli.demo import run_demo
+    from spillway_cli.stack import router_runtime as resolve
 
     _logging(False)
     logging.getLogger("botocore").setLevel(logging.WARNING)
-    run_demo(models, out)
+    run_demo(models, out, resolve(router_runtime))
 
 
 @serve_app.command("gpu")
@@ -140,15 +143,20 @@ def up(
     cpu_port: Annotated[int, typer.Option(help="CPU fallback port (0: free).")] = 8081,
     jobs_port: Annotated[int, typer.Option(help="Jobs API port (0: free).")] = 8082,
     moto_port: Annotated[int, typer.Option(help="Moto (AWS) port (0: free).")] = 5000,
+    router_runtime: Annotated[str, typer.Option(help=RUNTIME_HELP)] = "auto",
 ) -> None:
     """The whole platform on 127.0.0.1 until Ctrl-C or SIGTERM."""
     import signal
 
     from spillway_cli.stack import LocalStack, Ports
+    from spillway_cli.stack import router_runtime as resolve
 
     _logging(False)
     stack = LocalStack(
-        models, log_dir, Ports(moto_port, gpu_port, cpu_port, jobs_port, router_port)
+        models,
+        log_dir,
+        Ports(moto_port, gpu_port, cpu_port, jobs_port, router_port),
+        router_runtime=resolve(router_runtime),
     )
 
     def stop(signum: int, _: object) -> None:

@@ -20,14 +20,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+def wait_http(
+    url: str,
+    timeout_s: float,
+    proc: subprocess.Popen[bytes] | None = None,
+    headers: dict[str, str] | None = None,
+) -> None:
     """Wait until ``url`` answers 200; fail early if ``proc`` exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} was up")
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - local URL
+            request = urllib.request.Request(url, headers=headers or {})  # noqa: S310
+            with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310
                 if response.status == 200:
                     return
         except (urllib.error.URLError, ConnectionError, TimeoutError):

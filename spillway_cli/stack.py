@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,16 @@ MODELS_BUCKET = "spillway-models"
 DATA_BUCKET = "spillway-data"
 REPOSITORY = f"s3://{MODELS_BUCKET}/repository"
 ROOT = Path(__file__).resolve().parent.parent
+SERVERLESS = ROOT / "node_modules" / ".bin" / "serverless"
+LOCAL_API_KEY = "spillway-local-key"  # serverless.yml's key name at stage local; not a secret
+
+
+def router_runtime(choice: str) -> str:
+    """``auto``: serverless-offline when Node.js and the Serverless Framework are installed
+    (``make check-infra`` installs them), else the WSGI router."""
+    if choice != "auto":
+        return choice
+    return "serverless-offline" if SERVERLESS.exists() and shutil.which("node") else "wsgi"
 
 
 @dataclass
@@ -54,6 +65,8 @@ class LocalStack:
     ports: Ports = field(default_factory=Ports)
     policy: Path = ROOT / "policies" / "example.yaml"
     gpu_settings: dict[str, str] = field(default_factory=dict)
+    router_runtime: str = "wsgi"
+    router_headers: dict[str, str] = field(default_factory=dict)
     children: dict[str, procs.Child] = field(default_factory=dict)
 
     def url(self, part: str) -> str:
@@ -98,12 +111,15 @@ class LocalStack:
                 self.jobs_env(),
                 "/v1/health",
             )
-            self._start(
-                "router",
-                [*_spillway(), "serve", "router", "--port", str(self.ports.router)],
-                self._router_env(),
-                "/v2/health/live",
-            )
+            if self.router_runtime == "serverless-offline":
+                self._router_offline()
+            else:
+                self._start(
+                    "router",
+                    [*_spillway(), "serve", "router", "--port", str(self.ports.router)],
+                    self._router_env(),
+                    "/v2/health/live",
+                )
         except BaseException:
             self.stop()
             raise
@@ -166,6 +182,53 @@ class LocalStack:
             "ROUTER_METRICS_LOG": str(self.log_dir / "router-metrics.jsonl"),
         }
 
+    def _router_offline(self) -> None:
+        """The router as serverless.yml describes it, under serverless-offline (stage
+        ``local``): its policy from an SSM parameter on moto, the CPU fallback through
+        Lambda's invoke API served by ``spillway serve cpu``."""
+        from spillway.repository import aws_client
+
+        aws_client("ssm", REGION).put_parameter(
+            Name="/spillway-local/router/policy",
+            Value=self.policy.read_text(),
+            Type="String",
+            Overwrite=True,
+        )
+        argv = [
+            str(SERVERLESS),
+            "offline",
+            "start",
+            "--stage",
+            "local",
+            "--host",
+            "127.0.0.1",
+            "--httpPort",
+            str(self.ports.router),
+            "--lambdaPort",
+            str(procs.free_port()),
+            "--noPrependStageInUrl",
+            f"--param=gpuUrl={self.url('gpu')}",
+            "--param=cpuFunction=spillway-cpu-infer",
+        ]
+        venv = Path(sys.executable).parent.parent
+        env = {
+            "VIRTUAL_ENV": str(venv),
+            "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '')}",
+            "AWS_ENDPOINT_URL_LAMBDA": self.url("cpu"),
+            "SLS_TELEMETRY_DISABLED": "1",
+            "SLS_NOTIFICATIONS_MODE": "off",
+            "SLS_DEPRECATION_DISABLE": "*",
+        }
+        self.router_headers = {"x-api-key": LOCAL_API_KEY}
+        child = procs.start("router", argv, self.log_dir, {**self.aws_env(), **env})
+        self.children["router"] = child
+        procs.wait_http(
+            f"{self.url('router')}/v2/health/live", 180, child.proc, headers=self.router_headers
+        )
+        log.info(
+            "router is up under serverless-offline at %s (pid %d)", self.url("router"), child.pid
+        )
+
     def stop(self) -> None:
         """Stop every child we started, newest first, by PID."""
         for name in reversed(list(self.children)):
@@ -191,14 +254,15 @@ class LocalStack:
                 ]
             }
         )
+        curl_headers = "".join(f" -H '{k}: {v}'" for k, v in self.router_headers.items())
         lines += [
             "",
             "Try:",
-            f"  curl -s {self.url('router')}/v2/models/minilm/infer "
+            f"  curl -s {self.url('router')}/v2/models/minilm/infer{curl_headers} "
             f"-H 'content-type: application/json' -d '{body}' -D - | head -20",
             f'  python -c "import tritonclient.http as t; '
             f"print(t.InferenceServerClient('127.0.0.1:{self.ports.router}')"
-            f".get_model_metadata('digits'))\"",
+            f".get_model_metadata('digits', headers={self.router_headers!r}))\"",
         ]
         return "\n".join(lines)
 

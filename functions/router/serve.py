@@ -8,6 +8,7 @@ tests, not for the internet (on AWS, API Gateway and Lambda stand in front).
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -45,8 +46,13 @@ def running(app: WsgiApp, host: str = "127.0.0.1", port: int = 0) -> Iterator[st
         thread.join(timeout=10)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def serve_forever(app: WsgiApp, host: str, port: int) -> None:
-    """Serve in the foreground until interrupted."""
+    """Serve in the foreground until interrupted (SIGINT or SIGTERM: a clean exit)."""
+    signal.signal(signal.SIGTERM, _interrupt)
     httpd = server(app, host, port)
     logging.getLogger("spillway.serve").info("listening on http://%s:%d", host, httpd.server_port)
     try:

@@ -5,15 +5,26 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic_settings import BaseSettings
+from pydantic import BaseModel
 
+from batch_job.settings import JobsSettings
+from functions.cpu_infer.settings import CpuSettings
+from functions.router.settings import RouterSettings
 from gpu_service.settings import GpuSettings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-@pytest.mark.parametrize(("settings", "prefix"), [(GpuSettings, "GPU_")])
-def test_every_setting_is_documented(settings: type[BaseSettings], prefix: str) -> None:
+@pytest.mark.parametrize(
+    ("settings", "prefix"),
+    [
+        (GpuSettings, "GPU_"),
+        (RouterSettings, "ROUTER_"),
+        (CpuSettings, "CPU_"),
+        (JobsSettings, "JOBS_"),
+    ],
+)
+def test_every_setting_is_documented(settings: type[BaseModel], prefix: str) -> None:
     text = README.read_text()
     missing = [
         f"{prefix}{name.upper()}"
