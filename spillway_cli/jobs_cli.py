@@ -16,7 +16,9 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -150,6 +152,29 @@ def init_local() -> None:
     configure_moto(endpoint)
     create_resources(JobsSettings())
     typer.echo(f"Batch queue, job definition and table ready on {endpoint}")
+
+
+def run_submitted_locally(
+    handler: Callable[[dict[str, Any], Any], dict[str, Any]],
+) -> Callable[[dict[str, Any], Any], dict[str, Any]]:
+    """The jobs handler, plus: each newly submitted job's children run here in the
+    background (moto records Batch jobs but never runs them)."""
+
+    def wrapped(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        result = handler(event, context)
+        if event.get("httpMethod") == "POST" and result.get("statusCode") in (200, 201, 202):
+            try:
+                document = json.loads(result.get("body") or "{}")
+                batch_job_id = document["job"]["batch_job_id"]
+            except (ValueError, KeyError, TypeError):
+                return result
+            if not document.get("replayed"):
+                log_dir = Path(tempfile.mkdtemp(prefix="spillway-job-"))
+                args = (JobsSettings(), batch_job_id, LAUNCHER, log_dir)
+                threading.Thread(target=run_local, args=args, daemon=True).start()
+        return result
+
+    return wrapped
 
 
 if __name__ == "__main__":

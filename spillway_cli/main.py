@@ -121,13 +121,16 @@ def serve_jobs(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8082,
 ) -> None:
-    """The jobs API (the jobs Lambda as API Gateway calls it); JOBS_* variables apply."""
+    """The jobs API (the jobs Lambda as API Gateway calls it); JOBS_* variables apply.
+    Locally moto accepts the Batch job but runs nothing, so each new job's array children
+    are run here as processes, as `spillway jobs submit --local` does."""
     from functions.jobs.handler import handler
     from functions.router.serve import serve_forever
+    from spillway_cli.jobs_cli import run_submitted_locally
     from spillway_cli.lambda_http import wsgi_app
 
     _logging(False)
-    serve_forever(wsgi_app(handler, health_path="/v1/health"), host, port)
+    serve_forever(wsgi_app(run_submitted_locally(handler), health_path="/v1/health"), host, port)
 
 
 @app.command("up")

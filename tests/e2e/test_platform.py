@@ -112,3 +112,32 @@ def test_gpu_killed_under_load_fails_nothing(stack: LocalStack, client: Client) 
     assert any(r.backend == "cpu" and r.fallback for r in records)
     stack.children.pop("gpu").proc.wait(10)
     stack.start_gpu()
+
+
+def test_batch_mode_through_the_router_runs_a_job(stack: LocalStack, models_dir: Path) -> None:
+    import http.client
+    import time
+
+    images = np.load(models_dir / "digits/samples/images.npy")[:6].astype(np.float32)
+    client = Client(stack.ports.router)
+    # WHEN a request asks for batch mode
+    status, headers, raw = client.infer(
+        "e2e-batch", "digits", {"image": images}, {"x-spillway-mode": "batch"}
+    )
+    # THEN it is accepted as a job, and the job runs to completion
+    assert (status, headers["x-spillway-backend"]) == (202, "batch")
+    job_id = json.loads(raw)["job_id"]
+    deadline = time.monotonic() + 180
+    state: dict[str, object] = {}
+    while time.monotonic() < deadline:
+        conn = http.client.HTTPConnection("127.0.0.1", stack.ports.jobs, timeout=30)
+        conn.request("GET", f"/v1/jobs/{job_id}")
+        state = json.loads(conn.getresponse().read())
+        conn.close()
+        # moto reports the Batch job done at once; the shard markers tell when it is.
+        if state.get("state") in ("SUCCEEDED", "FAILED"):
+            break
+        time.sleep(1)
+    assert state.get("state") == "SUCCEEDED", state
+    assert state.get("records") == 6
+    assert state.get("errors") == 0
