@@ -18,16 +18,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
+from gpu_service.batch_policy import BatchPolicy, RateTracker, compute_pool
 from gpu_service.stats import ModelStats
 from spillway.errors import (
     DeadlineExceededError,
@@ -47,45 +46,6 @@ class Runner(Protocol):
 
     def run(self, batch: list[Prepared]) -> list[Tensors]:
         """One result per request, in order."""
-
-
-@dataclass(frozen=True)
-class BatchPolicy:
-    """How a model version batches; built from its ``config.json`` and the settings."""
-
-    max_batch_size: int
-    max_queue_delay_s: float = 0.002
-    preferred_batch_sizes: tuple[int, ...] = ()
-    min_batch_size: int | None = None
-    adaptive: bool = False
-    max_queue_size: int = 256
-    priority_levels: int = 1
-    default_priority: int = 1
-    default_timeout_s: float | None = None
-    allow_timeout_override: bool = True
-    aging_s: float = 0.1
-    length_buckets: tuple[int, ...] = ()
-    concurrency: int = 1
-    """Batches that may compute at once per length bucket (a long batch never blocks a
-    short one)."""
-    retry_after_s: float = 1.0
-
-    @property
-    def max_parallel_runs(self) -> int:
-        """Runs that may be in flight at once: a shared executor needs this many threads."""
-        return self.concurrency * (len(self.length_buckets) + 1)
-
-    def niceness(self, bucket: int) -> int:
-        """OS scheduling niceness of a bucket's compute threads: longer buckets yield the CPU
-        to shorter ones (with one intra-op thread the run computes on this thread)."""
-        return min(19, 5 * bucket)
-
-    def bucket_of(self, length: int) -> int:
-        """The index of the first bucket edge that holds ``length`` (the last if none)."""
-        for index, edge in enumerate(self.length_buckets):
-            if length <= edge:
-                return index
-        return len(self.length_buckets)
 
 
 class _State(Enum):
@@ -123,24 +83,6 @@ class _Bucket:
         return heads
 
 
-@dataclass
-class _RateTracker:
-    """Arrival rate from recent inter-arrival gaps, for the adaptive target."""
-
-    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=64))
-    last: float | None = None
-
-    def arrive(self, now: float) -> None:
-        if self.last is not None:
-            self.gaps.append(max(now - self.last, 1e-6))
-        self.last = now
-
-    def p50_rate(self) -> float:
-        if not self.gaps:
-            return 0.0
-        return 1.0 / sorted(self.gaps)[len(self.gaps) // 2]
-
-
 class DynamicBatcher:
     """Queues prepared requests and runs them in batches on an executor."""
 
@@ -163,7 +105,7 @@ class DynamicBatcher:
         self._owned: list[ThreadPoolExecutor] = []
         if executor is None:
             self._owned = [
-                _compute_pool(policy.concurrency, policy.niceness(b), f"{name}-{b}")
+                compute_pool(policy.concurrency, policy.niceness(b), f"{name}-{b}")
                 for b in range(buckets)
             ]
         self._executors: list[Executor] = (
@@ -178,7 +120,7 @@ class DynamicBatcher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
-        self._rate = _RateTracker()
+        self._rate = RateTracker()
         self._stopping = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -449,16 +391,3 @@ class DynamicBatcher:
             pending.future.set_exception(error)
         elif result is not None:
             pending.future.set_result(result)
-
-
-def _compute_pool(threads: int, niceness: int, name: str) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(
-        threads, thread_name_prefix=f"ort-{name}", initializer=_renice, initargs=(niceness,)
-    )
-
-
-def _renice(niceness: int) -> None:
-    # Linux applies setpriority to a single thread when given its thread id.
-    if niceness and hasattr(os, "setpriority"):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)

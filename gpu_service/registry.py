@@ -24,9 +24,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from gpu_service.batcher import BatchPolicy
+from gpu_service.batch_policy import batch_policy, chosen_versions
 from gpu_service.memory import estimate
 from gpu_service.settings import GpuSettings
 from gpu_service.versions import ServedVersion, State, load_version, start_version
@@ -37,7 +36,7 @@ from spillway.errors import (
     ModelNotReadyError,
     SpillwayError,
 )
-from spillway.modelconfig import ModelConfig, VersionPolicy
+from spillway.modelconfig import ModelConfig
 from spillway.names import validate_model_name, validate_version
 from spillway.repository import ModelRepository
 
@@ -45,54 +44,6 @@ log = logging.getLogger("spillway.registry")
 
 # Creates and warms a session; returns it with its measured footprint and the method used.
 Loader = Callable[[ModelConfig, int, Path, GpuSettings], tuple[OnnxModel, int, str]]
-
-
-def batch_policy(config: ModelConfig, settings: GpuSettings) -> BatchPolicy:
-    """A batcher policy from the model's Triton-style config and the service settings."""
-    dyn = config.dynamic_batching
-    common: dict[str, Any] = {
-        "concurrency": settings.instance_count,
-        "retry_after_s": settings.retry_after_s,
-    }
-    if config.max_batch_size == 0 or dyn is None:
-        # No dynamic batching: one request per run, still queued and bounded.
-        return BatchPolicy(
-            max_batch_size=max(config.max_batch_size, 1),
-            max_queue_delay_s=0.0,
-            length_buckets=config.spillway.length_buckets,
-            **common,
-        )
-    queue = dyn.default_queue_policy
-    timeout_us = queue.default_timeout_microseconds
-    default_ms = settings.default_timeout_ms
-    default_timeout = timeout_us / 1e6 if timeout_us else (default_ms / 1e3 if default_ms else None)
-    return BatchPolicy(
-        max_batch_size=config.max_batch_size,
-        max_queue_delay_s=dyn.max_queue_delay_microseconds / 1e6,
-        preferred_batch_sizes=tuple(
-            s for s in dyn.preferred_batch_size if s <= config.max_batch_size
-        ),
-        min_batch_size=settings.min_batch_size,
-        adaptive=settings.adaptive_batching,
-        max_queue_size=queue.max_queue_size,
-        priority_levels=dyn.priority_levels,
-        default_priority=dyn.default_priority_level or dyn.priority_levels,
-        default_timeout_s=default_timeout,
-        allow_timeout_override=queue.allow_timeout_override,
-        aging_s=settings.priority_aging_ms / 1e3,
-        length_buckets=config.spillway.length_buckets,
-        **common,
-    )
-
-
-def chosen_versions(policy: VersionPolicy, available: list[int]) -> list[int]:
-    """The versions a Triton version policy selects from those available."""
-    if policy.specific is not None:
-        return [v for v in policy.specific["versions"] if v in available]
-    if policy.all is not None:
-        return list(available)
-    count = policy.latest["num_versions"] if policy.latest else 1
-    return available[-count:]
 
 
 @dataclass

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_service.batcher import BatchPolicy, DynamicBatcher
+from gpu_service.batch_policy import BatchPolicy
+from gpu_service.batcher import DynamicBatcher
 from spillway.errors import (
     DeadlineExceededError,
     InferenceError,

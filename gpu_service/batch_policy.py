@@ -1,0 +1,133 @@
+"""How a model version batches: its policy (from ``config.json`` and the settings), the
+arrival-rate tracker of the adaptive mode, and the compute threads of its length buckets."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_service.settings import GpuSettings
+from spillway.modelconfig import ModelConfig, VersionPolicy
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How a model version batches; built from its ``config.json`` and the settings."""
+
+    max_batch_size: int
+    max_queue_delay_s: float = 0.002
+    preferred_batch_sizes: tuple[int, ...] = ()
+    min_batch_size: int | None = None
+    adaptive: bool = False
+    max_queue_size: int = 256
+    priority_levels: int = 1
+    default_priority: int = 1
+    default_timeout_s: float | None = None
+    allow_timeout_override: bool = True
+    aging_s: float = 0.1
+    length_buckets: tuple[int, ...] = ()
+    concurrency: int = 1
+    """Batches that may compute at once per length bucket (a long batch never blocks a
+    short one)."""
+    retry_after_s: float = 1.0
+
+    @property
+    def max_parallel_runs(self) -> int:
+        """Runs that may be in flight at once: a shared executor needs this many threads."""
+        return self.concurrency * (len(self.length_buckets) + 1)
+
+    def niceness(self, bucket: int) -> int:
+        """OS scheduling niceness of a bucket's compute threads: longer buckets yield the CPU
+        to shorter ones (with one intra-op thread the run computes on this thread)."""
+        return min(19, 5 * bucket)
+
+    def bucket_of(self, length: int) -> int:
+        """The index of the first bucket edge that holds ``length`` (the last if none)."""
+        for index, edge in enumerate(self.length_buckets):
+            if length <= edge:
+                return index
+        return len(self.length_buckets)
+
+
+@dataclass
+class RateTracker:
+    """Arrival rate from recent inter-arrival gaps, for the adaptive target."""
+
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=64))
+    last: float | None = None
+
+    def arrive(self, now: float) -> None:
+        if self.last is not None:
+            self.gaps.append(max(now - self.last, 1e-6))
+        self.last = now
+
+    def p50_rate(self) -> float:
+        if not self.gaps:
+            return 0.0
+        return 1.0 / sorted(self.gaps)[len(self.gaps) // 2]
+
+
+def batch_policy(config: ModelConfig, settings: GpuSettings) -> BatchPolicy:
+    """A batcher policy from the model's Triton-style config and the service settings."""
+    dyn = config.dynamic_batching
+    common: dict[str, Any] = {
+        "concurrency": settings.instance_count,
+        "retry_after_s": settings.retry_after_s,
+    }
+    if config.max_batch_size == 0 or dyn is None:
+        # No dynamic batching: one request per run, still queued and bounded.
+        return BatchPolicy(
+            max_batch_size=max(config.max_batch_size, 1),
+            max_queue_delay_s=0.0,
+            length_buckets=config.spillway.length_buckets,
+            **common,
+        )
+    queue = dyn.default_queue_policy
+    timeout_us = queue.default_timeout_microseconds
+    default_ms = settings.default_timeout_ms
+    default_timeout = timeout_us / 1e6 if timeout_us else (default_ms / 1e3 if default_ms else None)
+    return BatchPolicy(
+        max_batch_size=config.max_batch_size,
+        max_queue_delay_s=dyn.max_queue_delay_microseconds / 1e6,
+        preferred_batch_sizes=tuple(
+            s for s in dyn.preferred_batch_size if s <= config.max_batch_size
+        ),
+        min_batch_size=settings.min_batch_size,
+        adaptive=settings.adaptive_batching,
+        max_queue_size=queue.max_queue_size,
+        priority_levels=dyn.priority_levels,
+        default_priority=dyn.default_priority_level or dyn.priority_levels,
+        default_timeout_s=default_timeout,
+        allow_timeout_override=queue.allow_timeout_override,
+        aging_s=settings.priority_aging_ms / 1e3,
+        length_buckets=config.spillway.length_buckets,
+        **common,
+    )
+
+
+def chosen_versions(policy: VersionPolicy, available: list[int]) -> list[int]:
+    """The versions a Triton version policy selects from those available."""
+    if policy.specific is not None:
+        return [v for v in policy.specific["versions"] if v in available]
+    if policy.all is not None:
+        return list(available)
+    count = policy.latest["num_versions"] if policy.latest else 1
+    return available[-count:]
+
+
+def compute_pool(threads: int, niceness: int, name: str) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(
+        threads, thread_name_prefix=f"ort-{name}", initializer=_renice, initargs=(niceness,)
+    )
+
+
+def _renice(niceness: int) -> None:
+    # Linux applies setpriority to a single thread when given its thread id.
+    if niceness and hasattr(os, "setpriority"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
