@@ -11,165 +11,32 @@ aligned. BYTES tensors are numpy object arrays of ``bytes``.
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
-import struct
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 import pydantic_core
 from pydantic import BaseModel, ValidationError
 
-from spillway.datatypes import WIRE_DTYPES, datatype_of, numpy_dtype
+from spillway.datatypes import datatype_of
 from spillway.errors import InferenceError, InvalidInputError, PayloadTooLargeError
 from spillway.protocol import InferenceRequest, InferenceResponse, RequestInput, ResponseOutput
+from spillway.tensors import (
+    Buffer,
+    Tensor,
+    from_json,
+    json_data,
+    tensor_from_bytes,
+    wire_buffer,
+)
 
 HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
 BINARY_CONTENT_TYPE = "application/octet-stream"
 JSON_CONTENT_TYPE = "application/json"
 
-Buffer = bytes | bytearray | memoryview
-Tensor = npt.NDArray[Any]
 _Model = TypeVar("_Model", bound=BaseModel)
-
-_LENGTH = struct.Struct("<I")
-_INTS = frozenset({int})
-# The Python types json.loads may produce for each datatype's elements.
-_JSON_TYPES: dict[str, frozenset[type]] = {
-    "BOOL": frozenset({bool}),
-    **{f"{s}INT{b}": _INTS for s in ("", "U") for b in (8, 16, 32, 64)},
-    **{f"FP{b}": frozenset({int, float}) for b in (16, 32, 64)},
-    "BYTES": frozenset({str}),
-}
-_JSON_NAMES = {
-    bool: "boolean",
-    int: "integer",
-    float: "floating-point",
-    str: "string",
-    dict: "object",
-}
-
-
-# --- tensors ------------------------------------------------------------------------------
-
-
-def tensor_to_bytes(array: Tensor, datatype: str) -> bytes:
-    """The binary-extension bytes of ``array``: little-endian, row-major, no padding; BOOL
-    one byte each; BYTES as a 4-byte little-endian length then the bytes, per element."""
-    return bytes(_wire_buffer(np.asarray(array), datatype))
-
-
-def tensor_from_bytes(raw: Buffer, datatype: str, shape: Sequence[int]) -> Tensor:
-    """The array that ``raw`` (binary-extension bytes) encodes; sizes must match exactly."""
-    dtype = numpy_dtype(datatype)
-    if any(dim < 0 for dim in shape):
-        raise InvalidInputError(f"shape {list(shape)} has a negative dimension")
-    count = math.prod(shape)
-    if datatype == "BYTES":
-        return _split_bytes(memoryview(raw), count).reshape(shape)
-    wire = WIRE_DTYPES[datatype]
-    if len(raw) != count * wire.itemsize:
-        raise InvalidInputError(
-            f"{datatype} shape {list(shape)} needs {count * wire.itemsize} bytes, got {len(raw)}"
-        )
-    if datatype == "BOOL":  # any non-zero byte is true; never a bool holding 2
-        return np.frombuffer(raw, dtype=np.uint8).astype(np.bool_).reshape(shape)
-    array = np.frombuffer(raw, dtype=wire)
-    if not array.flags.aligned:
-        array = array.copy()
-    return array.astype(dtype, copy=False).reshape(shape)
-
-
-def _split_bytes(raw: memoryview, count: int) -> Tensor:
-    if count * _LENGTH.size > len(raw):  # also keeps a huge shape from allocating
-        raise InvalidInputError(f"BYTES data of {len(raw)} bytes cannot hold {count} elements")
-    out = np.empty(count, dtype=np.object_)
-    offset = 0
-    for index in range(count):
-        if offset + _LENGTH.size > len(raw):
-            raise InvalidInputError(f"BYTES data ends before element {index}")
-        (size,) = _LENGTH.unpack_from(raw, offset)
-        offset += _LENGTH.size
-        if offset + size > len(raw):
-            raise InvalidInputError(f"BYTES element {index} is truncated")
-        out[index] = raw[offset : offset + size].tobytes()
-        offset += size
-    if offset != len(raw):
-        raise InvalidInputError(f"BYTES data has {len(raw) - offset} bytes after element {count}")
-    return out
-
-
-def _wire_buffer(array: Tensor, datatype: str) -> Buffer:
-    if datatype_of(array) != datatype:
-        raise InvalidInputError(f"an array of dtype {array.dtype} cannot be sent as {datatype}")
-    if datatype == "BYTES":
-        parts: list[bytes] = []
-        for item in array.reshape(-1).tolist():
-            data = _element_bytes(item)
-            parts += (_LENGTH.pack(len(data)), data)
-        return b"".join(parts)
-    contiguous = np.ascontiguousarray(array, dtype=WIRE_DTYPES[datatype])
-    return contiguous.reshape(-1).view(np.uint8).data  # joined later without a copy
-
-
-def _element_bytes(item: object) -> bytes:
-    if isinstance(item, bytes | bytearray):
-        return bytes(item)
-    if isinstance(item, str):
-        try:
-            return item.encode()
-        except UnicodeEncodeError:
-            raise InvalidInputError("BYTES element is not valid Unicode") from None
-    raise InvalidInputError(f"BYTES elements must be bytes or str, not {type(item).__name__}")
-
-
-def _json_data(array: Tensor, datatype: str) -> list[Any]:
-    flat: list[Any] = array.reshape(-1).tolist()
-    if datatype != "BYTES":
-        return flat
-    try:
-        return [item if isinstance(item, str) else _element_bytes(item).decode() for item in flat]
-    except UnicodeDecodeError:
-        raise InvalidInputError("holds bytes that are not UTF-8; ask for binary data") from None
-
-
-def _from_json(data: Any, datatype: str, shape: Sequence[int]) -> Tensor:
-    dtype = numpy_dtype(datatype)
-    if data is None:
-        raise InvalidInputError("has neither data nor parameters.binary_data_size")
-    flat, kinds = _flatten(data)
-    count = math.prod(shape)
-    if len(flat) != count:
-        raise InvalidInputError(f"shape {list(shape)} needs {count} elements, data has {len(flat)}")
-    wrong = kinds - _JSON_TYPES[datatype]
-    if wrong:
-        found = ", ".join(sorted(_JSON_NAMES.get(kind, "null") for kind in wrong))
-        raise InvalidInputError(f"{datatype} data may not hold {found} values")
-    if datatype == "BYTES":
-        out = np.empty(count, dtype=np.object_)
-        out[:] = [_element_bytes(text) for text in flat]
-        return out.reshape(shape)
-    try:
-        with np.errstate(over="raise"):
-            return np.array(flat, dtype=dtype).reshape(shape)
-    except (OverflowError, FloatingPointError):
-        raise InvalidInputError(f"data holds a value out of range for {datatype}") from None
-
-
-def _flatten(data: Any) -> tuple[list[Any], set[type]]:
-    """Row-major elements of flat or nested JSON lists, and the element types found."""
-    flat = data if isinstance(data, list) else [data]
-    kinds = set(map(type, flat))
-    while list in kinds:
-        if len(kinds) > 1:
-            raise InvalidInputError("data mixes nested arrays with values")
-        flat = list(itertools.chain.from_iterable(flat))
-        kinds = set(map(type, flat))
-    return flat, kinds
 
 
 # --- bodies -------------------------------------------------------------------------------
@@ -257,7 +124,7 @@ def _decode_tensors(
         with _about(kind, tensor.name):
             size = _binary_size(tensor.parameters)
             if size is None:
-                arrays[tensor.name] = _from_json(tensor.data, tensor.datatype, tensor.shape)
+                arrays[tensor.name] = from_json(tensor.data, tensor.datatype, tensor.shape)
             elif tensor.data is not None:
                 raise InvalidInputError("has both data and binary_data_size")
             elif offset + size > len(binary):
@@ -284,10 +151,10 @@ def _encode_tensors(
             tensor: dict[str, Any] = {"name": name, "datatype": datatype}
             tensor["shape"] = list(array.shape)
             if name in binary:
-                chunks.append(_wire_buffer(array, datatype))
+                chunks.append(wire_buffer(array, datatype))
                 tensor["parameters"] = {"binary_data_size": len(chunks[-1])}
             else:
-                tensor["data"] = _json_data(array, datatype)
+                tensor["data"] = json_data(array, datatype)
         tensors.append(tensor)
     return tensors, chunks
 

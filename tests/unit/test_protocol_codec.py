@@ -25,8 +25,6 @@ from spillway.codec import (
     encode_response,
     header_length_from,
     requested_outputs,
-    tensor_from_bytes,
-    tensor_to_bytes,
 )
 from spillway.datatypes import NUMPY_DTYPES
 from spillway.errors import (
@@ -42,6 +40,7 @@ from spillway.protocol import (
     MetadataModelResponse,
     MetadataServerResponse,
 )
+from spillway.tensors import tensor_from_bytes, tensor_to_bytes
 
 DATATYPES = list(NUMPY_DTYPES)
 PROPERTY = settings(max_examples=40, deadline=None)
