@@ -137,19 +137,30 @@ def measure(
     result: LoadResult = run_load(port, requests, concurrency)[0]
     sizes = formed(before, stats(base, model))
     raw = raw_rows_per_s(session, feeds_for, sizes)
+    return row(scenario, concurrency, len(requests), result, mean_batch(sizes), raw)
+
+
+def mean_batch(sizes: dict[int, int]) -> float:
+    """Mean rows per execution from executions per batch size."""
     executions = sum(sizes.values())
-    rows = sum(b * n for b, n in sizes.items())
+    return sum(b * n for b, n in sizes.items()) / executions if executions else 0.0
+
+
+def row(
+    scenario: str, concurrency: int, requests: int, result: LoadResult, batch: float, raw: float
+) -> Row:
+    """A table row from one load's result."""
     return Row(
         scenario,
         concurrency,
-        len(requests),
+        requests,
         result.ok / result.wall_s,
         result.percentile(50) * 1e3,
         result.percentile(95) * 1e3,
         result.percentile(99) * 1e3,
-        rows / executions if executions else 0.0,
+        batch,
         raw,
-        len(requests) - result.ok,
+        requests - result.ok,
     )
 
 
@@ -257,32 +268,10 @@ def bench_minilm(
     short_res, long_res = run_load(
         port, [], 0, groups=[(requests(short), 16), (requests(long), 16)]
     )
-    sizes = formed(before, stats(base, "minilm"))
-    executions = sum(sizes.values())
-    mixed = Row(
-        "minilm mixed: short part",
-        16,
-        len(short),
-        short_res.ok / short_res.wall_s,
-        short_res.percentile(50) * 1e3,
-        short_res.percentile(95) * 1e3,
-        short_res.percentile(99) * 1e3,
-        sum(b * n for b, n in sizes.items()) / max(executions, 1),
-        float("nan"),
-        len(short) - short_res.ok,
-    )
-    mixed_long = Row(
-        "minilm mixed: long part",
-        16,
-        len(long),
-        long_res.ok / long_res.wall_s,
-        long_res.percentile(50) * 1e3,
-        long_res.percentile(95) * 1e3,
-        long_res.percentile(99) * 1e3,
-        mixed.mean_batch,
-        float("nan"),
-        len(long) - long_res.ok,
-    )
+    batch = mean_batch(formed(before, stats(base, "minilm")))
+    nan = float("nan")
+    mixed = row("minilm mixed: short part", 16, len(short), short_res, batch, nan)
+    mixed_long = row("minilm mixed: long part", 16, len(long), long_res, batch, nan)
     return [*out, only, mixed, mixed_long]
 
 

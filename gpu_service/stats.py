@@ -53,13 +53,12 @@ class BusyTracker:
         self._active = max(0, self._active - 1)
 
     def fraction(self, now: float) -> float:
-        """Busy share of the last ``window_s`` seconds (0.0 to 1.0)."""
+        """Busy share of the last ``window_s`` seconds (0.0 to 1.0); O(1) amortised: samples
+        older than the window are dropped as time passes (this runs on every response)."""
         total = self._total + ((now - self._since) if self._active else 0.0)
-        start_t, start_total = now, total
-        for t, cumulative in reversed(self._samples):
-            if t < now - self.window_s:
-                break
-            start_t, start_total = t, cumulative
+        while self._samples and self._samples[0][0] < now - self.window_s:
+            self._samples.popleft()
+        start_t, start_total = self._samples[0] if self._samples else (now, total)
         span = now - start_t
         if span <= 0:
             return 1.0 if self._active else 0.0

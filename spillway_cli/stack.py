@@ -158,7 +158,6 @@ class LocalStack:
                 s3.upload_file(str(path), MODELS_BUCKET, f"repository/{relative}")
 
     def jobs_env(self) -> dict[str, str]:
-        (self.log_dir / "jobs-work").mkdir(parents=True, exist_ok=True)
         return {
             "JOBS_REPOSITORY": REPOSITORY,
             "JOBS_CACHE_DIR": str(self.log_dir / "jobs-cache"),

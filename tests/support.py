@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from spillway.engine import EngineOptions, OnnxModel
+from spillway.repository import LocalRepository
 from spillway_cli import procs
 from spillway_cli.modelbuild.common import write_checksums
 
@@ -116,3 +118,12 @@ def gpu_service(
         yield Service(child, port)
     finally:
         child.stop()
+
+
+def load_engine(models: Path, name: str, options: EngineOptions | None = None) -> OnnxModel:
+    """A model's newest version from a repository folder, loaded directly in the engine
+    (the reference the served results are compared with)."""
+    repo = LocalRepository(models)
+    version = repo.list_versions(name)[-1]
+    path = repo.fetch_version(name, version, models)
+    return OnnxModel(name, version, repo.read_config(name), path, options or EngineOptions())

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pydantic_core
+
 from spillway.errors import InvalidInputError
 from spillway.names import validate_model_name, validate_version
 
@@ -213,7 +215,9 @@ def with_timeout(
     if isinstance(current, int) and not isinstance(current, bool) and 0 < current <= timeout_us:
         timeout_us = current
     parameters["timeout"] = timeout_us
-    head = json.dumps({**header, "parameters": parameters}, separators=(",", ":")).encode()
+    # Once per attempt on the whole JSON header (all of a JSON body's data): pydantic-core
+    # writes it several times faster than json.dumps, with the same numbers.
+    head = pydantic_core.to_json({**header, "parameters": parameters}, inf_nan_mode="constants")
     if header_length is None:
         return head, None
     return head + body[header_length:], len(head)

@@ -12,22 +12,15 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from spillway.engine import EngineOptions, OnnxModel
-from spillway.repository import LocalRepository, aws_client
+from spillway.repository import aws_client
 from spillway_cli.demo import Client, under_load
 from spillway_cli.stack import DATA_BUCKET, REGION, LocalStack
+from tests.support import load_engine
 
 
 @pytest.fixture(scope="module")
 def client(stack: LocalStack) -> Client:
     return Client(stack.ports.router)
-
-
-def _engine(models: Path, name: str) -> OnnxModel:
-    repo = LocalRepository(models)
-    return OnnxModel(
-        name, 1, repo.read_config(name), repo.fetch_version(name, 1, models), EngineOptions()
-    )
 
 
 def test_digits_through_the_router_on_the_gpu_tier(client: Client, models_dir: Path) -> None:
@@ -52,7 +45,7 @@ def test_tritonclient_through_the_router(stack: LocalStack, models_dir: Path, bi
     result = tc.infer(
         "minilm", [tensor], outputs=[triton.InferRequestedOutput("embedding", binary_data=binary)]
     )
-    direct = _engine(models_dir, "minilm").infer({"text": texts})["embedding"]
+    direct = load_engine(models_dir, "minilm").infer({"text": texts})["embedding"]
     np.testing.assert_allclose(result.as_numpy("embedding"), direct, atol=1e-5)
     assert tc.get_model_metadata("digits")["inputs"][0]["shape"] == [-1, 8, 8]
 
@@ -64,7 +57,7 @@ def test_serverless_mode_is_served_by_the_cpu_fallback(client: Client, models_di
     )
     assert (status, headers["x-spillway-backend"]) == (200, "cpu")
     assert float(headers["x-spillway-cost-usd"]) > 0
-    direct = _engine(models_dir, "digits").infer({"image": image})
+    direct = load_engine(models_dir, "digits").infer({"image": image})
     np.testing.assert_array_equal(out["label"], direct["label"])
 
 
@@ -100,7 +93,7 @@ def test_batch_job_over_s3(stack: LocalStack, models_dir: Path) -> None:
     errors = s3.get_object(Bucket=DATA_BUCKET, Key=err_key)["Body"].read().splitlines()
     assert len(outputs) == 40
     assert len(errors) == 1
-    direct = _engine(models_dir, "digits").infer({"image": images.astype(np.float32)})
+    direct = load_engine(models_dir, "digits").infer({"image": images.astype(np.float32)})
     got = [np.ravel(json.loads(line)["outputs"]["label"])[0] for line in outputs]
     assert got == direct["label"][:, 0].tolist()
 

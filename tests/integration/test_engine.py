@@ -20,7 +20,7 @@ from spillway.errors import (
     SpillwayError,
 )
 from spillway.modelconfig import ModelConfig
-from spillway.repository import LocalRepository
+from tests.support import load_engine
 
 SENTENCES = [
     "Short one.",
@@ -31,21 +31,14 @@ SENTENCES = [
 ]
 
 
-def _load(models_dir: Path, name: str, options: EngineOptions | None = None) -> OnnxModel:
-    repo = LocalRepository(models_dir)
-    version = repo.list_versions(name)[-1]
-    path = repo.fetch_version(name, version, cache_dir=models_dir)
-    return OnnxModel(name, version, repo.read_config(name), path, options or EngineOptions())
-
-
 @pytest.fixture(scope="module")
 def digits(models_dir: Path) -> OnnxModel:
-    return _load(models_dir, "digits")
+    return load_engine(models_dir, "digits")
 
 
 @pytest.fixture(scope="module")
 def minilm(models_dir: Path) -> OnnxModel:
-    return _load(models_dir, "minilm")
+    return load_engine(models_dir, "minilm")
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +151,7 @@ def test_minilm_rejects_bad_text(minilm: OnnxModel, texts: list[bytes], code: st
 
 
 def test_caps_give_413(models_dir: Path) -> None:
-    model = _load(
+    model = load_engine(
         models_dir, "minilm", EngineOptions(max_bytes_per_element=16, max_elements_per_input=4)
     )
     with pytest.raises(PayloadTooLargeError):
@@ -187,7 +180,7 @@ def test_cuda_request_without_cuda_is_loud(
         pytest.skip("CUDA is present here")
     # WHEN CUDA is asked for
     with caplog.at_level(logging.WARNING, logger="spillway.engine"):
-        model = _load(models_dir, "digits", EngineOptions(providers=(CUDA, CPU)))
+        model = load_engine(models_dir, "digits", EngineOptions(providers=(CUDA, CPU)))
     # THEN it runs on the CPU and says so in the log and the metadata
     assert model.provider == CPU
     assert model.provider_fallback

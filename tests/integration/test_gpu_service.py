@@ -15,15 +15,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from spillway.engine import EngineOptions, OnnxModel
-from spillway.repository import LocalRepository
-from tests.support import Service, gpu_service, write_slow_model
-
-
-def _engine(repo: Path, name: str) -> OnnxModel:
-    local = LocalRepository(repo)
-    path = local.fetch_version(name, 1, repo)
-    return OnnxModel(name, 1, local.read_config(name), path, EngineOptions())
+from tests.support import Service, gpu_service, load_engine, write_slow_model
 
 
 def _http(
@@ -58,7 +50,7 @@ def test_digits_through_tritonclient_equals_engine(
         triton.InferRequestedOutput(n, binary_data=binary) for n in ("label", "probabilities")
     ]
     result = client.infer("digits", [tensor], outputs=outputs)
-    direct = _engine(serving_repo, "digits").infer({"image": images})
+    direct = load_engine(serving_repo, "digits").infer({"image": images})
     np.testing.assert_array_equal(result.as_numpy("label"), direct["label"])
     np.testing.assert_allclose(result.as_numpy("probabilities"), direct["probabilities"], atol=1e-6)
     assert result.get_response()["model_version"] == "1"
@@ -81,7 +73,7 @@ def test_minilm_through_tritonclient_equals_engine(
     result = client.infer(
         "minilm", [tensor], outputs=[triton.InferRequestedOutput("embedding", binary_data=binary)]
     )
-    direct = _engine(serving_repo, "minilm").infer({"text": texts})["embedding"]
+    direct = load_engine(serving_repo, "minilm").infer({"text": texts})["embedding"]
     np.testing.assert_allclose(result.as_numpy("embedding"), direct, atol=1e-5)
 
 
@@ -116,7 +108,7 @@ def test_concurrent_requests_form_batches(service: Service, serving_repo: Path) 
         labels = list(pool.map(one, range(48)))
     after = triton.InferenceServerClient(service.url).get_inference_statistics("digits")
     # THEN every answer is its own, and fewer executions than requests ran
-    direct = _engine(serving_repo, "digits").infer({"image": images})["label"][:, 0]
+    direct = load_engine(serving_repo, "digits").infer({"image": images})["label"][:, 0]
     assert labels == direct.tolist()
     b, a = before["model_stats"][0], after["model_stats"][0]
     assert a["inference_count"] - b["inference_count"] == 48

@@ -21,19 +21,10 @@ from functions.router.backends import BackendRequest, HttpBackend
 from functions.router.serve import running
 from functions.router.settings import RouterSettings
 from functions.router.wiring import create_app
-from spillway.engine import EngineOptions, OnnxModel
-from spillway.repository import LocalRepository
 from spillway_cli import procs
-from tests.support import Service
+from tests.support import Service, load_engine
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "policies" / "example.yaml"
-
-
-def _engine(repo: Path, name: str) -> OnnxModel:
-    local = LocalRepository(repo)
-    return OnnxModel(
-        name, 1, local.read_config(name), local.fetch_version(name, 1, repo), EngineOptions()
-    )
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +46,7 @@ def test_tritonclient_digits_through_the_router_equals_the_engine(
         triton.InferRequestedOutput(n, binary_data=binary) for n in ("label", "probabilities")
     ]
     result = client.infer("digits", [tensor], outputs=outputs, request_id="r-1")
-    direct = _engine(serving_repo, "digits").infer({"image": images})
+    direct = load_engine(serving_repo, "digits").infer({"image": images})
     np.testing.assert_array_equal(result.as_numpy("label"), direct["label"])
     np.testing.assert_allclose(result.as_numpy("probabilities"), direct["probabilities"], atol=1e-6)
     assert result.get_response()["id"] == "r-1"
@@ -72,7 +63,7 @@ def test_tritonclient_text_through_the_router_equals_the_engine(
     result = client.infer(
         "minilm", [tensor], outputs=[triton.InferRequestedOutput("embedding", binary_data=binary)]
     )
-    direct = _engine(serving_repo, "minilm").infer({"text": texts})["embedding"]
+    direct = load_engine(serving_repo, "minilm").infer({"text": texts})["embedding"]
     np.testing.assert_allclose(result.as_numpy("embedding"), direct, atol=1e-5)
 
 
@@ -204,7 +195,7 @@ def test_spillway_serve_router_and_cpu_as_processes(models_dir: Path, tmp_path: 
         tensor.set_data_from_numpy(images, binary_data=True)
         result = client.infer("digits", [tensor], outputs=[triton.InferRequestedOutput("label")])
         # THEN the CPU fallback answered it, and the metrics log accounts for it
-        direct = _engine(models_dir, "digits").infer({"image": images})["label"]
+        direct = load_engine(models_dir, "digits").infer({"image": images})["label"]
         np.testing.assert_array_equal(result.as_numpy("label"), direct)
         (line,) = (tmp_path / "metrics.log").read_text().splitlines()
         assert (json.loads(line)["backend"], json.loads(line)["Fallbacks"]) == ("cpu", [1.0])
