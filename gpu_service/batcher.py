@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from gpu_service.batch_policy import BatchPolicy, RateTracker, compute_pool
+from gpu_service.batching_policy import BatchingPolicy, RateTracker
 from gpu_service.stats import ModelStats
 from spillway.errors import (
     DeadlineExceededError,
@@ -90,7 +92,7 @@ class DynamicBatcher:
         self,
         name: str,
         runner: Runner,
-        policy: BatchPolicy,
+        policy: BatchingPolicy,
         executor: Executor | None = None,
         *,
         stats: ModelStats | None = None,
@@ -391,3 +393,17 @@ class DynamicBatcher:
             pending.future.set_exception(error)
         elif result is not None:
             pending.future.set_result(result)
+
+
+def compute_pool(threads: int, niceness: int, name: str) -> ThreadPoolExecutor:
+    """Compute threads of one length bucket, at the bucket's OS scheduling niceness."""
+    return ThreadPoolExecutor(
+        threads, thread_name_prefix=f"ort-{name}", initializer=_renice, initargs=(niceness,)
+    )
+
+
+def _renice(niceness: int) -> None:
+    # Linux applies setpriority to a single thread when given its thread id.
+    if niceness and hasattr(os, "setpriority"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)

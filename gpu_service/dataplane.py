@@ -7,29 +7,21 @@ queues and encodes, and counts what happened.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
 from gpu_service.versions import ServedVersion
-from spillway import __version__
-from spillway.codec import (
-    binary_outputs_requested,
-    decode_request,
-    encode_response,
-    requested_outputs,
-)
+from spillway import __version__, pipeline
 from spillway.engine import config_metadata
 from spillway.errors import (
     ControlDisabledError,
-    InvalidInputError,
     ModelNotReadyError,
     SpillwayError,
     UnavailableError,
 )
 from spillway.processing import Tensors
-from spillway.protocol import InferenceRequest
 
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "schedule_policy"]
 
@@ -44,15 +36,6 @@ class InferResult:
     queue_depth: int
     busy: float
     cold_start_s: float | None = None
-
-
-def _int_parameter(parameters: dict[str, Any] | None, key: str) -> int | None:
-    value = (parameters or {}).get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInputError(f"parameter {key!r} must be a non-negative integer")
-    return value
 
 
 class DataPlane:
@@ -130,61 +113,54 @@ class DataPlane:
     async def infer(
         self, name: str, version: str | None, body: bytes, header_length: int | None
     ) -> InferResult:
-        """Decode, validate, queue, compute and encode one request."""
+        """Run one request through the core pipeline, executing on the version's batcher."""
         if self.draining:
             raise UnavailableError(
                 "the service is shutting down", retry_after_s=self.settings.retry_after_s
             )
         arrived = time.perf_counter()
-        request, arrays = decode_request(
-            body, header_length, max_body_bytes=self.settings.max_body_bytes
-        )
-        priority = _int_parameter(request.parameters, "priority") or 0
-        timeout_us = _int_parameter(request.parameters, "timeout")
-        timeout_s = None if timeout_us is None else timeout_us / 1e6
+        decoded = pipeline.decode(body, header_length, max_body_bytes=self.settings.max_body_bytes)
+        timeout_s = decoded.parameters.timeout_s
         async with self.registry.lease(name, version, timeout_s) as (served, cold):
             if timeout_s is not None and cold is not None:
                 # The deadline runs from arrival: a cold start spent part of it.
                 timeout_s = max(0.0, timeout_s - cold)
             try:
-                result = await self._infer(served, request, arrays, priority, timeout_s, arrived)
+                encoded = await self._infer(served, decoded, timeout_s, arrived)
             except SpillwayError:
                 served.stats.fail.add(time.perf_counter() - arrived)
                 raise
-        return replace(result, cold_start_s=cold)
+        return InferResult(
+            encoded.body,
+            encoded.header_length,
+            encoded.version,
+            served.batcher.queue_depth,
+            served.batcher.busy_fraction(),
+            cold,
+        )
 
     async def _infer(
         self,
         served: ServedVersion,
-        request: InferenceRequest,
-        arrays: Tensors,
-        priority: int,
+        decoded: pipeline.Decoded,
         timeout_s: float | None,
         arrived: float,
-    ) -> InferResult:
-        model = served.model
-        outputs = requested_outputs(request, [o.name for o in model.config.output])
-        binary = binary_outputs_requested(request, outputs)
-        prepared = model.prepare(arrays)
-        prepared_at = time.perf_counter()
-        result = await served.batcher.submit(prepared, priority=priority, timeout_s=timeout_s)
-        computed_at = time.perf_counter()
-        body_out, length = encode_response(
-            model.name,
-            str(model.version),
-            request.id,
-            {n: result[n] for n in outputs},
-            binary=binary,
-        )
+    ) -> pipeline.Encoded:
+        marks: list[float] = []
+
+        async def submit(admitted: pipeline.Admitted) -> Tensors:
+            marks.append(time.perf_counter())  # validated and prepared
+            priority = admitted.parameters.priority or 0
+            result = await served.batcher.submit(
+                admitted.prepared, priority=priority, timeout_s=timeout_s
+            )
+            marks.append(time.perf_counter())  # computed
+            return result
+
+        encoded = await pipeline.run_async(served.model, decoded, submit)
         done = time.perf_counter()
         stats = served.stats
-        stats.compute_input.add(prepared_at - arrived)
-        stats.compute_output.add(done - computed_at)
+        stats.compute_input.add(marks[0] - arrived)
+        stats.compute_output.add(done - marks[1])
         stats.success.add(done - arrived)
-        return InferResult(
-            body_out,
-            length,
-            model.version,
-            served.batcher.queue_depth,
-            served.batcher.busy_fraction(),
-        )
+        return encoded

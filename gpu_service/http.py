@@ -17,13 +17,20 @@ from typing import Any
 
 from gpu_service import metrics, openapi
 from gpu_service.dataplane import DataPlane
-from spillway.codec import header_length_from
 from spillway.errors import (
-    MethodNotAllowedError,
     PayloadTooLargeError,
     RouteNotFoundError,
     SpillwayError,
     UnauthorizedError,
+)
+from spillway.wire import (
+    INTERNAL_ERROR,
+    Reply,
+    Target,
+    allow,
+    error_reply,
+    model_target,
+    parse_header_length,
 )
 
 log = logging.getLogger("spillway.http")
@@ -33,10 +40,6 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
 
-_MODEL_PATH = re.compile(
-    r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
-    r"(?:/(?P<op>ready|config|stats|infer))?$"
-)
 _REPOSITORY_PATH = re.compile(r"^/v2/repository/models/(?P<model>[^/]+)/(?P<op>load|unload)$")
 _JSON = (b"content-type", b"application/json")
 _OPENAPI = openapi.document_bytes()
@@ -76,24 +79,23 @@ class GpuServiceApp:
                 return
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers: Headers = [_JSON]
         try:
             status, body, headers = await self._route(scope, receive)
         except SpillwayError as error:
-            status, body = error.status, _json(error.to_body())
-            if error.retry_after_s is not None:
-                headers.append((b"retry-after", str(max(1, round(error.retry_after_s))).encode()))
+            status, body, headers = _encoded(error_reply(error))
             log.info(
-                "%s %s -> %d %s: %s",
-                scope["method"],
-                scope["path"],
-                status,
-                error.code,
-                error.message,
+                "request refused",
+                extra={
+                    "method": scope["method"],
+                    "path": scope["path"][:200],
+                    "status": status,
+                    "code": error.code,
+                    "reason": error.message,
+                },
             )
         except Exception:
-            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
-            status, body = 500, _json({"error": "internal error", "code": "internal"})
+            log.exception("unhandled error on %s", scope["method"])
+            status, body, headers = _encoded(INTERNAL_ERROR)
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -101,14 +103,11 @@ class GpuServiceApp:
     async def _route(self, scope: Scope, receive: Receive) -> tuple[int, bytes, Headers]:
         method, path = scope["method"], scope["path"]
         plane = self.plane
-        if path == "/v2/models/stats" and method == "GET":
-            return 200, _json(plane.model_stats(None, None)), [_JSON]
-        if path.startswith("/v2/models/") and (match := _MODEL_PATH.match(path)):
-            return await self._model_route(method, match, scope, receive)
+        if path.startswith("/v2/models/") and (target := model_target(path)) is not None:
+            return await self._model_route(method, target, scope, receive)
         if path.startswith("/v2/repository/"):
             return await self._repository_route(method, path, scope, receive)
-        if method != "GET":
-            self._method(method, path)
+        allow(method, path, "GET")
         if path == "/v2/health/live":
             return 200, b"", [_JSON]
         if path == "/v2/health/ready":
@@ -123,15 +122,16 @@ class GpuServiceApp:
         raise RouteNotFoundError(f"no route for {path}")
 
     async def _model_route(
-        self, method: str, match: re.Match[str], scope: Scope, receive: Receive
+        self, method: str, target: Target, scope: Scope, receive: Receive
     ) -> tuple[int, bytes, Headers]:
-        model, version, op = match["model"], match["version"], match["op"]
+        model, version, op = target.model, target.version, target.operation
         plane = self.plane
+        allow(method, scope["path"], target.method)
+        if model is None:  # /v2/models/stats
+            return 200, _json(plane.model_stats(None, None)), [_JSON]
         if op == "infer":
-            if method != "POST":
-                self._method(method, scope["path"])
+            length = parse_header_length(_header(scope, b"inference-header-content-length"))
             body = await self._body(scope, receive)
-            length = header_length_from(_header(scope, b"inference-header-content-length"))
             result = await plane.infer(model, version, body, length)
             headers: Headers = [
                 (b"x-spillway-model-version", str(result.version).encode()),
@@ -150,8 +150,6 @@ class GpuServiceApp:
                     (b"inference-header-content-length", str(result.header_length).encode()),
                 ]
             return 200, result.body, headers
-        if method != "GET":
-            self._method(method, scope["path"])
         if op == "ready":
             return self._flag(plane.model_ready(model, version), f"model {model} is not ready")
         if op == "config":
@@ -163,8 +161,7 @@ class GpuServiceApp:
     async def _repository_route(
         self, method: str, path: str, scope: Scope, receive: Receive
     ) -> tuple[int, bytes, Headers]:
-        if method != "POST":
-            self._method(method, path)
+        allow(method, path, "POST")
         self._authorize(scope)
         await self._body(scope, receive)  # a load request's body (parameters) is not used
         if path == "/v2/repository/index":
@@ -209,9 +206,10 @@ class GpuServiceApp:
             return 200, b"", [_JSON]
         return 400, _json({"error": reason, "code": "not_ready"}), [_JSON]
 
-    @staticmethod
-    def _method(method: str, path: str) -> None:
-        raise MethodNotAllowedError(f"{method} is not allowed on {path}")
+
+def _encoded(reply: Reply) -> tuple[int, bytes, Headers]:
+    headers = [(k.encode(), v.encode()) for k, v in reply.headers]
+    return reply.status, reply.body, headers
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpu_service.batch_policy import batch_policy, chosen_versions
+from gpu_service.batching_policy import batching_policy
 from gpu_service.memory import estimate
 from gpu_service.settings import GpuSettings
 from gpu_service.versions import ServedVersion, State, load_version, start_version
@@ -36,6 +36,7 @@ from spillway.errors import (
     ModelNotReadyError,
     SpillwayError,
 )
+from spillway.loader import chosen_versions
 from spillway.modelconfig import ModelConfig
 from spillway.names import validate_model_name, validate_version
 from spillway.repository import ModelRepository
@@ -216,7 +217,7 @@ class ModelRegistry:
                 entry.footprint = footprint
                 # The estimate was a guess: make room for what the load really took.
                 await self._make_room(footprint, entry.name)
-            policy = batch_policy(config, self.settings)
+            policy = batching_policy(config, self.settings)
             served = start_version(model, policy, footprint, method, started)
         except SpillwayError as error:
             entry.load_failures += 1

@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from gpu_service.batch_policy import BatchPolicy
+from gpu_service.batching_policy import BatchingPolicy
 from gpu_service.batcher import DynamicBatcher
 from gpu_service.memory import Probe
 from gpu_service.settings import GpuSettings
 from gpu_service.stats import ModelStats
 from spillway.engine import CUDA, OnnxModel
+from spillway.loader import open_version
 from spillway.modelconfig import ModelConfig
 
 
@@ -72,23 +73,13 @@ class ServedVersion:
         await self.batcher.stop(timeout_s)
 
 
-def warm_up(model: OnnxModel, buckets: tuple[int, ...]) -> None:
-    """One row through every length bucket, then a full batch through the shortest: each
-    shape class is initialised before the first request, at a bounded cost."""
-    lengths = [max(1, edge - 2) for edge in buckets] or [8]
-    for length in lengths:
-        model.infer(model.sample_inputs(1, length=length))
-    if model.config.max_batch_size > 1:
-        model.infer(model.sample_inputs(model.config.max_batch_size, length=lengths[0]))
-
-
 def load_version(
     config: ModelConfig, version: int, path: Path, settings: GpuSettings
 ) -> tuple[OnnxModel, int, str]:
-    """Create the session and warm it up; blocking (run it on a thread)."""
+    """Open and warm the session (the core loader), measuring the memory it took;
+    blocking (run it on a thread)."""
     probe = Probe(on_device=CUDA in settings.providers)
-    model = OnnxModel(config.name, version, config, path, settings.engine_options())
-    warm_up(model, config.spillway.length_buckets)
+    model = open_version(config, version, path, settings.engine_options())
     files = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
     # The allocator may reuse memory freed by an earlier unload, so never count less than
     # the version's files.
@@ -96,7 +87,7 @@ def load_version(
 
 
 def start_version(
-    model: OnnxModel, policy: BatchPolicy, footprint: int, method: str, started: float
+    model: OnnxModel, policy: BatchingPolicy, footprint: int, method: str, started: float
 ) -> ServedVersion:
     """A batcher for a loaded model, started on the running loop."""
     stats = ModelStats()

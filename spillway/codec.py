@@ -11,7 +11,6 @@ aligned. BYTES tensors are numpy object arrays of ``bytes``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -23,6 +22,13 @@ from pydantic import BaseModel, ValidationError
 from spillway.datatypes import datatype_of
 from spillway.errors import InferenceError, InvalidInputError, PayloadTooLargeError
 from spillway.protocol import InferenceRequest, InferenceResponse, RequestInput, ResponseOutput
+from spillway.wire import (
+    BINARY_CONTENT_TYPE,
+    HEADER_LENGTH,
+    JSON_CONTENT_TYPE,
+    load_json_object,
+    split_body,
+)
 from spillway.tensors import (
     Buffer,
     Tensor,
@@ -32,51 +38,12 @@ from spillway.tensors import (
     wire_buffer,
 )
 
-HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
-BINARY_CONTENT_TYPE = "application/octet-stream"
-JSON_CONTENT_TYPE = "application/json"
+__all__ = ["BINARY_CONTENT_TYPE", "HEADER_LENGTH", "JSON_CONTENT_TYPE"]
 
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
 # --- bodies -------------------------------------------------------------------------------
-
-
-def header_length_from(value: str | None) -> int | None:
-    """Parse the ``Inference-Header-Content-Length`` header value (absent -> ``None``)."""
-    if value is None:
-        return None
-    try:
-        return int(value.strip())
-    except ValueError:
-        raise InvalidInputError(f"{HEADER_LENGTH_HEADER} must be an integer") from None
-
-
-def _split_body(body: bytes, header_length: int | None) -> tuple[bytes, memoryview]:
-    view = memoryview(body)
-    if header_length is None:
-        return body, view[len(view) :]
-    if not 0 <= header_length <= len(body):
-        raise InvalidInputError(
-            f"{HEADER_LENGTH_HEADER} {header_length} is outside the body of {len(body)} bytes"
-        )
-    return bytes(view[:header_length]), view[header_length:]
-
-
-def _load_json(raw: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"invalid JSON: {exc.msg} at position {exc.pos}") from None
-    except UnicodeDecodeError:
-        raise InvalidInputError("invalid JSON: not UTF-8") from None
-    except RecursionError:
-        raise InvalidInputError("invalid JSON: nested too deeply") from None
-    except ValueError:  # an integer past Python's digit limit
-        raise InvalidInputError("invalid JSON: a number is too long") from None
-    if not isinstance(value, dict):
-        raise InvalidInputError("the JSON header must be an object")
-    return value
 
 
 def _validate(model: type[_Model], value: dict[str, Any], what: str) -> _Model:
@@ -192,8 +159,8 @@ def decode_request(
         raise PayloadTooLargeError(
             f"request body of {len(body)} bytes exceeds the limit of {max_body_bytes}"
         )
-    header, binary = _split_body(body, header_length)
-    request = _validate(InferenceRequest, _load_json(header), "inference request")
+    header, binary = split_body(body, header_length)
+    request = _validate(InferenceRequest, load_json_object(header), "inference request")
     _check_unique((tensor.name for tensor in request.inputs), "input")
     return request, _decode_tensors(request.inputs, binary, "input")
 
@@ -287,8 +254,8 @@ def decode_response(
     A malformed response is the server's fault, not the caller's: ``InferenceError``.
     """
     try:
-        header, binary = _split_body(body, header_length)
-        response = _validate(InferenceResponse, _load_json(header), "inference response")
+        header, binary = split_body(body, header_length)
+        response = _validate(InferenceResponse, load_json_object(header), "inference response")
         _check_unique((tensor.name for tensor in response.outputs), "output")
         return response, _decode_tensors(response.outputs, binary, "output")
     except InvalidInputError as exc:

@@ -121,10 +121,14 @@ class RouteNotFoundError(SpillwayError):
 
 
 class MethodNotAllowedError(SpillwayError):
-    """The path exists but not for this HTTP method."""
+    """The path exists but not for this HTTP method; ``allow`` names the one it takes."""
 
     status = 405
     code = "method_not_allowed"
+
+    def __init__(self, message: str, *, allow: str | None = None) -> None:
+        super().__init__(message)
+        self.allow = allow
 
 
 class InsufficientMemoryError(ModelNotReadyError):

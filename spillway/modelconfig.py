@@ -52,11 +52,14 @@ class TensorConfig(_Strict):
 
 
 class QueuePolicy(_Strict):
-    """Triton's queue policy: a bound on waiting requests and their default timeout."""
+    """Triton's queue policy: a bound on waiting requests and their default timeout.
+
+    Only ``timeout_action: REJECT`` is served (an expired request gets 504); Triton's
+    ``DELAY`` is refused when the model loads rather than silently treated as REJECT."""
 
     max_queue_size: int = Field(default=256, ge=1)
     default_timeout_microseconds: int = Field(default=0, ge=0)
-    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
+    timeout_action: Literal["REJECT"] = "REJECT"
     allow_timeout_override: bool = True
 
 
@@ -67,7 +70,17 @@ class DynamicBatching(_Strict):
     max_queue_delay_microseconds: int = Field(default=2000, ge=0)
     priority_levels: int = Field(default=1, ge=1, le=16)
     default_priority_level: int = Field(default=0, ge=0)
+    """0: the lowest level (``priority_levels``)."""
     default_queue_policy: QueuePolicy = QueuePolicy()
+
+    @model_validator(mode="after")
+    def _default_level_exists(self) -> DynamicBatching:
+        if self.default_priority_level > self.priority_levels:
+            raise ValueError(
+                f"default_priority_level {self.default_priority_level} exceeds "
+                f"priority_levels {self.priority_levels}"
+            )
+        return self
 
 
 class VersionPolicy(_Strict):

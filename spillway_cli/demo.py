@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import typer
 
-from spillway.codec import decode_response, encode_request, header_length_from
+from spillway.codec import decode_response, encode_request
+from spillway.wire import parse_header_length
 from spillway_cli.stack import DATA_BUCKET, REGION, LocalStack
 
 SENTENCES = (
@@ -105,7 +106,7 @@ class Client:
         self._record(scenario, status, got, elapsed)
         if status != 200:
             return status, got, raw
-        length_out = header_length_from(got.get("inference-header-content-length"))
+        length_out = parse_header_length(got.get("inference-header-content-length"))
         return status, got, decode_response(raw, length_out)[1]
 
     def _record(self, scenario: str, status: int, headers: dict[str, str], ms: float) -> None:

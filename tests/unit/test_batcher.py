@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_service.batch_policy import BatchPolicy
+from gpu_service.batching_policy import BatchingPolicy
 from gpu_service.batcher import DynamicBatcher
 from spillway.errors import (
     DeadlineExceededError,
@@ -69,7 +69,7 @@ def expected(prepared: Prepared) -> np.ndarray:
 Scenario = Callable[[DynamicBatcher, FakeRunner], Awaitable[None]]
 
 
-def run_with(policy: BatchPolicy, runner: FakeRunner, scenario: Scenario) -> None:
+def run_with(policy: BatchingPolicy, runner: FakeRunner, scenario: Scenario) -> None:
     async def main() -> None:
         with ThreadPoolExecutor(max_workers=policy.max_parallel_runs) as pool:
             batcher = DynamicBatcher("fake", runner, policy, pool)
@@ -110,7 +110,7 @@ def test_every_request_gets_exactly_its_own_answer(
     queue_size: int,
     concurrency: int,
 ) -> None:
-    policy = BatchPolicy(
+    policy = BatchingPolicy(
         max_batch_size=max_batch,
         max_queue_delay_s=0.001,
         max_queue_size=queue_size,
@@ -196,7 +196,7 @@ def test_every_request_gets_exactly_its_own_answer(
 @settings(max_examples=25, deadline=None)
 @given(sizes=st.lists(st.integers(1, 5), min_size=1, max_size=30))
 def test_batched_outputs_equal_unbatched(sizes: list[int]) -> None:
-    policy = BatchPolicy(max_batch_size=16, max_queue_delay_s=0.002, max_queue_size=64)
+    policy = BatchingPolicy(max_batch_size=16, max_queue_delay_s=0.002, max_queue_size=64)
     runner = FakeRunner()
     got: dict[int, Tensors] = {}
 
@@ -216,7 +216,7 @@ def test_batched_outputs_equal_unbatched(sizes: list[int]) -> None:
 
 
 def test_lone_request_waits_for_the_delay_from_its_arrival() -> None:
-    policy = BatchPolicy(max_batch_size=8, max_queue_delay_s=0.05)
+    policy = BatchingPolicy(max_batch_size=8, max_queue_delay_s=0.05)
     runner = FakeRunner()
     elapsed: list[float] = []
 
@@ -232,7 +232,7 @@ def test_lone_request_waits_for_the_delay_from_its_arrival() -> None:
 
 
 def test_full_batch_goes_at_once_without_waiting_the_delay() -> None:
-    policy = BatchPolicy(max_batch_size=4, max_queue_delay_s=30.0)
+    policy = BatchingPolicy(max_batch_size=4, max_queue_delay_s=30.0)
     runner = FakeRunner()
 
     async def scenario(batcher: DynamicBatcher, _: FakeRunner) -> None:
@@ -245,7 +245,7 @@ def test_full_batch_goes_at_once_without_waiting_the_delay() -> None:
 
 
 def test_preferred_size_dispatches_early() -> None:
-    policy = BatchPolicy(max_batch_size=8, preferred_batch_sizes=(2,), max_queue_delay_s=30.0)
+    policy = BatchingPolicy(max_batch_size=8, preferred_batch_sizes=(2,), max_queue_delay_s=30.0)
     runner = FakeRunner()
 
     async def scenario(batcher: DynamicBatcher, _: FakeRunner) -> None:
@@ -259,7 +259,7 @@ def test_preferred_size_dispatches_early() -> None:
 
 def test_full_queue_rejects_exactly_the_excess_without_running() -> None:
     # GIVEN a busy model (one batch held) and a queue bound of 3
-    policy = BatchPolicy(
+    policy = BatchingPolicy(
         max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=3, retry_after_s=2.0
     )
     runner = FakeRunner(gate=threading.Event())
@@ -290,7 +290,7 @@ def test_full_queue_rejects_exactly_the_excess_without_running() -> None:
 
 
 def test_deadline_in_queue_is_answered_promptly_and_never_computed() -> None:
-    policy = BatchPolicy(max_batch_size=1, max_queue_delay_s=0.0)
+    policy = BatchingPolicy(max_batch_size=1, max_queue_delay_s=0.0)
     runner = FakeRunner(gate=threading.Event())
 
     async def scenario(batcher: DynamicBatcher, runner: FakeRunner) -> None:
@@ -311,7 +311,7 @@ def test_deadline_in_queue_is_answered_promptly_and_never_computed() -> None:
 
 
 def test_timeout_may_only_lower_the_default() -> None:
-    policy = BatchPolicy(max_batch_size=1, default_timeout_s=0.01)
+    policy = BatchingPolicy(max_batch_size=1, default_timeout_s=0.01)
     batcher = DynamicBatcher("x", FakeRunner(), policy, ThreadPoolExecutor(1))
     assert batcher._timeout(None) == 0.01
     assert batcher._timeout(5.0) == 0.01
@@ -319,7 +319,7 @@ def test_timeout_may_only_lower_the_default() -> None:
 
 
 def test_higher_priority_is_dequeued_first() -> None:
-    policy = BatchPolicy(
+    policy = BatchingPolicy(
         max_batch_size=1, max_queue_delay_s=0.0, priority_levels=2, default_priority=2, aging_s=60.0
     )
     runner = FakeRunner(gate=threading.Event())
@@ -340,7 +340,7 @@ def test_higher_priority_is_dequeued_first() -> None:
 
 
 def test_aged_low_priority_is_not_starved() -> None:
-    policy = BatchPolicy(
+    policy = BatchingPolicy(
         max_batch_size=1, max_queue_delay_s=0.0, priority_levels=2, default_priority=2, aging_s=0.02
     )
     runner = FakeRunner(gate=threading.Event())
@@ -361,7 +361,7 @@ def test_aged_low_priority_is_not_starved() -> None:
 
 
 def test_short_requests_do_not_wait_for_long_ones() -> None:
-    policy = BatchPolicy(max_batch_size=4, max_queue_delay_s=30.0, length_buckets=(8,))
+    policy = BatchingPolicy(max_batch_size=4, max_queue_delay_s=30.0, length_buckets=(8,))
     runner = FakeRunner()
 
     async def scenario(batcher: DynamicBatcher, _: FakeRunner) -> None:
@@ -376,7 +376,7 @@ def test_short_requests_do_not_wait_for_long_ones() -> None:
 
 
 def test_failed_run_fails_its_batch_only() -> None:
-    policy = BatchPolicy(max_batch_size=2, max_queue_delay_s=30.0)
+    policy = BatchingPolicy(max_batch_size=2, max_queue_delay_s=30.0)
     runner = FakeRunner()
     outcomes: list[object] = []
 
@@ -398,7 +398,7 @@ def test_failed_run_fails_its_batch_only() -> None:
 def test_dead_batcher_fails_pending_and_turns_unhealthy(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    policy = BatchPolicy(max_batch_size=4, max_queue_delay_s=0.01)
+    policy = BatchingPolicy(max_batch_size=4, max_queue_delay_s=0.01)
 
     async def scenario(batcher: DynamicBatcher, _: FakeRunner) -> None:
         def broken(*_: object) -> None:
@@ -417,7 +417,7 @@ def test_dead_batcher_fails_pending_and_turns_unhealthy(
 
 
 def test_stop_drains_queued_work_and_refuses_new() -> None:
-    policy = BatchPolicy(max_batch_size=2, max_queue_delay_s=30.0)
+    policy = BatchingPolicy(max_batch_size=2, max_queue_delay_s=30.0)
     runner = FakeRunner(delay_s=0.01)
 
     async def main() -> None:
@@ -437,7 +437,7 @@ def test_stop_drains_queued_work_and_refuses_new() -> None:
 
 
 def test_adaptive_target_follows_arrival_rate() -> None:
-    policy = BatchPolicy(max_batch_size=64, max_queue_delay_s=0.01, adaptive=True)
+    policy = BatchingPolicy(max_batch_size=64, max_queue_delay_s=0.01, adaptive=True)
     batcher = DynamicBatcher("a", FakeRunner(), policy, ThreadPoolExecutor(1))
     assert batcher._target() == 2  # no traffic seen: the floor
     for i in range(50):
@@ -450,7 +450,7 @@ def test_adaptive_target_follows_arrival_rate() -> None:
 
 def test_a_running_long_batch_does_not_block_short_ones() -> None:
     # GIVEN a long-text batch held in compute (one slot per bucket)
-    policy = BatchPolicy(max_batch_size=4, max_queue_delay_s=0.0, length_buckets=(8,))
+    policy = BatchingPolicy(max_batch_size=4, max_queue_delay_s=0.0, length_buckets=(8,))
     release_long = threading.Event()
 
     class LengthGated(FakeRunner):

@@ -23,10 +23,10 @@ from spillway.codec import (
     decode_response,
     encode_request,
     encode_response,
-    header_length_from,
     requested_outputs,
 )
 from spillway.datatypes import NUMPY_DTYPES
+from spillway.wire import parse_header_length
 from spillway.errors import (
     InferenceError,
     InvalidInputError,
@@ -435,12 +435,15 @@ def test_truncated_bytes_element() -> None:
     assert_client_error(caught.value, InvalidInputError)
 
 
-def test_header_length_from_header_value() -> None:
-    # GIVEN header values WHEN parsed THEN an int, None when absent, a client error when junk
-    assert header_length_from("123") == 123
-    assert header_length_from(None) is None
+@pytest.mark.parametrize("junk", ["12x", "+368", "1_0", "-1", "٣", "", "1" * 13])
+def test_header_length_from_header_value(junk: str) -> None:
+    # GIVEN header values WHEN parsed THEN an int, None when absent, a client error for
+    # anything but plain ASCII digits (one rule for every transport)
+    assert parse_header_length("123") == 123
+    assert parse_header_length(" 7 ") == 7
+    assert parse_header_length(None) is None
     with pytest.raises(InvalidInputError):
-        header_length_from("12x")
+        parse_header_length(junk)
 
 
 # --- server-side failures -------------------------------------------------------------------

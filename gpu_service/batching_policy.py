@@ -1,23 +1,20 @@
-"""How a model version batches: its policy (from ``config.json`` and the settings), the
-arrival-rate tracker of the adaptive mode, and the compute threads of its length buckets."""
+"""How a model version's requests are batched dynamically (not AWS Batch jobs): the
+policy built from ``config.json`` and the settings, and the arrival-rate tracker of the
+adaptive mode. Invalid combinations fail when the model loads, never per request."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_service.settings import GpuSettings
-from spillway.modelconfig import ModelConfig, VersionPolicy
+from spillway.modelconfig import ModelConfig
 
 
 @dataclass(frozen=True)
-class BatchPolicy:
-    """How a model version batches; built from its ``config.json`` and the settings."""
+class BatchingPolicy:
+    """How a model version's requests are batched; built from its ``config.json`` and the settings."""
 
     max_batch_size: int
     max_queue_delay_s: float = 0.002
@@ -72,7 +69,7 @@ class RateTracker:
         return 1.0 / sorted(self.gaps)[len(self.gaps) // 2]
 
 
-def batch_policy(config: ModelConfig, settings: GpuSettings) -> BatchPolicy:
+def batching_policy(config: ModelConfig, settings: GpuSettings) -> BatchingPolicy:
     """A batcher policy from the model's Triton-style config and the service settings."""
     dyn = config.dynamic_batching
     common: dict[str, Any] = {
@@ -81,7 +78,7 @@ def batch_policy(config: ModelConfig, settings: GpuSettings) -> BatchPolicy:
     }
     if config.max_batch_size == 0 or dyn is None:
         # No dynamic batching: one request per run, still queued and bounded.
-        return BatchPolicy(
+        return BatchingPolicy(
             max_batch_size=max(config.max_batch_size, 1),
             max_queue_delay_s=0.0,
             length_buckets=config.spillway.length_buckets,
@@ -91,7 +88,7 @@ def batch_policy(config: ModelConfig, settings: GpuSettings) -> BatchPolicy:
     timeout_us = queue.default_timeout_microseconds
     default_ms = settings.default_timeout_ms
     default_timeout = timeout_us / 1e6 if timeout_us else (default_ms / 1e3 if default_ms else None)
-    return BatchPolicy(
+    return BatchingPolicy(
         max_batch_size=config.max_batch_size,
         max_queue_delay_s=dyn.max_queue_delay_microseconds / 1e6,
         preferred_batch_sizes=tuple(
@@ -108,26 +105,3 @@ def batch_policy(config: ModelConfig, settings: GpuSettings) -> BatchPolicy:
         length_buckets=config.spillway.length_buckets,
         **common,
     )
-
-
-def chosen_versions(policy: VersionPolicy, available: list[int]) -> list[int]:
-    """The versions a Triton version policy selects from those available."""
-    if policy.specific is not None:
-        return [v for v in policy.specific["versions"] if v in available]
-    if policy.all is not None:
-        return list(available)
-    count = policy.latest["num_versions"] if policy.latest else 1
-    return available[-count:]
-
-
-def compute_pool(threads: int, niceness: int, name: str) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(
-        threads, thread_name_prefix=f"ort-{name}", initializer=_renice, initargs=(niceness,)
-    )
-
-
-def _renice(niceness: int) -> None:
-    # Linux applies setpriority to a single thread when given its thread id.
-    if niceness and hasattr(os, "setpriority"):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)

@@ -1,0 +1,117 @@
+"""The one inference pipeline: decode → validate → prepare → execute → encode.
+
+Every deployable runs a request through these steps and injects only the execute step:
+the GPU service passes its batcher's ``submit`` (many requests share a run), the CPU
+fallback runs the engine directly (one request per run). The batch job reads records
+instead of V2 bodies but validates, prepares and runs through the same engine calls.
+
+Decoding does not need the model (a server may look the model up with the request's
+``timeout`` in hand); validation and preparation do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from spillway.codec import (
+    binary_outputs_requested,
+    decode_request,
+    encode_response,
+    requested_outputs,
+)
+from spillway.engine import OnnxModel
+from spillway.errors import DeadlineExceededError
+from spillway.processing import Prepared, Tensors
+from spillway.protocol import InferenceRequest
+from spillway.wire import InferParameters
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A parsed infer body: its header, one array per input and the server parameters."""
+
+    request: InferenceRequest
+    arrays: Tensors
+    parameters: InferParameters
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request validated against its model and prepared to join a run."""
+
+    decoded: Decoded
+    prepared: Prepared
+    outputs: list[str]
+    binary: set[str]
+
+    @property
+    def parameters(self) -> InferParameters:
+        """The request's ``timeout`` and ``priority``."""
+        return self.decoded.parameters
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """An encoded infer response and the version that computed it."""
+
+    body: bytes
+    header_length: int | None
+    version: int
+
+
+Execute = Callable[[Admitted], Tensors]
+Submit = Callable[[Admitted], Awaitable[Tensors]]
+
+
+def decode(body: bytes, header_length: int | None, *, max_body_bytes: int | None = None) -> Decoded:
+    """Parse the body (JSON or binary) and the ``timeout``/``priority`` parameters."""
+    request, arrays = decode_request(body, header_length, max_body_bytes=max_body_bytes)
+    return Decoded(request, arrays, InferParameters.of(request.parameters))
+
+
+def admit(model: OnnxModel, decoded: Decoded) -> Admitted:
+    """Validate against the model's signature and pre-process (e.g. tokenise)."""
+    outputs = requested_outputs(decoded.request, [o.name for o in model.config.output])
+    binary = binary_outputs_requested(decoded.request, outputs)
+    return Admitted(decoded, model.prepare(decoded.arrays), outputs, binary)
+
+
+def encode(model: OnnxModel, admitted: Admitted, result: Tensors) -> Encoded:
+    """The response body with the outputs the request asked for, in its order."""
+    body, length = encode_response(
+        model.name,
+        str(model.version),
+        admitted.decoded.request.id,
+        {name: result[name] for name in admitted.outputs},
+        binary=admitted.binary,
+    )
+    return Encoded(body, length, model.version)
+
+
+def run(model: OnnxModel, decoded: Decoded, execute: Execute) -> Encoded:
+    """Validate, prepare, execute and encode, synchronously."""
+    admitted = admit(model, decoded)
+    return encode(model, admitted, execute(admitted))
+
+
+async def run_async(model: OnnxModel, decoded: Decoded, submit: Submit) -> Encoded:
+    """Validate, prepare, execute and encode, awaiting the injected ``submit``."""
+    admitted = admit(model, decoded)
+    return encode(model, admitted, await submit(admitted))
+
+
+def direct(
+    model: OnnxModel, arrived: float, clock: Callable[[], float] = time.monotonic
+) -> Execute:
+    """The execute step that runs the engine on the calling thread, one request per run;
+    a request whose ``timeout`` passed before it could run fails with 504 instead."""
+
+    def execute(admitted: Admitted) -> Tensors:
+        timeout_s = admitted.parameters.timeout_s
+        if timeout_s is not None and clock() - arrived > timeout_s:
+            raise DeadlineExceededError("the request's timeout passed before it could run")
+        return model.run([admitted.prepared])[0]
+
+    return execute

@@ -1,0 +1,280 @@
+"""What every transport reads off and writes onto the wire, written once.
+
+The GPU service (ASGI), the CPU fallback (WSGI and direct invoke), the router (WSGI on
+API Gateway) and the jobs API all use these: the ``Inference-Header-Content-Length`` and
+JSON-header parsers, the model path and what it targets, ``s3://`` locations, the API
+Gateway stage prefix, the ``timeout``/``priority`` request parameters, and the one
+mapping from a ``SpillwayError`` to a status, headers and body.
+
+No numpy here: the router imports this module and must stay light.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from spillway.errors import (
+    InvalidInputError,
+    MethodNotAllowedError,
+    RouteNotFoundError,
+    SpillwayError,
+)
+from spillway.names import validate_model_name, validate_version
+
+HEADER_LENGTH = "inference-header-content-length"
+JSON_CONTENT_TYPE = "application/json"
+BINARY_CONTENT_TYPE = "application/octet-stream"
+# A JSON header longer than this many decimal digits would be larger than any body we take.
+_MAX_LENGTH_DIGITS = 12
+# One hour in microseconds: no caller waits longer for a synchronous answer.
+MAX_TIMEOUT_US = 3_600_000_000
+MAX_PRIORITY = 1_000_000
+
+Headers = list[tuple[str, str]]
+
+# --- bodies -----------------------------------------------------------------------------
+
+
+def parse_header_length(value: str | None) -> int | None:
+    """The ``Inference-Header-Content-Length`` value (absent: ``None``): ASCII digits only,
+    so ``+368``, ``1_0`` or ``٣`` are refused everywhere alike."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= _MAX_LENGTH_DIGITS):
+        raise InvalidInputError("Inference-Header-Content-Length must be a non-negative integer")
+    return int(text)
+
+
+def split_body(body: bytes, header_length: int | None) -> tuple[bytes, memoryview]:
+    """The JSON header and the binary tensor data that follows it (empty for JSON)."""
+    view = memoryview(body)
+    if header_length is None:
+        return body, view[len(view) :]
+    if header_length > len(body):
+        raise InvalidInputError(
+            f"Inference-Header-Content-Length {header_length} is outside the body "
+            f"of {len(body)} bytes"
+        )
+    return bytes(view[:header_length]), view[header_length:]
+
+
+def load_json_object(raw: bytes | str) -> dict[str, Any]:
+    """A JSON object; anything else (bad JSON, a list, deep nesting) is the client's error."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"invalid JSON: {exc.msg} at position {exc.pos}") from None
+    except UnicodeDecodeError:
+        raise InvalidInputError("invalid JSON: not UTF-8") from None
+    except RecursionError:
+        raise InvalidInputError("invalid JSON: nested too deeply") from None
+    except ValueError:  # an integer past Python's digit limit
+        raise InvalidInputError("invalid JSON: a number is too long") from None
+    if not isinstance(value, dict):
+        raise InvalidInputError("the JSON header must be an object")
+    return value
+
+
+def read_json_header(body: bytes, header_length: int | None) -> dict[str, Any]:
+    """The parsed JSON header of an infer body; tensor bytes are never touched."""
+    header = load_json_object(split_body(body, header_length)[0])
+    parameters = header.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise InvalidInputError("parameters must be an object")
+    return header
+
+
+# --- request parameters -----------------------------------------------------------------
+
+
+def int_parameter(
+    parameters: Mapping[str, Any] | None, key: str, maximum: int | None = None
+) -> int | None:
+    """A non-negative integer parameter (absent: ``None``), at most ``maximum``."""
+    value = (parameters or {}).get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"parameter {key!r} must be a non-negative integer")
+    if maximum is not None and value > maximum:
+        raise InvalidInputError(f"parameter {key!r} must be at most {maximum}")
+    return value
+
+
+@dataclass(frozen=True)
+class InferParameters:
+    """The request parameters a server acts on: deadline and priority."""
+
+    timeout_us: int | None = None
+    priority: int | None = None
+
+    @property
+    def timeout_s(self) -> float | None:
+        """The timeout in seconds (``None``: none given)."""
+        return None if self.timeout_us is None else self.timeout_us / 1e6
+
+    @classmethod
+    def of(cls, parameters: Mapping[str, Any] | None) -> InferParameters:
+        """Validated ``timeout`` (microseconds, at most an hour) and ``priority``."""
+        return cls(
+            timeout_us=int_parameter(parameters, "timeout", MAX_TIMEOUT_US),
+            priority=int_parameter(parameters, "priority", MAX_PRIORITY),
+        )
+
+
+# --- paths ------------------------------------------------------------------------------
+
+MODEL_PATH = re.compile(
+    r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
+    r"(?:/(?P<op>ready|config|stats|infer))?$"
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a request asks for: an operation, maybe on a model (and version)."""
+
+    operation: str
+    """``infer``, ``metadata``, ``ready``, ``config``, ``stats`` or ``server``."""
+    model: str | None = None
+    version: str | None = None
+
+    @property
+    def path(self) -> str:
+        """The canonical path (never a client's raw path)."""
+        if self.model is None:
+            return "/v2/models/stats" if self.operation == "stats" else "/v2"
+        path = f"/v2/models/{self.model}"
+        if self.version is not None:
+            path += f"/versions/{self.version}"
+        return path if self.operation == "metadata" else f"{path}/{self.operation}"
+
+    @property
+    def method(self) -> str:
+        """The one HTTP method the operation takes."""
+        return "POST" if self.operation == "infer" else "GET"
+
+
+def model_target(path: str) -> Target | None:
+    """The target of a ``/v2/models/...`` path, names validated; ``None`` if it is none.
+
+    ``/v2/models/stats`` (every model's statistics) is the ``stats`` target with no model.
+    """
+    match = MODEL_PATH.match(path)
+    if match is None:
+        return None
+    model, version, op = match["model"], match["version"], match["op"]
+    if model == "stats" and version is None and op is None:
+        return Target("stats")
+    if version is not None:
+        validate_version(version)
+    return Target(op or "metadata", validate_model_name(model), version)
+
+
+def require_model_target(path: str) -> Target:
+    """Like ``model_target``, but a path that names no model is 404."""
+    target = model_target(path)
+    if target is None:
+        raise RouteNotFoundError(f"no route for {path[:200]}")
+    return target
+
+
+def allow(method: str, path: str, allowed: str) -> None:
+    """405 with ``Allow`` unless ``method`` is the one allowed."""
+    if method != allowed:
+        raise MethodNotAllowedError(
+            f"{method[:16]} is not allowed on {path[:200]}", allow=allowed
+        )
+
+
+def strip_stage(path: str, event: object) -> str:
+    """``path`` without an HTTP API stage name: an HTTP API (v2 event) with a named stage
+    keeps the stage in ``rawPath``; REST APIs and ``$default`` do not."""
+    if isinstance(event, dict) and event.get("version") == "2.0":
+        stage = (event.get("requestContext") or {}).get("stage")
+        if stage and stage != "$default" and path.startswith(f"/{stage}/"):
+            return path[len(stage) + 1 :]
+    return path
+
+
+# --- s3:// locations --------------------------------------------------------------------
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """``s3://bucket/prefix``: the prefix has no leading ``/`` and keeps a trailing one."""
+
+    bucket: str
+    prefix: str
+
+    @property
+    def url(self) -> str:
+        """The location as ``s3://bucket/prefix``."""
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    def key(self, *parts: str) -> str:
+        """A key below the prefix, joined with ``/``."""
+        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/"))
+
+
+def is_s3_url(value: str) -> bool:
+    """Whether ``value`` is meant as an ``s3://`` location (it may still be invalid)."""
+    return value.startswith("s3://")
+
+
+def parse_s3_url(value: str) -> S3Location:
+    """The bucket and prefix of ``s3://bucket[/prefix]``; a bad one is ``InvalidInputError``."""
+    if not is_s3_url(value) or "\\" in value or len(value) > 1024:
+        raise InvalidInputError(f"{value[:200]!r} is not an s3://bucket/prefix location")
+    bucket, _, prefix = value.removeprefix("s3://").partition("/")
+    if not _BUCKET.fullmatch(bucket) or ".." in bucket:
+        raise InvalidInputError(f"{value[:200]!r} does not name a valid bucket")
+    return S3Location(bucket, prefix.lstrip("/"))
+
+
+# --- errors to responses ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    """Status, headers (names lower-case) and body of a response."""
+
+    status: int
+    headers: Headers
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        """The first value of a header."""
+        return next((v for k, v in self.headers if k == name), None)
+
+
+def json_bytes(value: Any) -> bytes:
+    """Compact JSON."""
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def json_reply(status: int, value: Any, headers: Headers | None = None) -> Reply:
+    """A JSON response."""
+    return Reply(status, [("content-type", JSON_CONTENT_TYPE), *(headers or [])], json_bytes(value))
+
+
+def error_reply(error: SpillwayError) -> Reply:
+    """The one response of an error, on every transport: its status, ``{"error", "code"}``,
+    ``Retry-After`` (whole seconds, at least 1) when it carries one, ``Allow`` on 405."""
+    headers: Headers = []
+    if error.retry_after_s is not None:
+        headers.append(("retry-after", str(max(1, round(error.retry_after_s)))))
+    if isinstance(error, MethodNotAllowedError) and error.allow:
+        headers.append(("allow", error.allow))
+    return json_reply(error.status, error.to_body(), headers)
+
+
+INTERNAL_ERROR = json_reply(500, {"error": "internal error", "code": "internal"})
+"""The last-resort answer to an unexpected exception (logged with its traceback)."""
