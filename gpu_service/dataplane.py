@@ -13,7 +13,7 @@ from typing import Any
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
 from gpu_service.versions import ServedVersion
-from spillway import __version__, pipeline
+from spillway import pipeline
 from spillway.engine import config_metadata
 from spillway.errors import (
     ControlDisabledError,
@@ -22,6 +22,7 @@ from spillway.errors import (
     UnavailableError,
 )
 from spillway.processing import Tensors
+from spillway.protocol import server_metadata
 
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "schedule_policy"]
 
@@ -48,7 +49,7 @@ class DataPlane:
 
     def server_metadata(self) -> dict[str, Any]:
         extensions = EXTENSIONS + ["model_repository"] * self.control_enabled
-        return {"name": "spillway-gpu", "version": __version__, "extensions": extensions}
+        return server_metadata("spillway-gpu", extensions)
 
     @property
     def control_enabled(self) -> bool:

@@ -22,13 +22,6 @@ from pydantic import BaseModel, ValidationError
 from spillway.datatypes import datatype_of
 from spillway.errors import InferenceError, InvalidInputError, PayloadTooLargeError
 from spillway.protocol import InferenceRequest, InferenceResponse, RequestInput, ResponseOutput
-from spillway.wire import (
-    BINARY_CONTENT_TYPE,
-    HEADER_LENGTH,
-    JSON_CONTENT_TYPE,
-    load_json_object,
-    split_body,
-)
 from spillway.tensors import (
     Buffer,
     Tensor,
@@ -36,6 +29,13 @@ from spillway.tensors import (
     json_data,
     tensor_from_bytes,
     wire_buffer,
+)
+from spillway.wire import (
+    BINARY_CONTENT_TYPE,
+    HEADER_LENGTH,
+    JSON_CONTENT_TYPE,
+    load_json_object,
+    split_body,
 )
 
 __all__ = ["BINARY_CONTENT_TYPE", "HEADER_LENGTH", "JSON_CONTENT_TYPE"]

@@ -81,12 +81,6 @@ def datatype_of(array: np.ndarray) -> str:
     raise UnsupportedDatatypeError(f"numpy dtype {array.dtype} has no V2 datatype")
 
 
-def triton_type(datatype: str) -> str:
-    """Triton's model-configuration name (``TYPE_FP32``, ``TYPE_STRING`` for BYTES)."""
-    numpy_dtype(datatype)
-    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
-
-
 def from_triton_type(name: str) -> str:
     """The V2 datatype for a Triton ``TYPE_*`` name."""
     if name == "TYPE_STRING":

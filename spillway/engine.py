@@ -27,6 +27,7 @@ from spillway.errors import (
 )
 from spillway.modelconfig import ModelConfig, TensorConfig
 from spillway.processing import GraphTensor, Prepared, Processor, Tensors, make_processor
+from spillway.protocol import MetadataModelResponse, MetadataTensor
 
 log = logging.getLogger("spillway.engine")
 
@@ -202,13 +203,17 @@ def config_metadata(config: ModelConfig, versions: list[int]) -> dict[str, Any]:
     """Model metadata from the configuration alone (a model need not be loaded)."""
     lead = [-1] if config.max_batch_size > 0 else []
 
-    def tensors(specs: tuple[TensorConfig, ...]) -> list[dict[str, Any]]:
-        return [{"name": t.name, "datatype": t.datatype, "shape": [*lead, *t.dims]} for t in specs]
+    def tensors(specs: tuple[TensorConfig, ...]) -> list[MetadataTensor]:
+        return [
+            MetadataTensor(name=t.name, datatype=t.datatype, shape=[*lead, *t.dims]) for t in specs
+        ]
 
-    return {
-        "name": config.name,
-        "versions": [str(v) for v in versions],
-        "platform": config.platform,
-        "inputs": tensors(config.input),
-        "outputs": tensors(config.output),
-    }
+    # Built through the protocol's response model so what we serve is what the spec says.
+    document = MetadataModelResponse(
+        name=config.name,
+        versions=[str(v) for v in versions],
+        platform=config.platform,
+        inputs=tensors(config.input),
+        outputs=tensors(config.output),
+    )
+    return document.model_dump(exclude_none=True)

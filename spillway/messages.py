@@ -22,7 +22,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from spillway.errors import InvalidInputError
 from spillway.names import MODEL_NAME_PATTERN
 from spillway.wire import (
-    BINARY_CONTENT_TYPE,
     HEADER_LENGTH,
     JSON_CONTENT_TYPE,
     Reply,
@@ -30,7 +29,6 @@ from spillway.wire import (
     parse_header_length,
     parse_s3_url,
 )
-
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -82,7 +80,7 @@ class DirectInvokeEvent(BaseModel):
         """The event for one request (what the router builds)."""
         headers = {} if header_length is None else {HEADER_LENGTH: str(header_length)}
         return cls(
-            operation=operation,  # type: ignore[arg-type]
+            operation=operation,
             model=model,
             version=version,
             headers=headers,
@@ -227,18 +225,3 @@ def read_staged_request(data: bytes) -> tuple[bytes, int | None]:
         raise InvalidInputError("not a staged infer request")
     length = line[len(_STAGED_MAGIC) :].decode("ascii", "replace")
     return body, None if length == "-" else parse_header_length(length)
-
-
-__all__ = [
-    "BINARY_CONTENT_TYPE",
-    "DirectInvokeAnswer",
-    "DirectInvokeEvent",
-    "JobRequest",
-    "JobStatus",
-    "JobView",
-    "STAGED_SUFFIX",
-    "SubmitReceipt",
-    "parse_message",
-    "read_staged_request",
-    "stage_request",
-]

@@ -114,8 +114,10 @@ class MetadataServerResponse(_Message):
     extensions: list[StrictStr] = Field(default_factory=list)
 
 
-class ErrorResponse(_Message):
-    """The protocol's ``{"error": message}`` plus Spillway's stable ``code``."""
+def server_metadata(name: str, extensions: list[str]) -> dict[str, Any]:
+    """``GET /v2`` of a Spillway server, through the protocol's response model."""
+    from spillway import __version__
 
-    error: StrictStr
-    code: StrictStr
+    return MetadataServerResponse(
+        name=name, version=__version__, extensions=extensions
+    ).model_dump()

@@ -55,7 +55,7 @@ def split_body(body: bytes, header_length: int | None) -> tuple[bytes, memoryvie
     view = memoryview(body)
     if header_length is None:
         return body, view[len(view) :]
-    if header_length > len(body):
+    if not 0 <= header_length <= len(body):
         raise InvalidInputError(
             f"Inference-Header-Content-Length {header_length} is outside the body "
             f"of {len(body)} bytes"
@@ -187,9 +187,7 @@ def require_model_target(path: str) -> Target:
 def allow(method: str, path: str, allowed: str) -> None:
     """405 with ``Allow`` unless ``method`` is the one allowed."""
     if method != allowed:
-        raise MethodNotAllowedError(
-            f"{method[:16]} is not allowed on {path[:200]}", allow=allowed
-        )
+        raise MethodNotAllowedError(f"{method[:16]} is not allowed on {path[:200]}", allow=allowed)
 
 
 def strip_stage(path: str, event: object) -> str:
@@ -263,6 +261,21 @@ def json_bytes(value: Any) -> bytes:
 def json_reply(status: int, value: Any, headers: Headers | None = None) -> Reply:
     """A JSON response."""
     return Reply(status, [("content-type", JSON_CONTENT_TYPE), *(headers or [])], json_bytes(value))
+
+
+def infer_reply(
+    body: bytes, header_length: int | None, version: int, extra: Headers | None = None
+) -> Reply:
+    """The 200 of an infer request: JSON, or binary with its header length."""
+    headers: Headers = [("x-spillway-model-version", str(version)), *(extra or [])]
+    if header_length is None:
+        headers.append(("content-type", JSON_CONTENT_TYPE))
+    else:
+        headers += [
+            ("content-type", BINARY_CONTENT_TYPE),
+            (HEADER_LENGTH, str(header_length)),
+        ]
+    return Reply(200, headers, body)
 
 
 def error_reply(error: SpillwayError) -> Reply:

@@ -3,12 +3,12 @@
 It serves the Open Inference Protocol paths the fallback supports, and, for local stacks,
 Lambda's invoke API (``POST /2015-03-31/functions/{name}/invocations``) answered with the
 direct-invoke handler, so the router's ``lambda:Invoke`` path runs end to end on
-127.0.0.1 exactly as against ``sam local start-lambda``. Errors are mapped here once.
+127.0.0.1 exactly as against ``sam local start-lambda``. Errors are mapped here once,
+with the core mapping every transport uses.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable, Iterable
@@ -17,29 +17,25 @@ from typing import Any
 
 from functions.cpu_infer.direct import handle_direct
 from functions.cpu_infer.service import CpuService
-from spillway.codec import header_length_from
-from spillway.errors import (
-    InvalidInputError,
-    MethodNotAllowedError,
-    PayloadTooLargeError,
-    RouteNotFoundError,
-    SpillwayError,
+from spillway.errors import PayloadTooLargeError, RouteNotFoundError, SpillwayError
+from spillway.wire import (
+    INTERNAL_ERROR,
+    Reply,
+    Target,
+    allow,
+    error_reply,
+    infer_reply,
+    json_reply,
+    load_json_object,
+    model_target,
+    parse_header_length,
+    strip_stage,
 )
 
 log = logging.getLogger("spillway.cpu_infer")
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
-Reply = tuple[int, list[tuple[str, str]], bytes]
-_MODEL_PATH = re.compile(
-    r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
-    r"(?:/(?P<op>ready|config|infer))?$"
-)
 _INVOKE_PATH = re.compile(r"^/2015-03-31/functions/(?P<name>[^/]+)/invocations$")
-_JSON = ("content-type", "application/json")
-
-
-def _json(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
 
 
 class CpuApp:
@@ -49,69 +45,61 @@ class CpuApp:
         self.service = service
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        method, path = environ.get("REQUEST_METHOD", "GET"), _path(environ)
+        method = environ.get("REQUEST_METHOD", "GET")
+        path = strip_stage(environ.get("PATH_INFO") or "/", environ.get("serverless.event"))
         try:
-            status, headers, body = self._route(method, path, environ)
+            reply = self._route(method, path, environ)
         except SpillwayError as error:
-            status, headers, body = error.status, [_JSON], _json(error.to_body())
-            log.info("%s %s -> %d %s: %s", method, path, status, error.code, error.message)
+            reply = error_reply(error)
+            log.info(
+                "request refused",
+                extra={"path": path[:200], "status": error.status, "code": error.code},
+            )
         except Exception:
-            log.exception("unhandled error on %s %s", method, path)
-            status, headers = 500, [_JSON]
-            body = _json({"error": "internal error", "code": "internal"})
-        headers = [*headers, ("content-length", str(len(body)))]
-        start_response(f"{status} {HTTPStatus(status).phrase}", headers)
-        return [body]
+            log.exception("unhandled error on %s", method[:16])
+            reply = INTERNAL_ERROR
+        headers = [*reply.headers, ("content-length", str(len(reply.body)))]
+        start_response(f"{reply.status} {HTTPStatus(reply.status).phrase}", headers)
+        return [reply.body]
 
     def _route(self, method: str, path: str, environ: dict[str, Any]) -> Reply:
-        if match := _MODEL_PATH.match(path):
-            return self._model(method, match, environ)
+        if (target := model_target(path)) is not None:
+            allow(method, path, target.method)
+            return self._model(target, environ)
         if match := _INVOKE_PATH.match(path):
-            _allow(method, path, "POST")
+            allow(method, path, "POST")
             return self._invoke(match["name"], self._body(environ))
-        _allow(method, path, "GET")
+        allow(method, path, "GET")
         if path == "/v2/health/live":
-            return 200, [_JSON], _json({"live": True})
+            return json_reply(200, {"live": True})
         if path == "/v2/health/ready":
-            return 200, [_JSON], _json({"ready": True})
+            return json_reply(200, {"ready": True})
         if path == "/v2":
-            return 200, [_JSON], _json(self.service.server_metadata())
+            return json_reply(200, self.service.server_metadata())
         raise RouteNotFoundError(f"no route for {path[:200]}")
 
-    def _model(self, method: str, match: re.Match[str], environ: dict[str, Any]) -> Reply:
-        model, version, op = match["model"], match["version"], match["op"]
+    def _model(self, target: Target, environ: dict[str, Any]) -> Reply:
+        model, version, op = target.model, target.version, target.operation
+        if model is None or op == "stats":
+            raise RouteNotFoundError(f"the CPU fallback does not serve {target.path}")
         if op == "infer":
-            _allow(method, match.string, "POST")
-            length = header_length_from(environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH"))
+            length = parse_header_length(environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH"))
             answer = self.service.infer(model, version, self._body(environ), length)
-            headers = [("x-spillway-model-version", str(answer.version))]
-            if answer.header_length is None:
-                headers.append(_JSON)
-            else:
-                headers += [
-                    ("content-type", "application/octet-stream"),
-                    ("inference-header-content-length", str(answer.header_length)),
-                ]
-            return 200, headers, answer.body
-        _allow(method, match.string, "GET")
+            return infer_reply(answer.body, answer.header_length, answer.version)
         if op == "ready":
             self.service.get(model, version)
-            return 200, [_JSON], _json({"ready": True})
+            return json_reply(200, {"ready": True})
         if op == "config":
-            return 200, [_JSON], _json(self.service.config(model, version))
-        return 200, [_JSON], _json(self.service.metadata(model, version))
+            return json_reply(200, self.service.config(model, version))
+        return json_reply(200, self.service.metadata(model, version))
 
     def _invoke(self, name: str, body: bytes) -> Reply:
         if name != self.service.settings.function_name:
-            headers = [_JSON, ("x-amzn-errortype", "ResourceNotFoundException")]
-            return 404, headers, _json({"Type": "User", "message": f"Function not found: {name}"})
-        try:
-            event = json.loads(body)
-        except ValueError:
-            raise InvalidInputError("the invocation payload is not JSON") from None
-        if not isinstance(event, dict):
-            raise InvalidInputError("the invocation payload must be a JSON object")
-        return 200, [_JSON], _json(handle_direct(self.service, event))
+            headers = [("x-amzn-errortype", "ResourceNotFoundException")]
+            message = {"Type": "User", "message": f"Function not found: {name[:64]}"}
+            return json_reply(404, message, headers)
+        answer = handle_direct(self.service, load_json_object(body))
+        return json_reply(200, answer)
 
     def _body(self, environ: dict[str, Any]) -> bytes:
         # The invoke API carries base64 of the body, so allow for its growth by 4/3.
@@ -122,19 +110,3 @@ class CpuApp:
         if int(declared) > limit:
             raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
         return bytes(environ["wsgi.input"].read(int(declared)))
-
-
-def _allow(method: str, path: str, allowed: str) -> None:
-    if method != allowed:
-        raise MethodNotAllowedError(f"{method[:16]} is not allowed on {path[:200]}")
-
-
-def _path(environ: dict[str, Any]) -> str:
-    path = environ.get("PATH_INFO") or "/"
-    event = environ.get("serverless.event")
-    if isinstance(event, dict) and event.get("version") == "2.0":
-        # An HTTP API with a named stage keeps the stage in rawPath; REST APIs do not.
-        stage = (event.get("requestContext") or {}).get("stage")
-        if stage and stage != "$default" and path.startswith(f"/{stage}/"):
-            path = path[len(stage) + 1 :]
-    return str(path)
