@@ -14,7 +14,7 @@ from spillway.modelconfig import ModelConfig
 
 @dataclass(frozen=True)
 class BatchingPolicy:
-    """How a model version's requests are batched; built from its ``config.json`` and the settings."""
+    """How a model version's requests are batched (from ``config.json`` and settings)."""
 
     max_batch_size: int
     max_queue_delay_s: float = 0.002

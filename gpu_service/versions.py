@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from gpu_service.batching_policy import BatchingPolicy
 from gpu_service.batcher import DynamicBatcher
+from gpu_service.batching_policy import BatchingPolicy
 from gpu_service.memory import Probe
 from gpu_service.settings import GpuSettings
 from gpu_service.stats import ModelStats
