@@ -12,6 +12,7 @@ own code rather than a generic validation failure.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr
@@ -22,8 +23,22 @@ Parameters = dict[str, Any]
 """Free-form ``parameters``: the protocol's extension point (Triton puts ``binary_data_size``,
 ``binary_data``, ``binary_data_output``, ``priority`` and ``timeout`` here)."""
 
-# Strict so that "3", 3.0 or true never pass as a dimension.
-Dim = Annotated[int, Field(strict=True, ge=0)]
+# Strict so that "3", 3.0 or true never pass as a dimension. Bounded so that no shape a
+# client sends can make numpy fail (more than 64 dimensions, or a huge dimension beside a
+# zero one): a shape is the client's to get right, never a server error.
+MAX_DIM = 2**31 - 1
+MAX_RANK = 16
+Dim = Annotated[int, Field(strict=True, ge=0, le=MAX_DIM)]
+
+
+def _bounded_extent(shape: list[int]) -> list[int]:
+    # Zero dimensions aside: numpy refuses [0, 2**31, 2**31] as surely as [2**31, 2**31].
+    if math.prod(d for d in shape if d) > MAX_DIM:
+        raise ValueError(f"a shape may hold at most {MAX_DIM} elements")
+    return shape
+
+
+Shape = Annotated[list[Dim], Field(max_length=MAX_RANK), AfterValidator(_bounded_extent)]
 MetadataDim = Annotated[int, Field(strict=True, ge=-1)]
 Name = Annotated[StrictStr, Field(min_length=1, max_length=256)]
 
@@ -45,7 +60,7 @@ class RequestInput(_Message):
     extension, ``parameters.binary_data_size`` bytes after the JSON header."""
 
     name: Name
-    shape: list[Dim]
+    shape: Shape
     datatype: Datatype
     parameters: Parameters | None = None
     data: Any | None = None
@@ -71,7 +86,7 @@ class ResponseOutput(_Message):
     """One output tensor of an inference response."""
 
     name: Name
-    shape: list[Dim]
+    shape: Shape
     datatype: Datatype
     parameters: Parameters | None = None
     data: Any | None = None
