@@ -6,9 +6,14 @@ queues and encodes, and counts what happened.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import multiprocessing
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
@@ -24,6 +29,7 @@ from spillway.errors import (
 from spillway.processing import Tensors
 from spillway.protocol import server_metadata
 
+T = TypeVar("T")
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "schedule_policy"]
 
 
@@ -39,6 +45,30 @@ class InferResult:
     cold_start_s: float | None = None
 
 
+class BodyBudget:
+    """Bytes of request bodies held at once; a request that does not fit is refused with
+    503 and ``Retry-After`` before its body is read. Used from the event loop only."""
+
+    def __init__(self, limit: int, retry_after_s: float) -> None:
+        self.limit = limit
+        self.in_use = 0
+        self._retry_after_s = retry_after_s
+
+    @contextlib.contextmanager
+    def hold(self, size: int) -> Iterator[None]:
+        """Reserve ``size`` bytes for the duration of a request."""
+        if self.in_use + size > self.limit:
+            raise UnavailableError(
+                "too many request bytes in flight; retry shortly",
+                retry_after_s=self._retry_after_s,
+            )
+        self.in_use += size
+        try:
+            yield
+        finally:
+            self.in_use -= size
+
+
 class DataPlane:
     """The Open Inference Protocol operations over a model registry."""
 
@@ -46,6 +76,25 @@ class DataPlane:
         self.registry = registry
         self.settings = settings
         self.draining = False
+        self.bodies = BodyBudget(settings.max_body_bytes_in_flight, settings.retry_after_s)
+        self._parse_pool = ThreadPoolExecutor(settings.parse_threads, thread_name_prefix="parse")
+        # Started on the first big JSON body; spawned, never forked (CUDA is not fork-safe).
+        self._json_pool = ProcessPoolExecutor(
+            settings.parse_processes, mp_context=multiprocessing.get_context("spawn")
+        )
+
+    def close(self) -> None:
+        """Stop the parse threads and processes (after the registry has drained)."""
+        self._parse_pool.shutdown(wait=False, cancel_futures=True)
+        self._json_pool.shutdown(wait=False, cancel_futures=True)
+
+    def check_infer(self, name: str) -> None:
+        """Refuse an infer request before its body is read: draining, or an unknown model."""
+        if self.draining:
+            raise UnavailableError(
+                "the service is shutting down", retry_after_s=self.settings.retry_after_s
+            )
+        self.registry.entry(name)
 
     def server_metadata(self) -> dict[str, Any]:
         extensions = EXTENSIONS + ["model_repository"] * self.control_enabled
@@ -114,20 +163,20 @@ class DataPlane:
     async def infer(
         self, name: str, version: str | None, body: bytes, header_length: int | None
     ) -> InferResult:
-        """Run one request through the core pipeline, executing on the version's batcher."""
-        if self.draining:
-            raise UnavailableError(
-                "the service is shutting down", retry_after_s=self.settings.retry_after_s
-            )
+        """Run one request through the core pipeline, executing on the version's batcher.
+
+        Big bodies are decoded, prepared (tokenised) and encoded on the parse threads."""
+        self.check_infer(name)
         arrived = time.perf_counter()
-        decoded = pipeline.decode(body, header_length, max_body_bytes=self.settings.max_body_bytes)
+        offload = self._offload if len(body) > self.settings.inline_parse_bytes else None
+        decoded = await self._decode(body, header_length)
         timeout_s = decoded.parameters.timeout_s
         async with self.registry.lease(name, version, timeout_s) as (served, cold):
             if timeout_s is not None and cold is not None:
                 # The deadline runs from arrival: a cold start spent part of it.
                 timeout_s = max(0.0, timeout_s - cold)
             try:
-                encoded = await self._infer(served, decoded, timeout_s, arrived)
+                encoded = await self._infer(served, decoded, timeout_s, arrived, offload)
             except SpillwayError:
                 served.stats.fail.add(time.perf_counter() - arrived)
                 raise
@@ -146,6 +195,7 @@ class DataPlane:
         decoded: pipeline.Decoded,
         timeout_s: float | None,
         arrived: float,
+        offload: pipeline.Offload | None,
     ) -> pipeline.Encoded:
         marks: list[float] = []
 
@@ -158,10 +208,30 @@ class DataPlane:
             marks.append(time.perf_counter())  # computed
             return result
 
-        encoded = await pipeline.run_async(served.model, decoded, submit)
+        if offload is None:
+            encoded = await pipeline.run_async(served.model, decoded, submit)
+        else:
+            encoded = await pipeline.run_async(served.model, decoded, submit, offload)
         done = time.perf_counter()
         stats = served.stats
         stats.compute_input.add(marks[0] - arrived)
         stats.compute_output.add(done - marks[1])
         stats.success.add(done - arrived)
         return encoded
+
+    async def _decode(self, body: bytes, header_length: int | None) -> pipeline.Decoded:
+        """Small bodies inline; big binary ones on a thread (numpy reads the tensor bytes
+        without the GIL-bound work); big JSON headers in a parse process."""
+        limit, inline = self.settings.max_body_bytes, self.settings.inline_parse_bytes
+        if len(body) <= inline:
+            return pipeline.decode(body, header_length, limit)
+        loop = asyncio.get_running_loop()
+        if (header_length if header_length is not None else len(body)) > inline:
+            pool: Executor = self._json_pool
+        else:
+            pool = self._parse_pool
+        return await loop.run_in_executor(pool, pipeline.decode, body, header_length, limit)
+
+    async def _offload(self, function: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._parse_pool, function, *args)

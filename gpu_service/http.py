@@ -75,6 +75,7 @@ class GpuServiceApp:
             elif message["type"] == "lifespan.shutdown":
                 self.plane.draining = True
                 await self.plane.registry.stop(self.plane.settings.drain_timeout_s)
+                self.plane.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -130,9 +131,13 @@ class GpuServiceApp:
         if model is None:  # /v2/models/stats
             return 200, _json(plane.model_stats(None, None)), [_JSON]
         if op == "infer":
+            # Everything that can refuse the request is checked before the body is read.
             length = parse_header_length(_header(scope, b"inference-header-content-length"))
-            body = await self._body(scope, receive)
-            result = await plane.infer(model, version, body, length)
+            plane.check_infer(model)
+            declared = self._declared_length(scope)
+            with plane.bodies.hold(declared or plane.settings.max_body_bytes):
+                body = await self._body(scope, receive, declared)
+                result = await plane.infer(model, version, body, length)
             headers: Headers = [
                 (b"x-spillway-model-version", str(result.version).encode()),
                 (b"x-spillway-queue-depth", str(result.queue_depth).encode()),
@@ -163,7 +168,8 @@ class GpuServiceApp:
     ) -> tuple[int, bytes, Headers]:
         allow(method, path, "POST")
         self._authorize(scope)
-        await self._body(scope, receive)  # a load request's body (parameters) is not used
+        # A load request's body (parameters) is not used.
+        await self._body(scope, receive, self._declared_length(scope))
         if path == "/v2/repository/index":
             return 200, _json(await self.plane.repository_index()), [_JSON]
         match = _REPOSITORY_PATH.match(path)
@@ -183,11 +189,18 @@ class GpuServiceApp:
         if not hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode()):
             raise UnauthorizedError("repository control needs the admin token")
 
-    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+    def _declared_length(self, scope: Scope) -> int | None:
+        """The declared ``Content-Length`` (``None`` when chunked); 413 past the cap."""
         limit = self.plane.settings.max_body_bytes
         declared = _header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        if declared is None or not declared.isdigit():
+            return None
+        if int(declared) > limit:
             raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
+        return int(declared)
+
+    async def _body(self, scope: Scope, receive: Receive, declared: int | None) -> bytes:
+        limit = self.plane.settings.max_body_bytes if declared is None else declared
         chunks: list[bytes] = []
         size = 0
         while True:

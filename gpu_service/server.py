@@ -13,6 +13,7 @@ from types import FrameType
 
 import uvicorn
 
+from gpu_service import logs
 from gpu_service.dataplane import DataPlane
 from gpu_service.http import GpuServiceApp
 from gpu_service.registry import ModelRegistry
@@ -49,9 +50,7 @@ class _DrainingServer(uvicorn.Server):
 
 def serve(settings: GpuSettings) -> None:
     """Run the service until SIGTERM or SIGINT."""
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(settings.log_level, "spillway-gpu")
     app = build_app(settings)
     config = uvicorn.Config(
         app,
@@ -65,5 +64,7 @@ def serve(settings: GpuSettings) -> None:
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
         timeout_keep_alive=75,
         backlog=2048,
+        limit_concurrency=settings.max_connections,
+        log_config=None,  # keep the JSON handler configured above
     )
     _DrainingServer(config, app).run()

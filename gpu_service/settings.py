@@ -33,6 +33,21 @@ class GpuSettings(BaseSettings):
     """Batches of one model version (per length bucket) that may compute at once."""
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     """Largest request body accepted; larger bodies get 413 before they are read."""
+    max_body_bytes_in_flight: int = Field(default=128 * 1024 * 1024, ge=1024)
+    """Bytes of request bodies held at once (being read or served); a request that would
+    pass it gets 503 with ``Retry-After`` before its body is read."""
+    max_connections: int = Field(default=1024, ge=1)
+    """Concurrent connections and requests; beyond it uvicorn answers 503."""
+    inline_parse_bytes: int = Field(default=64 * 1024, ge=0)
+    """Bodies up to this size are decoded, prepared and encoded on the event loop; bigger
+    ones (and their tokenising) on the parse threads, so health and small requests stay
+    fast while big ones are parsed."""
+    parse_threads: int = Field(default=2, ge=1, le=64)
+    """Threads that decode binary bodies, prepare (tokenise) and encode big requests off
+    the event loop."""
+    parse_processes: int = Field(default=2, ge=1, le=64)
+    """Processes that decode big JSON bodies (Python's JSON parser holds the GIL for the
+    whole document, so a thread would still stall the event loop)."""
     max_elements_per_input: int = Field(default=16 * 1024 * 1024, ge=1)
     """Largest element count of one input tensor."""
     max_bytes_per_element: int = Field(default=64 * 1024, ge=1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from spillway.codec import (
     binary_outputs_requested,
@@ -63,9 +64,18 @@ class Encoded:
 
 Execute = Callable[[Admitted], Tensors]
 Submit = Callable[[Admitted], Awaitable[Tensors]]
+T = TypeVar("T")
 
 
-def decode(body: bytes, header_length: int | None, *, max_body_bytes: int | None = None) -> Decoded:
+async def _inline(function: Callable[..., T], *args: Any) -> T:
+    return function(*args)
+
+
+Offload = Callable[..., Awaitable[Any]]
+"""Runs a blocking step (``offload(function, *args)``) off the event loop."""
+
+
+def decode(body: bytes, header_length: int | None, max_body_bytes: int | None = None) -> Decoded:
     """Parse the body (JSON or binary) and the ``timeout``/``priority`` parameters."""
     request, arrays = decode_request(body, header_length, max_body_bytes=max_body_bytes)
     return Decoded(request, arrays, InferParameters.of(request.parameters))
@@ -96,10 +106,15 @@ def run(model: OnnxModel, decoded: Decoded, execute: Execute) -> Encoded:
     return encode(model, admitted, execute(admitted))
 
 
-async def run_async(model: OnnxModel, decoded: Decoded, submit: Submit) -> Encoded:
-    """Validate, prepare, execute and encode, awaiting the injected ``submit``."""
-    admitted = admit(model, decoded)
-    return encode(model, admitted, await submit(admitted))
+async def run_async(
+    model: OnnxModel, decoded: Decoded, submit: Submit, offload: Offload = _inline
+) -> Encoded:
+    """Validate, prepare, execute and encode, awaiting the injected ``submit``; ``offload``
+    runs preparation (e.g. tokenising) and encoding off the event loop when they are big."""
+    admitted: Admitted = await offload(admit, model, decoded)
+    result = await submit(admitted)
+    encoded: Encoded = await offload(encode, model, admitted, result)
+    return encoded
 
 
 def direct(
