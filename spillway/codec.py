@@ -128,7 +128,9 @@ def _encode_tensors(
 
 def _assemble(header: dict[str, Any], chunks: list[Buffer]) -> tuple[bytes, int | None]:
     # pydantic-core writes floats about 8x faster than json.dumps, with the same digits.
-    head = pydantic_core.to_json(header, inf_nan_mode="constants")
+    # JSON has no NaN or Infinity: they are written as the strings "NaN", "Infinity" and
+    # "-Infinity" (protobuf's JSON mapping), so every body stays valid JSON.
+    head = pydantic_core.to_json(header, inf_nan_mode="strings")
     if not chunks:
         return head, None
     return b"".join([head, *chunks]), len(head)

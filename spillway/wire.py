@@ -64,7 +64,10 @@ def split_body(body: bytes, header_length: int | None) -> tuple[bytes, memoryvie
 
 
 def load_json_object(raw: bytes | str) -> dict[str, Any]:
-    """A JSON object; anything else (bad JSON, a list, deep nesting) is the client's error."""
+    """A JSON object; anything else (bad JSON, a list, deep nesting) is the client's error.
+
+    The bare ``NaN`` and ``Infinity`` that Python's and tritonclient's encoders write are
+    read (be tolerant in what you accept); Spillway itself writes them as strings."""
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -120,9 +123,11 @@ class InferParameters:
 
     @classmethod
     def of(cls, parameters: Mapping[str, Any] | None) -> InferParameters:
-        """Validated ``timeout`` (microseconds, at most an hour) and ``priority``."""
+        """Validated ``timeout`` (microseconds, at most an hour; 0 means none, as in
+        Triton) and ``priority`` (0: the model's default level)."""
+        timeout = int_parameter(parameters, "timeout", MAX_TIMEOUT_US)
         return cls(
-            timeout_us=int_parameter(parameters, "timeout", MAX_TIMEOUT_US),
+            timeout_us=timeout or None,
             priority=int_parameter(parameters, "priority", MAX_PRIORITY),
         )
 

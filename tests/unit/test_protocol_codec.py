@@ -356,7 +356,10 @@ MALFORMED: dict[str, tuple[tuple[bytes, int | None], str]] = {
     "binary-without-header": (_json(_fp32(parameters={"binary_data_size": 8})), "past the end"),
     "bytes-truncated": (_binary(STRING, 7, struct.pack("<I", 10) + b"abc"), "truncated"),
     "bytes-leftover": (_binary(STRING, 8, struct.pack("<I", 1) + b"abcd"), "3 bytes after"),
-    "bytes-huge-shape": (_binary({**STRING, "shape": [10**12]}, 4, b"\0" * 4), "less than or equal to 2147483647"),
+    "bytes-huge-shape": (
+        _binary({**STRING, "shape": [10**12]}, 4, b"\0" * 4),
+        "less than or equal to 2147483647",
+    ),
     "bytes-large-shape": (_binary({**STRING, "shape": [10**6]}, 4, b"\0" * 4), "cannot hold"),
     "rank-65": (_json(_fp32(shape=[1] * 65, data=[1])), "at most 16 items"),
     "zero-beside-huge": (_json(_fp32(shape=[0, 2**62], data=[])), "inputs.0.shape.1"),
@@ -504,3 +507,30 @@ def test_request_parameters_are_open_for_extension() -> None:
     # GIVEN request parameters the spec does not name WHEN validated THEN they are kept
     request = _request(parameters={"priority": 1, "custom": {"k": [1, 2]}})
     assert request.parameters == {"priority": 1, "custom": {"k": [1, 2]}}
+
+
+def test_non_finite_outputs_stay_valid_json_and_read_back() -> None:
+    # GIVEN outputs holding NaN and infinities
+    values = np.array([[np.nan, np.inf, -np.inf, 1.5]], dtype=np.float32)
+    # WHEN encoded as JSON
+    body, length = encode_response("m", "1", None, {"y": values})
+
+    # THEN the body is strict JSON (no bare NaN) and reads back to the same values
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"bare {constant} in the body")
+
+    header = json.loads(body, parse_constant=refuse)
+    assert header["outputs"][0]["data"] == ["NaN", "Infinity", "-Infinity", 1.5]
+    _, outputs = decode_response(body, length)
+    np.testing.assert_array_equal(outputs["y"], values)
+
+
+def test_a_timeout_of_zero_means_none() -> None:
+    # GIVEN requests with timeout 0 (Triton: no timeout) and with a real timeout
+    from spillway.wire import InferParameters
+
+    # WHEN their parameters are read THEN 0 is "no timeout", not "expire at once"
+    assert InferParameters.of({"timeout": 0}).timeout_s is None
+    assert InferParameters.of({"timeout": 2_500}).timeout_s == 0.0025
+    with pytest.raises(InvalidInputError):
+        InferParameters.of({"timeout": 10**400})
