@@ -42,6 +42,7 @@ Headers = list[tuple[bytes, bytes]]
 
 _REPOSITORY_PATH = re.compile(r"^/v2/repository/models/(?P<model>[^/]+)/(?P<op>load|unload)$")
 _JSON = (b"content-type", b"application/json")
+_LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 _OPENAPI = openapi.document_bytes()
 
 
@@ -182,9 +183,14 @@ class GpuServiceApp:
         return 200, b"", [_JSON]
 
     def _authorize(self, scope: Scope) -> None:
-        token = self.plane.settings.admin_token
+        settings = self.plane.settings
+        token = settings.admin_token
         if token is None:
-            return
+            if settings.host in _LOOPBACK:
+                return
+            raise UnauthorizedError(
+                "repository control needs GPU_ADMIN_TOKEN when the service listens beyond loopback"
+            )
         given = _header(scope, b"authorization") or ""
         if not hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode()):
             raise UnauthorizedError("repository control needs the admin token")

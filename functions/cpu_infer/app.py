@@ -105,8 +105,14 @@ class CpuApp:
         # The invoke API carries base64 of the body, so allow for its growth by 4/3.
         limit = self.service.settings.max_payload_bytes * 4 // 3 + 4096
         declared = environ.get("CONTENT_LENGTH") or ""
-        if not declared.isdigit():
-            return b""
-        if int(declared) > limit:
-            raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
-        return bytes(environ["wsgi.input"].read(int(declared)))
+        stream = environ["wsgi.input"]
+        if declared.isdigit():
+            if int(declared) > limit:
+                raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
+            return bytes(stream.read(int(declared)))
+        if environ.get("wsgi.input_terminated"):  # chunked: read to the end, within the cap
+            body = bytes(stream.read(limit + 1))
+            if len(body) > limit:
+                raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
+            return body
+        return b""

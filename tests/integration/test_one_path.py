@@ -9,6 +9,7 @@ the same bad header or body gets the same status and stable code from each of th
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -223,3 +224,20 @@ def test_the_cpu_fallback_serves_the_versions_the_policy_names(
     assert answer["headers"]["x-spillway-model-version"] == "1"
     refused = handle_direct(cpu, {"model": "digits", "version": "2", "body": {"inputs": [IMAGE]}})
     assert refused["statusCode"] == 404
+
+
+def test_a_chunked_body_reaches_the_cpu_fallback(cpu: CpuService) -> None:
+    # GIVEN a JSON infer request sent with chunked transfer encoding (no Content-Length)
+    body = _json({"inputs": [IMAGE]})
+    chunks = iter([body[:50], body[50:]])
+    with running(CpuApp(cpu)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        # WHEN posted
+        conn.request("POST", "/v2/models/digits/infer", chunks, encode_chunked=True)
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+        conn.close()
+    # THEN it is read whole and served (not read as an empty body)
+    assert response.status == 200, answer
+    assert answer["outputs"][0]["name"] == "label"
