@@ -8,6 +8,7 @@ same code talks to a local moto server and to AWS.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import shutil
@@ -144,10 +145,16 @@ class LocalRepository:
         self.read_config(model)
         existing = [int(p.name) for p in model_dir.iterdir() if _is_version(p.name)]
         version = max(existing, default=0) + 1
-        version_dir = _ensure(model_dir / str(version))
-        for name, source in files.items():
-            shutil.copyfile(source, version_dir / _safe_file_name(name))
-        _atomic_write(version_dir / CHECKSUM_FILE, checksums_text(files).encode())
+        # All or nothing: the version is assembled in a hidden folder and renamed into
+        # place whole; a failure leaves no folder behind to use up the number.
+        staging = Path(tempfile.mkdtemp(prefix=".publish-", dir=model_dir))
+        try:
+            for name, source in files.items():
+                shutil.copyfile(source, staging / _safe_file_name(name))
+            (staging / CHECKSUM_FILE).write_text(checksums_text(files))
+            staging.rename(model_dir / str(version))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         return version
 
 
@@ -203,13 +210,23 @@ class S3Repository:
             key = self._key(model, CONFIG_FILE)
             self.client.put_object(Bucket=self.bucket, Key=key, Body=config_bytes(config, model))
         self.read_config(model)
-        existing = [int(n) for n in self._children(self._key(model) + "/") if _is_version(n)]
-        version = max(existing, default=0) + 1
+        # Numbered after the committed versions (SHA256SUMS, written last, commits one), so
+        # a failed publish never uses up a number; what it uploaded is removed.
+        version = max(self.list_versions(model), default=0) + 1
         base = self._key(model, str(version))
-        for name, source in files.items():
-            self.client.upload_file(str(source), self.bucket, f"{base}/{_safe_file_name(name)}")
         body = checksums_text(files).encode()
-        self.client.put_object(Bucket=self.bucket, Key=f"{base}/{CHECKSUM_FILE}", Body=body)
+        uploaded: list[str] = []
+        try:
+            for name, source in files.items():
+                key = f"{base}/{_safe_file_name(name)}"
+                uploaded.append(key)
+                self.client.upload_file(str(source), self.bucket, key)
+            self.client.put_object(Bucket=self.bucket, Key=f"{base}/{CHECKSUM_FILE}", Body=body)
+        except BaseException:
+            for key in uploaded:
+                with contextlib.suppress(Exception):
+                    self.client.delete_object(Bucket=self.bucket, Key=key)
+            raise
         return version
 
     def read_config(self, model: str) -> ModelConfig:
