@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from spillway.errors import SpillwayError
 
+EXIT_NO_RETRY = 3
+"""Exit code of ``spillway jobs run`` for errors a retry cannot fix (a missing model, a
+batch size past the limit); the Batch retry strategy stops on it."""
+
 
 class JobNotFoundError(SpillwayError):
     """No job with this id."""
@@ -17,13 +21,6 @@ class JobConflictError(SpillwayError):
 
     status = 409
     code = "job_conflict"
-
-
-class ShardFailedError(SpillwayError):
-    """A shard could not be completed; the child exits non-zero so Batch retries it."""
-
-    status = 500
-    code = "shard_failed"
 
 
 class NotConfiguredError(SpillwayError):

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from batch_job.records import RecordError
-from batch_job.shard import BatchModel, OnBatch, ShardCounts, Tally
+from batch_job.shard import JobModel, OnBatch, ShardCounts, Tally
 from spillway.datatypes import numpy_dtype
 from spillway.errors import InvalidInputError, SpillwayError
 from spillway.processing import Tensors
@@ -39,7 +39,7 @@ class _Outputs:
     """The runs' output arrays, kept as they came and written one after the other under
     a single ``.npy`` header: no concatenation copy. Failed rows are simply not there."""
 
-    def __init__(self, model: BatchModel) -> None:
+    def __init__(self, model: JobModel) -> None:
         self.specs = model.config.output
         self.rows: list[npt.NDArray[np.int64]] = []
         self.parts: dict[str, list[npt.NDArray[Any]]] = {o.name: [] for o in self.specs}
@@ -79,7 +79,7 @@ def _save_parts(path: Path, parts: list[npt.NDArray[Any]]) -> None:
 
 
 def process_npy(
-    model: BatchModel,
+    model: JobModel,
     source: Path,
     stem: Path,
     errors: TextIO,
@@ -131,7 +131,7 @@ def process_npy(
     return tally.counts
 
 
-def _open_npy(model: BatchModel, source: Path) -> tuple[str, npt.NDArray[Any]]:
+def _open_npy(model: JobModel, source: Path) -> tuple[str, npt.NDArray[Any]]:
     inputs = model.config.input
     if len(inputs) != 1 or inputs[0].datatype == "BYTES" or not model.batching:
         raise InvalidInputError(".npy input needs a batching model with one numeric input")

@@ -1,10 +1,11 @@
 """Shard planning: one shard per input file, frozen in ``_plan.json`` at the output prefix.
 
-The unit of work is an input object (``.jsonl``/``.ndjson`` records or a ``.npy`` array):
-it is what a producer writes atomically, S3 lists it with its size and ETag, and a shard
-can then be re-run from scratch without reading any other file. Large inputs should be
-written as several files. The first submission (or run) freezes the plan, so every array
-child, retry and later re-run sees the same shards even if the input prefix changes.
+The unit of work is an input object (``.jsonl``/``.ndjson`` records, a ``.npy`` array, or
+a ``.v2req`` infer request the router staged for batch mode): it is what a producer writes
+atomically, S3 lists it with its size and ETag, and a shard can then be re-run from
+scratch without reading any other file. Large inputs should be written as several files.
+The first submission (or run) freezes the plan, so every array child, retry and later
+re-run sees the same shards even if the input prefix changes.
 """
 
 from __future__ import annotations
@@ -18,11 +19,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from batch_job.errors import JobConflictError
 from batch_job.storage import ObjectStore, open_location
 from spillway.errors import InvalidInputError, ModelNotFoundError
+from spillway.messages import STAGED_SUFFIX
 from spillway.names import validate_model_name
 from spillway.repository import ModelRepository
 
-InputFormat = Literal["jsonl", "npy"]
-SUFFIXES: dict[str, InputFormat] = {".jsonl": "jsonl", ".ndjson": "jsonl", ".npy": "npy"}
+InputFormat = Literal["jsonl", "npy", "staged"]
+SUFFIXES: dict[str, InputFormat] = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".npy": "npy",
+    STAGED_SUFFIX: "staged",
+}
 PLAN_NAME = "_plan.json"
 
 
@@ -113,7 +120,8 @@ def plan_shards(store: ObjectStore, prefix: str, input_url: str, model: str, ver
             )
         )
     if not shards:
-        raise InvalidInputError(f"no .jsonl, .ndjson or .npy input under {input_url[:200]}")
+        known = ", ".join(SUFFIXES)
+        raise InvalidInputError(f"no input ({known}) under {input_url[:200]}")
     created = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     return Plan(
         input=input_url,

@@ -1,29 +1,36 @@
-"""Job records: JSON Lines input to tensors, outputs and errors back to JSON Lines.
+"""Job records: JSON Lines or a staged infer request in, outputs and errors out as JSON Lines.
 
 An input line is ``{"id": "…", "data": {"<input>": <one row>}}``: one row of each input
-without the batch dimension, as nested lists, or a string for a BYTES input. Values are
-checked against the served datatype here (no bools as numbers, no silent overflow); names
-and shapes are checked by the engine's ``prepare``. JSON is parsed with ``json.loads``
-only; nothing is ever evaluated or unpickled.
+without the batch dimension, as nested lists, or a string for a BYTES input. Values go
+through the core's JSON tensor rules (``spillway.tensors``: strict per-datatype types, no
+silent overflow); names and shapes are checked by the engine's ``prepare``. A staged
+request (``spillway.messages.stage_request``) is a V2 infer body whose rows become records
+``"0"``, ``"1"``…. JSON is parsed with ``json.loads`` only; nothing is ever evaluated or
+unpickled.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from spillway.datatypes import numpy_dtype
+from spillway.codec import decode_request
 from spillway.errors import InvalidInputError, SpillwayError
+from spillway.messages import read_staged_request
 from spillway.modelconfig import TensorConfig
 from spillway.processing import Tensors
+from spillway.tensors import from_json_nested
 
 MAX_ID_LENGTH = 256
-_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+
+Parsed = tuple[str | None, int | None, "Tensors | SpillwayError"]
+"""A record as read: its id (if readable), its place (line or row; ``None``: the whole
+file) and its tensors, or why it has none."""
 
 
 @dataclass(frozen=True)
@@ -80,45 +87,61 @@ def to_tensors(data: Mapping[str, Any], specs: Mapping[str, TensorConfig], batch
         spec = specs.get(name)
         if spec is None:
             raise InvalidInputError(f"unknown input {str(name)[:100]!r}")
-        array = _bytes(value, spec) if spec.datatype == "BYTES" else _numeric(value, spec)
+        if spec.datatype == "BYTES" and isinstance(value, str):
+            # A bare string fills a [1]-shaped (or [-1]) text input.
+            value = np.full((1,) * len(spec.dims), value, dtype=object).tolist()
+        try:
+            array = from_json_nested(value, spec.datatype)
+        except InvalidInputError as exc:
+            raise InvalidInputError(f"input {name!r}: {exc.message}") from None
         tensors[name] = array[np.newaxis] if batch else array
     return tensors
 
 
-def _numeric(value: Any, spec: TensorConfig) -> npt.NDArray[Any]:
-    target = numpy_dtype(spec.datatype)
-    try:
-        array = np.asarray(value)
-    except ValueError:
-        raise InvalidInputError(f"input {spec.name!r} is not a rectangular array") from None
-    if array.dtype.kind not in _KINDS[target.kind]:
-        raise InvalidInputError(f"input {spec.name!r} must hold {spec.datatype} values")
-    if target.kind in "iu" and array.size:
-        info = np.iinfo(target.type)  # type: ignore[type-var]
-        if array.min() < info.min or array.max() > info.max:
-            raise InvalidInputError(f"input {spec.name!r} holds a value out of range")
-    try:
-        with np.errstate(over="raise", invalid="raise"):
-            return array.astype(target, copy=False)
-    except FloatingPointError:
-        raise InvalidInputError(f"input {spec.name!r} holds a value out of range") from None
+def jsonl_records(
+    lines: Iterable[bytes], specs: Mapping[str, TensorConfig], batch: bool
+) -> Iterator[Parsed]:
+    """Every record of a JSON Lines file, by line number; blank lines are no records."""
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        record_id: str | None = None
+        parsed: Tensors | SpillwayError
+        try:
+            record_id, data = split_record(raw)
+            parsed = to_tensors(data, specs, batch)
+        except RecordInputError as exc:
+            record_id, parsed = exc.record_id, exc
+        except SpillwayError as exc:
+            parsed = exc
+        yield record_id, number, parsed
 
 
-def _bytes(value: Any, spec: TensorConfig) -> npt.NDArray[Any]:
-    if isinstance(value, str):  # a bare string fills a [1]-shaped (or [-1]) text input
-        value = np.full((1,) * len(spec.dims), value, dtype=object).tolist()
+def staged_records(data: bytes, batch: bool) -> Iterator[Parsed]:
+    """One record per row (first dimension) of a staged infer request, with ids ``"0"``,
+    ``"1"``…; without batching the request is one record. A request that cannot be
+    decoded is one failed record."""
     try:
-        array = np.asarray(value)
-    except ValueError:
-        raise InvalidInputError(f"input {spec.name!r} is not a rectangular array") from None
-    if array.dtype.kind != "U":
-        raise InvalidInputError(f"input {spec.name!r} must hold strings")
-    out = np.empty(array.size, dtype=np.object_)
-    try:
-        out[:] = [s.encode() for s in array.reshape(-1).tolist()]
-    except UnicodeEncodeError:
-        raise InvalidInputError(f"input {spec.name!r} is not valid Unicode") from None
-    return out.reshape(array.shape)
+        body, header_length = read_staged_request(data)
+        arrays = decode_request(body, header_length)[1]
+        rows = _rows(arrays) if batch else 1
+    except SpillwayError as exc:
+        yield None, None, exc
+        return
+    if not batch:
+        yield "0", 0, arrays
+        return
+    for row in range(rows):
+        yield str(row), row, {name: array[row : row + 1] for name, array in arrays.items()}
+
+
+def _rows(arrays: Tensors) -> int:
+    counts = {array.shape[0] if array.ndim else -1 for array in arrays.values()}
+    if -1 in counts:
+        raise InvalidInputError("every input needs a batch dimension")
+    if len(counts) != 1:
+        raise InvalidInputError("all inputs must have the same batch size")
+    return counts.pop()
 
 
 def output_lines(ids: list[str], results: list[Tensors], batch: bool) -> list[str]:

@@ -19,17 +19,18 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batch_job.jsonlshard import process_jsonl
 from batch_job.manifest import ShardManifest
 from batch_job.npyshard import process_npy
 from batch_job.plan import Locations, Plan, RunSpec, ShardSpec, ensure_plan
 from batch_job.progress import Progress
+from batch_job.recordshard import process_jsonl, process_staged
 from batch_job.settings import JobsSettings
-from batch_job.shard import BatchModel, ShardCounts, count_records
+from batch_job.shard import JobModel, ShardCounts, count_records
 from spillway.errors import BatchTooLargeError
 from spillway.repository import ModelRepository, open_repository
 
@@ -47,16 +48,23 @@ class RunResult:
     seconds: float = 0.0
 
 
-def load_model(repository: ModelRepository, settings: JobsSettings, plan: Plan) -> BatchModel:
-    """The plan's exact model version, verified, as an ONNX Runtime session."""
-    from spillway.engine import EngineOptions, OnnxModel  # onnxruntime only in the container
+BatchHook = Callable[["JobRunner", int, int], None]
+"""Called with the runner after each batch with the records and errors finished since the
+last call (local runs and tests inject faults here)."""
 
-    path = repository.fetch_version(plan.model, plan.model_version, settings.cache_dir)
+
+def load_model(repository: ModelRepository, settings: JobsSettings, plan: Plan) -> JobModel:
+    """The plan's pinned model version (not whatever ``version_policy`` serves today),
+    fetched with checksum verification, opened and warmed by the core's loader."""
+    # onnxruntime only in the container: the submission side never imports these.
+    from spillway.engine import EngineOptions
+    from spillway.loader import load_version
+
     options = EngineOptions(
         providers=settings.providers, intra_op_threads=settings.intra_op_threads
     )
     config = repository.read_config(plan.model)
-    return OnnxModel(plan.model, plan.model_version, config, path, options)
+    return load_version(repository, config, plan.model_version, settings.cache_dir, options)
 
 
 class JobRunner:
@@ -67,8 +75,9 @@ class JobRunner:
         spec: RunSpec,
         settings: JobsSettings,
         plan: Plan,
-        model: BatchModel,
+        model: JobModel,
         where: Locations,
+        on_batch: BatchHook | None = None,
     ) -> None:
         self.spec = spec
         self.settings = settings
@@ -79,9 +88,14 @@ class JobRunner:
         self.layout = where.layout
         self.batch_size = _batch_size(model, spec.batch_size or settings.batch_size)
         self.run_id = uuid.uuid4().hex
-        self._records_seen = 0
-        self._paused = False
+        self._on_batch = on_batch
         self._pending: tuple[ShardSpec, ShardManifest, Future[None]] | None = None
+
+    def wait_for_commit(self) -> None:
+        """Block until the commit in flight, if any, is done (its outcome is recorded
+        later, in order)."""
+        if self._pending is not None:
+            wait([self._pending[2]])
 
     def committed(self, shard: ShardSpec) -> bool:
         """Whether the shard's completion marker exists."""
@@ -171,16 +185,16 @@ class JobRunner:
 
         def on_batch(records: int, errors: int) -> None:
             progress.advance(records, errors)
-            self._fault_injection(records)
+            if self._on_batch is not None:
+                self._on_batch(self, records, errors)
 
         with err_path.open("w", encoding="utf-8") as errors:
             if shard.format == "npy":
                 counts = process_npy(self.model, source, stem, errors, self.batch_size, on_batch)
             else:
+                process = process_staged if shard.format == "staged" else process_jsonl
                 with out_path.open("w", encoding="utf-8") as outputs:
-                    counts = process_jsonl(
-                        self.model, source, outputs, errors, self.batch_size, on_batch
-                    )
+                    counts = process(self.model, source, outputs, errors, self.batch_size, on_batch)
         if counts.records != counts.outputs + counts.errors:
             raise RuntimeError(f"{shard.name}: {counts} does not add up; not committing")
         files = [self.layout.key(p.name) for p in sorted(stem.parent.glob(f"{shard.name}.*"))]
@@ -239,21 +253,8 @@ class JobRunner:
             manifest.seconds,
         )
 
-    def _fault_injection(self, records: int) -> None:
-        """Test-only: pause once after ``fault_pause_after_records`` so a test can kill us."""
-        limit = self.settings.fault_pause_after_records
-        self._records_seen += records
-        if limit is not None and not self._paused and self._records_seen >= limit:
-            self._paused = True
-            if self._pending is not None:  # the shards before this one are committed
-                wait([self._pending[2]])
-            log.warning("fault injection: pausing after %d records", self._records_seen)
-            for handler in logging.getLogger().handlers:
-                handler.flush()
-            time.sleep(self.settings.fault_pause_s)
 
-
-def _batch_size(model: BatchModel, requested: int | None) -> int:
+def _batch_size(model: JobModel, requested: int | None) -> int:
     limit = model.config.max_batch_size
     if not model.batching:
         return 1
@@ -278,7 +279,12 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
-def run_job(spec: RunSpec, settings: JobsSettings, repository: str | None = None) -> RunResult:
+def run_job(
+    spec: RunSpec,
+    settings: JobsSettings,
+    repository: str | None = None,
+    on_batch: BatchHook | None = None,
+) -> RunResult:
     """Plan (or read the plan), load the model, and run this child's shards."""
     repo = open_repository(repository or settings.repository)
     where = Locations.of(spec)
@@ -297,4 +303,4 @@ def run_job(spec: RunSpec, settings: JobsSettings, repository: str | None = None
         log.info("every shard of this child is committed already")
         return RunResult(skipped=[s.name for s in shards])
     model = load_model(repo, settings, plan)
-    return JobRunner(spec, settings, plan, model, where).run(shards)
+    return JobRunner(spec, settings, plan, model, where, on_batch).run(shards)

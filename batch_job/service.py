@@ -17,85 +17,20 @@ from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from batch_job.errors import JobConflictError, JobNotFoundError, NotConfiguredError
+from batch_job.errors import EXIT_NO_RETRY, JobConflictError, JobNotFoundError, NotConfiguredError
 from batch_job.jobstore import SUBMITTED, SUBMITTING, JobStore
 from batch_job.manifest import read_markers, totals
 from batch_job.plan import Locations, OutputLayout, Plan, RunSpec, ensure_plan
 from batch_job.settings import JobsSettings
 from batch_job.storage import open_location
 from spillway.errors import InvalidInputError
-from spillway.names import MODEL_NAME_PATTERN, validate_model_name
+from spillway.messages import JobRequest, JobStatus, JobView, SubmitReceipt
+from spillway.names import validate_model_name
 from spillway.repository import aws_client, open_repository
 
 # Job ids of keyed submissions are uuid5(key) in this namespace: one key, one job id.
 _NAMESPACE = uuid.UUID("6f1d7c1e-3b0a-5c4e-9a57-5b1f0e2d8c41")
 _KEY = re.compile(r"^[\x21-\x7e]{1,128}$")
-_BATCH_EXIT_NO_RETRY = "3"  # ``spillway jobs run`` exit code for configuration errors
-
-
-class JobRequest(BaseModel):
-    """``POST /v1/jobs``: what to run over which data."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: str = Field(pattern=MODEL_NAME_PATTERN.pattern)
-    version: int | None = Field(default=None, ge=1, le=999_999_999)
-    input: str = Field(max_length=1024)
-    output: str = Field(max_length=1024)
-    shards: int | None = Field(default=None, ge=1, le=10_000)
-    batch_size: int | None = Field(default=None, ge=1, le=65_536)
-
-    @field_validator("input", "output")
-    @classmethod
-    def _s3(cls, value: str) -> str:
-        if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\\]*)?", value):
-            raise ValueError("must be an s3://bucket/prefix location")
-        return value
-
-    @classmethod
-    def parse(cls, raw: str | bytes) -> JobRequest:
-        """A request from a JSON body; a clear 400 naming the field, never internals."""
-        try:
-            return cls.model_validate_json(raw)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "body"
-            raise InvalidInputError(f"{where}: {first['msg']}") from None
-
-
-class JobView(BaseModel):
-    """A job as the API shows it."""
-
-    job_id: str
-    state: str
-    model: str
-    model_version: int | None = None
-    input: str
-    output: str
-    shards_total: int | None = None
-    array_size: int | None = None
-    batch_job_id: str | None = None
-    created_at: str
-
-
-class JobStatus(JobView):
-    """A job's record, Batch's state and what its shard markers add up to."""
-
-    batch_status: str | None = None
-    array_status: dict[str, int] = Field(default_factory=dict)
-    shards_done: int = 0
-    records: int = 0
-    outputs: int = 0
-    errors: int = 0
-
-
-class SubmitResult(BaseModel):
-    """The job, and whether an earlier submission with the same key already made it."""
-
-    job: JobView
-    replayed: bool
 
 
 class JobService:
@@ -117,7 +52,7 @@ class JobService:
     def store(self) -> JobStore:
         return JobStore(self.settings.table, self._client("dynamodb"))
 
-    def submit(self, request: JobRequest, key: str | None = None) -> SubmitResult:
+    def submit(self, request: JobRequest, key: str | None = None) -> SubmitReceipt:
         """Start the job once per idempotency key; later calls with it return that job."""
         validate_model_name(request.model)
         if key is not None and not _KEY.fullmatch(key):
@@ -139,7 +74,7 @@ class JobService:
         if not self.store.create(record):
             existing = self._claim_existing(job_id, digest, now)
             if existing is not None:
-                return SubmitResult(job=_view(existing), replayed=True)
+                return SubmitReceipt(job=_view(existing), replayed=True)
         try:
             plan = self._plan(request)
             array_size = min(request.shards or len(plan.shards), len(plan.shards))
@@ -155,7 +90,7 @@ class JobService:
             "shards_total": len(plan.shards),
             "array_size": array_size,
         }
-        return SubmitResult(job=_view(self.store.mark_submitted(job_id, fields)), replayed=False)
+        return SubmitReceipt(job=_view(self.store.mark_submitted(job_id, fields)), replayed=False)
 
     def _claim_existing(self, job_id: str, digest: str, now: float) -> dict[str, Any] | None:
         """The existing record to replay, or ``None`` when we took over a stalled one."""
@@ -193,7 +128,7 @@ class JobService:
             "containerOverrides": {"command": command, "environment": environment},
             "retryStrategy": {
                 "attempts": s.retry_attempts,
-                "evaluateOnExit": [{"onExitCode": _BATCH_EXIT_NO_RETRY, "action": "EXIT"}],
+                "evaluateOnExit": [{"onExitCode": str(EXIT_NO_RETRY), "action": "EXIT"}],
             },
             "timeout": {"attemptDurationSeconds": s.attempt_timeout_s},
             "tags": {"spillway:job-id": job_id},
@@ -229,7 +164,7 @@ class JobService:
             **view, batch_status=batch_status, array_status=summary, **done.model_dump()
         )
 
-    def scheduled(self, event: Mapping[str, Any]) -> SubmitResult:
+    def scheduled(self, event: Mapping[str, Any]) -> SubmitReceipt:
         """The nightly re-scoring for an EventBridge scheduled event: one job per rule and
         day, however often the event is delivered."""
         s = self.settings

@@ -72,11 +72,3 @@ class JobsSettings(BaseSettings):
     """Output root; each run writes under ``<root>/<YYYY-MM-DD>/``."""
     schedule_shards: int | None = Field(default=None, ge=1)
     """Array children of a scheduled run (default: one per shard, up to the cap)."""
-
-    # --- fault injection (tests only) ---------------------------------------------------
-    fault_pause_after_records: int | None = Field(default=None, ge=1)
-    """Test-only fault injection: after this many records the runner logs
-    ``fault injection: pausing`` and sleeps ``fault_pause_s`` so a test can kill it
-    mid-shard. Never set in production."""
-    fault_pause_s: float = Field(default=600.0, gt=0)
-    """How long the fault-injection pause lasts."""

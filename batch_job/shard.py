@@ -26,8 +26,9 @@ OnBatch = Callable[[int, int], None]
 """Called after each batch with the records and errors finished since the last call."""
 
 
-class BatchModel(Protocol):
-    """What a shard needs of a model: ``OnnxModel`` is one."""
+class JobModel(Protocol):
+    """What an offline job's shard needs of a model: ``OnnxModel`` is one. (The job runs
+    on AWS Batch; the model's ``batching`` is the engine's batch dimension.)"""
 
     name: str
     version: int
@@ -56,7 +57,7 @@ class ShardCounts:
 
 
 def run_isolated(
-    model: BatchModel, batch: list[Prepared]
+    model: JobModel, batch: list[Prepared]
 ) -> tuple[list[Tensors | SpillwayError], bool]:
     """Outputs (or the error) of each request, and whether the whole batch failed and was
     retried one request at a time."""
@@ -77,6 +78,8 @@ def run_isolated(
 
 def count_records(path: Path, fmt: str) -> int | None:
     """Records in an input file for the progress total (lines, or rows), if cheap to know."""
+    if fmt == "staged":  # its rows are known only once the request is decoded
+        return None
     if fmt == "npy":
         try:
             return int(np.load(path, mmap_mode="r", allow_pickle=False).shape[0])

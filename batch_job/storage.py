@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from spillway.errors import InvalidInputError
 from spillway.repository import aws_client
+from spillway.wire import is_s3_url, parse_s3_url
 
 
 @dataclass(frozen=True)
@@ -184,22 +185,13 @@ def _link_or_copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def split_location(location: str) -> tuple[str, str]:
-    """``(bucket, prefix)`` of ``s3://bucket/prefix``; the prefix ends with ``/`` or is empty."""
-    if not location.startswith("s3://"):
-        raise InvalidInputError(f"{location[:200]!r} is not an s3:// location")
-    bucket, _, prefix = location.removeprefix("s3://").partition("/")
-    if not bucket or "\\" in prefix or any(part == ".." for part in prefix.split("/")):
-        raise InvalidInputError(f"{location[:200]!r} is not a valid s3:// location")
-    prefix = prefix.strip("/")
-    return bucket, f"{prefix}/" if prefix else ""
-
-
 def open_location(location: str, *, client: Any | None = None) -> tuple[ObjectStore, str]:
-    """The store and key prefix for ``s3://bucket/prefix/`` or a local folder."""
-    if location.startswith("s3://"):
-        bucket, prefix = split_location(location)
-        return S3Store(bucket, client or aws_client("s3")), prefix
+    """The store and key prefix for ``s3://bucket/prefix/`` or a local folder; an S3
+    prefix is a folder: it ends with ``/`` (or is empty)."""
+    if is_s3_url(location):
+        where = parse_s3_url(location)
+        prefix = where.prefix.strip("/")
+        return S3Store(where.bucket, client or aws_client("s3")), f"{prefix}/" if prefix else ""
     if "://" in location:
         raise InvalidInputError(f"unsupported location {location[:200]!r}")
     return LocalStore(Path(location)), ""

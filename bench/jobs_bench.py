@@ -33,7 +33,7 @@ import numpy as np
 from batch_job.plan import Locations, Plan, RunSpec, ensure_plan
 from batch_job.runner import JobRunner, load_model
 from batch_job.settings import JobsSettings
-from batch_job.shard import BatchModel
+from batch_job.shard import JobModel
 from spillway.repository import aws_client, open_repository
 from spillway_cli import procs
 
@@ -145,7 +145,7 @@ def time_raw(model: Any, feeds: list[dict[str, np.ndarray]], records: int) -> Ra
 
 
 def time_job(
-    spec: RunSpec, settings: JobsSettings, plan: Plan, model: BatchModel, where: Locations
+    spec: RunSpec, settings: JobsSettings, plan: Plan, model: JobModel, where: Locations
 ) -> Rate:
     """Records/s of the job runner over every shard (a fresh output prefix each time)."""
     runner = JobRunner(spec, settings, plan, model, where)

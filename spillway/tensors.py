@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from spillway.datatypes import WIRE_DTYPES, datatype_of, numpy_dtype
 from spillway.errors import InvalidInputError
+from spillway.protocol import MAX_RANK
 
 Buffer = bytes | bytearray | memoryview
 Tensor = npt.NDArray[Any]
@@ -131,6 +132,8 @@ def from_json(data: Any, datatype: str, shape: Sequence[int]) -> Tensor:
     count = math.prod(shape)
     if len(flat) != count:
         raise InvalidInputError(f"shape {list(shape)} needs {count} elements, data has {len(flat)}")
+    if str in kinds and datatype.startswith("FP"):
+        flat, kinds = _non_finite(flat, kinds)
     wrong = kinds - _JSON_TYPES[datatype]
     if wrong:
         found = ", ".join(sorted(_JSON_NAMES.get(kind, "null") for kind in wrong))
@@ -146,6 +149,31 @@ def from_json(data: Any, datatype: str, shape: Sequence[int]) -> Tensor:
         raise InvalidInputError(f"data holds a value out of range for {datatype}") from None
 
 
+def from_json_nested(data: Any, datatype: str) -> Tensor:
+    """The array of nested JSON lists whose nesting is the shape (``[[1, 2], [3, 4]]`` is
+    ``[2, 2]``, a bare value is a scalar); ragged lists are ``InvalidInputError``. Elements
+    follow ``from_json``'s rules."""
+    if data is None:
+        raise InvalidInputError(f"{datatype} data may not hold null values")
+    return from_json(data, datatype, nested_shape(data))
+
+
+def nested_shape(data: Any) -> list[int]:
+    """The shape of rectangular nested JSON lists; refuses ragged ones and any deeper than
+    the protocol's ``MAX_RANK``."""
+    shape: list[int] = []
+    level = [data]
+    while any(isinstance(item, list) for item in level):
+        lengths = {len(item) if isinstance(item, list) else -1 for item in level}
+        if len(lengths) != 1:
+            raise InvalidInputError("data is not a rectangular array")
+        if len(shape) == MAX_RANK:
+            raise InvalidInputError(f"data has more than {MAX_RANK} dimensions")
+        shape.append(lengths.pop())
+        level = list(itertools.chain.from_iterable(level))
+    return shape
+
+
 def _flatten(data: Any) -> tuple[list[Any], set[type]]:
     """Row-major elements of flat or nested JSON lists, and the element types found."""
     flat = data if isinstance(data, list) else [data]
@@ -156,3 +184,14 @@ def _flatten(data: Any) -> tuple[list[Any], set[type]]:
         flat = list(itertools.chain.from_iterable(flat))
         kinds = set(map(type, flat))
     return flat, kinds
+
+
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _non_finite(flat: list[Any], kinds: set[type]) -> tuple[list[Any], set[type]]:
+    """JSON has no NaN or infinity: floating-point data may spell them as the strings
+    ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (what Spillway writes); other strings
+    stay errors."""
+    values = [_NON_FINITE.get(x, x) if isinstance(x, str) else x for x in flat]
+    return values, set(map(type, values))

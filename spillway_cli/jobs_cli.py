@@ -6,7 +6,8 @@ same service as the jobs Lambda. ``submit --local`` also executes the array chil
 local processes (moto does not run containers). ``JOBS_*`` variables configure all three.
 
 Exit codes of ``run``: 0 every shard committed, 1 a shard failed (Batch retries; committed
-shards are skipped), 3 a configuration error that a retry cannot fix.
+shards are skipped), 3 a configuration error that a retry cannot fix. ``run`` also reads
+the test-only ``SPILLWAY_FAULT_*`` variables (``spillway_cli.local_batch.FaultSettings``).
 """
 
 from __future__ import annotations
@@ -24,11 +25,19 @@ from typing import Annotated, Any
 
 import typer
 
-from batch_job.local import EXIT_NO_RETRY, configure_moto, create_resources, run_local
+from batch_job.errors import EXIT_NO_RETRY
 from batch_job.plan import RunSpec
-from batch_job.service import JobRequest, JobService, JobStatus
+from batch_job.service import JobService
 from batch_job.settings import JobsSettings
 from spillway.errors import SpillwayError
+from spillway.messages import JobRequest, JobStatus
+from spillway_cli.local_batch import (
+    FaultSettings,
+    configure_moto,
+    create_resources,
+    fault_hook,
+    run_local,
+)
 
 jobs_app = typer.Typer(help="Offline batch inference on AWS Batch.", no_args_is_help=True)
 log = logging.getLogger("spillway.jobs.cli")
@@ -67,7 +76,7 @@ def run(
     settings = JobsSettings()
     spec = RunSpec(model, input, output, version, batch_size)
     try:
-        result = run_job(spec, settings, repository)
+        result = run_job(spec, settings, repository, fault_hook(FaultSettings()))
     except SpillwayError as exc:
         raise _fail(exc) from None
     typer.echo(

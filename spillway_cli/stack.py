@@ -165,8 +165,8 @@ class LocalStack:
         }
 
     def _jobs_resources(self) -> None:
-        from batch_job.local import configure_moto, create_resources
         from batch_job.settings import JobsSettings
+        from spillway_cli.local_batch import configure_moto, create_resources
 
         configure_moto(self.url("moto"))
         create_resources(JobsSettings())

@@ -1,7 +1,8 @@
 """The jobs Lambda: ``POST /v1/jobs``, ``GET /v1/jobs/{id}`` and the scheduled event.
 
 A thin adapter: it parses the API Gateway (REST v1 proxy, or HTTP API v2) or EventBridge
-event, calls ``batch_job.service`` and maps ``SpillwayError`` to a response in one place.
+event, calls ``batch_job.service`` and maps errors with the core's one mapping
+(``spillway.wire.error_reply``; ``INTERNAL_ERROR`` for anything unexpected).
 A tiny router instead of a web framework keeps the cold start small; nothing here
 imports onnxruntime.
 """
@@ -11,21 +12,21 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import json
 import logging
 import re
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from batch_job.service import JobRequest, JobService, JobStatus, SubmitResult
+from batch_job.service import JobService
 from batch_job.settings import JobsSettings
 from spillway.errors import (
     InvalidInputError,
-    MethodNotAllowedError,
     PayloadTooLargeError,
     RouteNotFoundError,
     SpillwayError,
 )
+from spillway.messages import DirectInvokeAnswer, JobRequest, JobStatus, SubmitReceipt
+from spillway.wire import INTERNAL_ERROR, Reply, allow, error_reply, json_reply, strip_stage
 
 log = logging.getLogger("spillway.jobs.api")
 logging.getLogger("spillway").setLevel(logging.INFO)
@@ -37,7 +38,7 @@ _JOB_PATH = re.compile(r"^/v1/jobs/([^/]{1,64})/?$")
 class Jobs(Protocol):
     """What the routes need: ``JobService``, or a fake in unit tests."""
 
-    def submit(self, request: JobRequest, key: str | None = None) -> SubmitResult:
+    def submit(self, request: JobRequest, key: str | None = None) -> SubmitReceipt:
         """Start (or replay) a job."""
 
     def status(self, job_id: str) -> JobStatus:
@@ -65,32 +66,32 @@ def dispatch(event: Mapping[str, Any], jobs: Jobs) -> dict[str, Any]:
     """Route an API Gateway event; every error becomes ``{"error", "code"}``."""
     context = event.get("requestContext") or {}
     method = str(event.get("httpMethod") or context.get("http", {}).get("method", "")).upper()
-    path = str(event.get("path") or event.get("rawPath") or "")
+    path = strip_stage(str(event.get("path") or event.get("rawPath") or ""), event)
     try:
-        return _route(method, path, event, jobs)
+        reply = _route(method, path, event, jobs)
     except SpillwayError as exc:
         log.warning("%s %s -> %d %s: %s", method, path[:100], exc.status, exc.code, exc.message)
-        return _response(exc.status, exc.to_body())
+        reply = error_reply(exc)
     except Exception:
         log.exception("unhandled error in %s %s", method, path[:100])
-        return _response(500, {"error": "internal error", "code": "internal"})
+        reply = INTERNAL_ERROR
+    # API Gateway's proxy-response shape (header names lower-case).
+    return DirectInvokeAnswer.of(reply).dump()
 
 
-def _route(method: str, path: str, event: Mapping[str, Any], jobs: Jobs) -> dict[str, Any]:
+def _route(method: str, path: str, event: Mapping[str, Any], jobs: Jobs) -> Reply:
     if path.rstrip("/") == "/v1/jobs":
-        if method != "POST":
-            raise MethodNotAllowedError(f"{method} is not allowed on /v1/jobs")
+        allow(method, "/v1/jobs", "POST")
         request = JobRequest.parse(_body(event))
-        result = jobs.submit(request, _header(event, "idempotency-key"))
-        headers = {"Location": f"/v1/jobs/{result.job.job_id}"}
-        if result.replayed:
-            headers["Idempotent-Replayed"] = "true"
-        return _response(202, result.model_dump(), headers)
+        receipt = jobs.submit(request, _header(event, "idempotency-key"))
+        headers = [("location", f"/v1/jobs/{receipt.job.job_id}")]
+        if receipt.replayed:
+            headers.append(("idempotent-replayed", "true"))
+        return json_reply(202, receipt.model_dump(), headers)
     match = _JOB_PATH.match(path)
     if match:
-        if method != "GET":
-            raise MethodNotAllowedError(f"{method} is not allowed on /v1/jobs/{{id}}")
-        return _response(200, jobs.status(match.group(1)).model_dump())
+        allow(method, "/v1/jobs/{id}", "GET")
+        return json_reply(200, jobs.status(match.group(1)).model_dump())
     raise RouteNotFoundError(f"no route for {path[:100]!r}")
 
 
@@ -115,14 +116,3 @@ def _header(event: Mapping[str, Any], name: str) -> str | None:
         if key.lower() == name and value:
             return str(value)
     return None
-
-
-def _response(
-    status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    return {
-        "statusCode": status,
-        "headers": {"Content-Type": "application/json", **(headers or {})},
-        "body": json.dumps(body),
-        "isBase64Encoded": False,
-    }

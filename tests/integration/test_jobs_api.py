@@ -13,9 +13,10 @@ import pytest
 from batch_job.errors import JobConflictError
 from batch_job.plan import RunSpec
 from batch_job.runner import run_job
-from batch_job.service import JobRequest, JobService
+from batch_job.service import JobService
 from batch_job.settings import JobsSettings
 from functions.jobs import handler as jobs_handler
+from spillway.messages import JobRequest
 from spillway.repository import aws_client
 from tests.integration.test_jobs_support import (
     digits_images,
@@ -137,8 +138,8 @@ def test_api_events_submit_then_report_status(lambda_env: JobsSettings, models_d
     # THEN one job is accepted and the retry replays it
     assert first["statusCode"] == 202, first
     job = json.loads(first["body"])["job"]
-    assert first["headers"]["Location"] == f"/v1/jobs/{job['job_id']}"
-    assert (again["statusCode"], again["headers"].get("Idempotent-Replayed")) == (202, "true")
+    assert first["headers"]["location"] == f"/v1/jobs/{job['job_id']}"
+    assert (again["statusCode"], again["headers"].get("idempotent-replayed")) == (202, "true")
     assert json.loads(again["body"])["job"]["job_id"] == job["job_id"]
     assert (job["shards_total"], job["array_size"]) == (3, 2)
 
@@ -166,7 +167,7 @@ def test_api_errors_are_mapped_once(lambda_env: JobsSettings) -> None:
     bad = jobs_handler.handler(post, None)
     assert bad["statusCode"] == 400
     assert json.loads(bad["body"])["code"] == "invalid_input"
-    assert json.loads(bad["body"])["error"].startswith("model:")
+    assert json.loads(bad["body"])["error"].startswith("invalid job request: model:")
 
 
 def test_scheduled_event_starts_the_configured_job_once(

@@ -1,4 +1,5 @@
-"""Batch jobs end to end on the moto server: submit, run, read; bad records; kill/resume."""
+"""Batch jobs end to end on the moto server: submit, run, read; bad records; kill/resume;
+a staged infer request."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batch_job.local import run_local
 from batch_job.plan import RunSpec
 from batch_job.runner import run_job
-from batch_job.service import JobRequest, JobService
+from batch_job.service import JobService
 from batch_job.settings import JobsSettings
+from spillway.codec import encode_request
 from spillway.engine import OnnxModel
+from spillway.messages import JobRequest, stage_request
 from spillway.repository import aws_client
 from spillway_cli import procs
 from spillway_cli.jobs_cli import LAUNCHER
+from spillway_cli.local_batch import run_local
 from tests.integration.test_jobs_support import (
     committed,
     digits_images,
@@ -153,7 +156,7 @@ def test_killed_runner_resumes_with_every_record_exactly_once(
     argv = [*LAUNCHER, "run", "--repository", str(models_dir), "--model", "digits"]
     argv += ["--input", f"s3://{bucket}/in/", "--output", f"s3://{bucket}/out/"]
     argv += ["--batch-size", "8"]
-    env = {"JOBS_FAULT_PAUSE_AFTER_RECORDS": "64", "JOBS_PROGRESS_INTERVAL_S": "0.2"}
+    env = {"SPILLWAY_FAULT_PAUSE_AFTER_RECORDS": "64", "JOBS_PROGRESS_INTERVAL_S": "0.2"}
     child = procs.start("job-runner", argv, tmp_path, env)
     try:
         _wait_for_log(child, "fault injection: pausing", 90)
@@ -190,6 +193,35 @@ def test_killed_runner_resumes_with_every_record_exactly_once(
     # AND nothing is left under the temporary prefix
     listed = aws_client("s3").list_objects_v2(Bucket=bucket, Prefix="out/_tmp/")
     assert listed.get("KeyCount", 0) == 0
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_a_staged_infer_request_runs_row_by_row_and_matches_the_engine(
+    settings: JobsSettings, digits: OnnxModel, models_dir: Path, binary: bool
+) -> None:
+    # GIVEN 37 digits staged as one batch-mode infer request, as the router stages it
+    images = digits_images(models_dir)[:37]
+    bucket = new_bucket()
+    body, header_length = encode_request({"image": images}, binary=binary)
+    aws_client("s3").put_object(
+        Bucket=bucket, Key="in/request.v2req", Body=stage_request(body, header_length)
+    )
+
+    # WHEN the job runs over it in batches of 8
+    spec = RunSpec("digits", f"s3://{bucket}/in/", f"s3://{bucket}/out/", batch_size=8)
+    result = run_job(spec, settings)
+
+    # THEN the shard commits one output line per row, ids by row index, in order
+    assert (result.committed, result.failed, result.records) == (["part-00000"], {}, 37)
+    outputs = get_lines(bucket, "out/part-00000.jsonl")
+    assert [o["id"] for o in outputs] == [str(i) for i in range(37)]
+    assert get_lines(bucket, "out/part-00000.errors.jsonl") == []
+    # AND the outputs equal the engine's own results for the whole request
+    expected = digits.infer({"image": images})
+    np.testing.assert_array_equal([o["outputs"]["label"] for o in outputs], expected["label"])
+    np.testing.assert_allclose(
+        [o["outputs"]["probabilities"] for o in outputs], expected["probabilities"], atol=1e-6
+    )
 
 
 def _wait_for_log(child: procs.Child, text: str, timeout_s: float) -> None:

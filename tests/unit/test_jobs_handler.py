@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from batch_job.errors import JobNotFoundError
-from batch_job.service import JobRequest, JobStatus, JobView, SubmitResult, combined_state
+from batch_job.service import combined_state
 from functions.jobs.handler import dispatch
+from spillway.messages import JobRequest, JobStatus, JobView, SubmitReceipt
 
 EVENTS = Path(__file__).resolve().parents[2] / "events" / "jobs"
 BODY = {"model": "digits", "input": "s3://data-in/x/", "output": "s3://data-out/y/"}
@@ -37,11 +38,11 @@ class FakeJobs:
     calls: list[tuple[JobRequest, str | None]] = field(default_factory=list)
     crash: bool = False
 
-    def submit(self, request: JobRequest, key: str | None = None) -> SubmitResult:
+    def submit(self, request: JobRequest, key: str | None = None) -> SubmitReceipt:
         if self.crash:
             raise RuntimeError("secret internals")
         self.calls.append((request, key))
-        return SubmitResult(job=_view(), replayed=len(self.calls) > 1)
+        return SubmitReceipt(job=_view(), replayed=len(self.calls) > 1)
 
     def status(self, job_id: str) -> JobStatus:
         if job_id != _view().job_id:
@@ -68,10 +69,10 @@ def test_post_submits_with_the_idempotency_key_header() -> None:
     second = dispatch(_post(BODY), jobs)
     # THEN 202 with a Location, the key reached the service, the second is a replay
     assert first["statusCode"] == 202
-    assert first["headers"]["Location"] == f"/v1/jobs/{_view().job_id}"
+    assert first["headers"]["location"] == f"/v1/jobs/{_view().job_id}"
     assert jobs.calls[0] == (JobRequest(**BODY), "digits-api-example-0001")
-    assert "Idempotent-Replayed" not in first["headers"]
-    assert second["headers"]["Idempotent-Replayed"] == "true"
+    assert "idempotent-replayed" not in first["headers"]
+    assert second["headers"]["idempotent-replayed"] == "true"
 
 
 def test_a_base64_body_is_decoded() -> None:
@@ -115,6 +116,21 @@ def test_bad_requests_get_a_clear_error_and_code(
     assert "Traceback" not in response["body"]
 
 
+@pytest.mark.parametrize(
+    ("path", "method", "allowed"),
+    [("/v1/jobs", "GET", "POST"), (f"/v1/jobs/{_view().job_id}", "POST", "GET")],
+)
+def test_a_wrong_method_is_405_naming_the_allowed_one(path: str, method: str, allowed: str) -> None:
+    # GIVEN a route called with the method it does not take
+    event = {**_post(BODY), "path": path, "httpMethod": method}
+    # WHEN dispatched
+    response = dispatch(event, FakeJobs())
+    # THEN 405 with the core's error body and an Allow header
+    assert response["statusCode"] == 405
+    assert response["headers"]["allow"] == allowed
+    assert _body(response)["code"] == "method_not_allowed"
+
+
 def test_an_unexpected_failure_is_a_generic_500(caplog: pytest.LogCaptureFixture) -> None:
     response = dispatch(_post(BODY), FakeJobs(crash=True))
     assert response["statusCode"] == 500
@@ -125,9 +141,11 @@ def test_an_unexpected_failure_is_a_generic_500(caplog: pytest.LogCaptureFixture
 
 
 def test_http_api_v2_events_route_too() -> None:
+    # GIVEN an HTTP API event on a named stage (rawPath keeps the stage)
     event = {
-        "rawPath": "/v1/jobs",
-        "requestContext": {"http": {"method": "POST"}},
+        "version": "2.0",
+        "rawPath": "/prod/v1/jobs",
+        "requestContext": {"http": {"method": "POST"}, "stage": "prod"},
         "headers": {"idempotency-key": "k1"},
         "body": json.dumps(BODY),
     }

@@ -19,6 +19,7 @@ from batch_job.records import (
 )
 from spillway.errors import InferenceError, InvalidInputError
 from spillway.modelconfig import TensorConfig
+from spillway.tensors import from_json_nested
 
 TEXT = TensorConfig(name="text", data_type="TYPE_STRING", dims=(1,))
 IMAGE = TensorConfig(name="image", data_type="TYPE_FP32", dims=(2, 2))
@@ -57,14 +58,41 @@ def test_without_batching_no_dimension_is_added() -> None:
         ({"ids": [2**31]}, "out of range"),
         ({"ids": [2**70]}, "INT32"),
         ({"flag": [1]}, "BOOL"),
-        ({"text": 5}, "strings"),
+        ({"text": 5}, "BYTES"),
         ({"text": ["ok", ["nested"]]}, "rectangular"),
         ({"nope": 1}, "unknown input"),
+        ({"ids": None}, "null"),
+        ({"ids": [1, None]}, "null"),
+        ({"image": [[{"a": 1}, 2], [3, 4]]}, "object"),
+        ({"ids": [[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]}, "more than 16 dimensions"),
     ],
 )
 def test_values_that_do_not_fit_the_datatype_are_invalid(data: dict[str, Any], reason: str) -> None:
     with pytest.raises(InvalidInputError, match=reason):
         to_tensors(data, SPECS, batch=True)
+
+
+@pytest.mark.parametrize(
+    ("data", "datatype", "shape", "flat"),
+    [
+        ([[1, 2, 3], [4, 5, 6]], "INT64", (2, 3), [1, 2, 3, 4, 5, 6]),
+        (7.5, "FP64", (), [7.5]),
+        ([], "FP32", (0,), []),
+        ([[], []], "INT8", (2, 0), []),
+        ([[["a"]], [["é"]]], "BYTES", (2, 1, 1), [b"a", "é".encode()]),
+    ],
+)
+def test_the_nesting_of_json_lists_is_the_shape(
+    data: Any, datatype: str, shape: tuple[int, ...], flat: list[Any]
+) -> None:
+    array = from_json_nested(data, datatype)
+    assert (array.shape, array.reshape(-1).tolist()) == (shape, flat)
+
+
+@pytest.mark.parametrize("ragged", [[[1, 2], [3]], [[1], 2], [1, [2]], [[[1]], [[1, 2]]]])
+def test_ragged_json_lists_are_invalid(ragged: Any) -> None:
+    with pytest.raises(InvalidInputError, match="rectangular"):
+        from_json_nested(ragged, "FP32")
 
 
 def test_split_record_reads_id_and_data_only_from_json() -> None:

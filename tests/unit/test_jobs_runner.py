@@ -6,6 +6,7 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from batch_job.errors import JobConflictError
@@ -19,10 +20,12 @@ from batch_job.plan import (
     plan_shards,
 )
 from batch_job.progress import Progress
-from batch_job.runner import JobRunner
+from batch_job.runner import BatchHook, JobRunner
 from batch_job.settings import JobsSettings
-from batch_job.storage import LocalStore, split_location
+from batch_job.storage import LocalStore, S3Store, open_location
+from spillway.codec import encode_request
 from spillway.errors import BatchTooLargeError, InvalidInputError
+from spillway.messages import stage_request
 from spillway.repository import LocalRepository
 from tests.unit.test_jobs_fakes import FakeModel, fake_config, line
 
@@ -44,12 +47,17 @@ def _inputs(root: Path, shards: int = 3, per_shard: int = 6) -> None:
         (root / f"{s}.jsonl").write_text("\n".join(lines) + "\n")
 
 
-def _runner(tmp_path: Path, model: FakeModel | None = None, batch: int | None = 4) -> JobRunner:
+def _runner(
+    tmp_path: Path,
+    model: FakeModel | None = None,
+    batch: int | None = 4,
+    on_batch: BatchHook | None = None,
+) -> JobRunner:
     spec = RunSpec("fake", str(tmp_path / "in"), str(tmp_path / "out"), 1, batch)
     where = Locations.of(spec)
     plan = plan_shards(where.input, "", spec.input, "fake", 1)
     settings = JobsSettings(progress_bar=False, work_dir=tmp_path)
-    return JobRunner(spec, settings, plan, model or FakeModel(), where)
+    return JobRunner(spec, settings, plan, model or FakeModel(), where, on_batch)
 
 
 def _seen(out: Path, shards: int) -> list[str]:
@@ -129,7 +137,8 @@ def test_plan_takes_one_shard_per_input_file_in_key_order(tmp_path: Path) -> Non
     # GIVEN inputs among files that are not inputs
     root = tmp_path / "in"
     (root / "sub").mkdir(parents=True)
-    for name in ("b.jsonl", "a.ndjson", "sub/c.npy", "_SUCCESS.jsonl", ".x.jsonl", "d.txt"):
+    names = ("b.jsonl", "a.ndjson", "sub/c.npy", "e.v2req", "_SUCCESS.jsonl", ".x.jsonl", "d.txt")
+    for name in names:
         (root / name).write_text("{}\n")
     (root / "empty.jsonl").write_text("")
     # WHEN planned
@@ -138,7 +147,8 @@ def test_plan_takes_one_shard_per_input_file_in_key_order(tmp_path: Path) -> Non
     assert [(s.index, s.key, s.format) for s in plan.shards] == [
         (0, "a.ndjson", "jsonl"),
         (1, "b.jsonl", "jsonl"),
-        (2, "sub/c.npy", "npy"),
+        (2, "e.v2req", "staged"),
+        (3, "sub/c.npy", "npy"),
     ]
 
 
@@ -177,10 +187,66 @@ def test_input_and_output_must_not_nest(a: str, b: str) -> None:
         check_disjoint(a, b)
 
 
-@pytest.mark.parametrize("bad", ["s3://", "s3:///key", "s3://b/../x", "http://b/x", "b/x"])
-def test_unsafe_locations_are_refused(bad: str) -> None:
+@pytest.mark.parametrize(
+    "bad", ["s3://", "s3:///key", "s3://b/x", "s3://Bucket/x", "s3://bucket\\x", "http://bucket/x"]
+)
+def test_bad_locations_are_refused(bad: str) -> None:
     with pytest.raises(InvalidInputError):
-        split_location(bad)
+        open_location(bad, client=object())
+
+
+@pytest.mark.parametrize(
+    ("location", "prefix"),
+    [
+        ("s3://bucket", ""),
+        ("s3://bucket/", ""),
+        ("s3://bucket/in", "in/"),
+        ("s3://bucket/a/b/", "a/b/"),
+    ],
+)
+def test_an_s3_prefix_is_a_folder(location: str, prefix: str) -> None:
+    store, got = open_location(location, client=object())
+    assert isinstance(store, S3Store)
+    assert (store.bucket, got) == ("bucket", prefix)
+
+
+def test_a_staged_request_shard_commits_its_rows_as_json_lines(tmp_path: Path) -> None:
+    # GIVEN an input prefix holding one staged infer request of 5 rows (binary)
+    (tmp_path / "in").mkdir()
+    x = np.stack([np.arange(5, dtype=np.float32), np.full(5, 0.5, np.float32)], axis=1)
+    staged = stage_request(*encode_request({"x": x}, binary=True))
+    (tmp_path / "in" / "request.v2req").write_bytes(staged)
+    # WHEN the job runs
+    runner = _runner(tmp_path, batch=2)
+    result = runner.run(list(runner.plan.shards))
+    # THEN the shard is committed with one output line per row, ids by row index
+    assert (result.committed, result.records) == (["part-00000"], 5)
+    out = tmp_path / "out"
+    lines = [json.loads(x) for x in (out / "part-00000.jsonl").read_text().splitlines()]
+    assert [(o["id"], o["outputs"]["y"]) for o in lines] == [(str(i), [i + 0.5]) for i in range(5)]
+    assert (out / "part-00000.errors.jsonl").read_text() == ""
+    marker = json.loads((out / "_committed" / "part-00000.json").read_text())
+    assert (marker["format"], marker["records"], marker["batches"]) == ("staged", 5, 3)
+
+
+def test_the_batch_hook_sees_every_record_with_earlier_shards_committed(tmp_path: Path) -> None:
+    # GIVEN two shards of 7 records (one broken) and a hook that records what it is told
+    _inputs(tmp_path / "in", shards=2)
+    calls: list[tuple[int, int, list[str]]] = []
+
+    def hook(runner: JobRunner, records: int, errors: int) -> None:
+        runner.wait_for_commit()
+        committed = sorted(p.name for p in (tmp_path / "out" / "_committed").glob("*.json"))
+        calls.append((records, errors, committed))
+
+    # WHEN the job runs with it
+    runner = _runner(tmp_path, on_batch=hook)
+    runner.run(list(runner.plan.shards))
+    # THEN it was called after each batch, the counts add up to every record and error
+    assert sum(r for r, _, _ in calls) == 14
+    assert sum(e for _, e, _ in calls) == 2
+    # AND once it waited, the shard before the current one was committed
+    assert calls[-1][2] == ["part-00000.json"]
 
 
 def test_progress_logs_at_the_interval_and_at_each_shard(caplog: pytest.LogCaptureFixture) -> None:

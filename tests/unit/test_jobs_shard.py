@@ -1,4 +1,5 @@
-"""One shard through a fake model: batching, order, isolation of bad records, .npy."""
+"""One shard through a fake model: batching, order, isolation of bad records, .npy, and a
+staged infer request's rows."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batch_job.jsonlshard import process_jsonl
 from batch_job.npyshard import process_npy
+from batch_job.recordshard import process_jsonl, process_staged
 from batch_job.shard import ShardCounts
+from spillway.codec import encode_request
+from spillway.messages import stage_request
 from tests.unit.test_jobs_fakes import FakeModel, line
 
 Lines = list[dict[str, Any]]
@@ -184,3 +188,124 @@ def test_npy_object_arrays_are_refused_without_unpickling(tmp_path: Path) -> Non
     assert errors[0]["id"] is None
     assert "not a readable .npy" in errors[0]["error"]
     assert arrays["rows"].shape == (0,)
+
+
+def _staged(
+    tmp_path: Path, data: bytes, batch_size: int = 4, model: FakeModel | None = None
+) -> tuple[FakeModel, ShardCounts, Lines, Lines]:
+    model = model or FakeModel()
+    source = tmp_path / "request.v2req"
+    source.write_bytes(data)
+    outputs, errors = io.StringIO(), io.StringIO()
+    counts = process_staged(model, source, outputs, errors, batch_size, lambda r, e: None)
+    return model, counts, _parse(outputs.getvalue()), _parse(errors.getvalue())
+
+
+def _request(x: np.ndarray, binary: bool) -> bytes:
+    return stage_request(*encode_request({"x": x}, binary=binary))
+
+
+def test_a_staged_request_runs_row_by_row_as_records(tmp_path: Path) -> None:
+    # GIVEN a staged JSON infer request of 6 rows, row 2 poisonous
+    x = np.stack([np.arange(6, dtype=np.float32), np.ones(6, np.float32)], axis=1)
+    x[2, 0] = -1
+    # WHEN the shard runs in batches of 4
+    model, counts, outputs, errors = _staged(tmp_path, _request(x, binary=False))
+    # THEN rows are records "0".."5" run like JSON Lines records: the failed batch was
+    # rerun row by row and only row 2 failed, placed by its row
+    assert model.runs == [4, 1, 1, 1, 1, 2]
+    assert [(o["id"], o["outputs"]["y"]) for o in outputs] == [
+        (str(i), [i + 1.0]) for i in (0, 1, 3, 4, 5)
+    ]
+    assert errors == [
+        {"id": "2", "error": "poison row in batch", "code": "inference_failed", "row": 2}
+    ]
+    assert (counts.records, counts.outputs, counts.errors, counts.batch_failures) == (6, 5, 1, 1)
+
+
+def test_a_binary_staged_request_gives_the_same_outputs_as_json(tmp_path: Path) -> None:
+    # GIVEN the same rows staged as JSON and as Triton's binary extension
+    x = np.random.default_rng(1).uniform(0, 5, (9, 2)).astype(np.float32)
+    (tmp_path / "json").mkdir()
+    (tmp_path / "binary").mkdir()
+    # WHEN both run
+    from_json = _staged(tmp_path / "json", _request(x, binary=False), batch_size=3)
+    from_binary = _staged(tmp_path / "binary", _request(x, binary=True), batch_size=3)
+    # THEN the outputs are equal, and equal to the sums, with no errors
+    assert from_binary[2] == from_json[2]
+    np.testing.assert_allclose([o["outputs"]["y"][0] for o in from_json[2]], x.sum(axis=1))
+    assert (from_json[3], from_binary[3]) == ([], [])
+    assert from_json[0].runs == from_binary[0].runs == [3, 3, 3]
+
+
+def test_rows_of_the_wrong_shape_fail_one_by_one(tmp_path: Path) -> None:
+    # GIVEN a staged request whose rows have 3 values for a model that takes 2
+    _, counts, outputs, errors = _staged(tmp_path, _request(np.zeros((3, 3), np.float32), False))
+    # THEN each row is an error of its own, placed by its row
+    assert outputs == []
+    assert [(e["id"], e["row"], e["code"]) for e in errors] == [
+        (str(i), i, "invalid_input") for i in range(3)
+    ]
+    assert (counts.records, counts.errors) == (3, 3)
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b'{"inputs": []}', "not a staged infer request"),
+        (stage_request(b"{not json", None), "invalid JSON"),
+        (stage_request(b'{"inputs": [{"name": "x"}]}', None), "invalid inference request"),
+        (
+            stage_request(*encode_request({"x": np.zeros((2, 2), np.float32)}, binary=True))[:-4],
+            "runs past the end",
+        ),
+        (
+            stage_request(
+                *encode_request(
+                    {"x": np.zeros((2, 2), np.float32), "z": np.zeros((3, 2), np.float32)},
+                    binary=False,
+                )
+            ),
+            "same batch size",
+        ),
+    ],
+)
+def test_a_request_that_cannot_be_decoded_is_one_failed_record(
+    data: bytes, reason: str, tmp_path: Path
+) -> None:
+    # WHEN an unreadable staged request runs
+    model, counts, outputs, errors = _staged(tmp_path, data)
+    # THEN nothing ran, and the file is one error without id or place
+    assert (model.runs, outputs) == ([], [])
+    assert len(errors) == 1
+    assert (errors[0]["id"], errors[0]["code"], "row" in errors[0]) == (
+        None,
+        "invalid_input",
+        False,
+    )
+    assert reason in errors[0]["error"]
+    assert (counts.records, counts.outputs, counts.errors) == (1, 0, 1)
+
+
+ROWS = st.lists(st.integers(min_value=-3, max_value=9), max_size=25)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(values=ROWS, batch_size=st.integers(min_value=1, max_value=5), binary=st.booleans())
+def test_every_staged_row_appears_exactly_once(
+    values: list[int], batch_size: int, binary: bool, tmp_path: Path
+) -> None:
+    # GIVEN a staged request of any rows, negative ones poisonous, in either encoding
+    x = np.array([[v, 1] for v in values], np.float32).reshape(len(values), 2)
+    model = FakeModel()
+    # WHEN it runs with any batch size
+    _, counts, outputs, errors = _staged(tmp_path, _request(x, binary), batch_size, model)
+    # THEN each row is once in outputs (in order, its own value) or errors, by its index
+    good = [i for i, v in enumerate(values) if v >= 0]
+    assert [o["id"] for o in outputs] == [str(i) for i in good]
+    assert [o["outputs"]["y"] for o in outputs] == [[values[i] + 1.0] for i in good]
+    assert [e["row"] for e in errors] == [i for i, v in enumerate(values) if v < 0]
+    assert counts.records == counts.outputs + counts.errors == len(values)
+    assert all(rows <= batch_size for rows in model.runs)

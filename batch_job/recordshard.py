@@ -1,58 +1,66 @@
-"""Running one JSON Lines shard as a pipeline: read and prepare, run, write.
+"""Running a shard of records as a pipeline: read and prepare, run, write.
 
-Each record is prepared on its own (``OnnxModel.prepare``) by a reader thread, runs in a
-batch of ``batch_size`` rows on the calling thread (``OnnxModel.run``), and is encoded by
-a writer thread. ONNX Runtime releases the GIL while it computes, so parsing, tokenising
-and JSON encoding overlap with the runs instead of adding to them; bounded queues keep at
-most a few batches in memory. Outputs and errors are written in input order.
+Records come from a JSON Lines file (one per line) or a staged infer request (one per
+row); both take this one path. Each record is prepared on its own (``OnnxModel.prepare``)
+by a reader thread, runs in a batch of ``batch_size`` rows on the calling thread
+(``OnnxModel.run``), and is encoded by a writer thread. ONNX Runtime releases the GIL
+while it computes, so parsing, tokenising and JSON encoding overlap with the runs instead
+of adding to them; bounded queues keep at most a few batches in memory. Outputs and
+errors are written in input order.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import Literal, TextIO
 
-from batch_job.records import RecordError, RecordInputError, output_lines, split_record, to_tensors
-from batch_job.shard import BatchModel, OnBatch, ShardCounts, Tally, run_isolated
+from batch_job.records import Parsed, RecordError, jsonl_records, output_lines, staged_records
+from batch_job.shard import JobModel, OnBatch, ShardCounts, Tally, run_isolated
 from spillway.errors import SpillwayError
 from spillway.processing import Prepared, Tensors
 
-Item = tuple[str | None, int, "Prepared | SpillwayError"]
-"""A record on its way: id (if readable), line number, and its request or its error."""
-Done = tuple[str | None, int, "Tensors | SpillwayError"]
+Item = tuple[str | None, int | None, "Prepared | SpillwayError"]
+"""A record on its way: id (if readable), place, and its prepared request or its error."""
+Done = tuple[str | None, int | None, "Tensors | SpillwayError"]
+Place = Literal["line", "row"]
 _AHEAD = 2  # prepared batches waiting for the model
 _END = None
 
 
 class _Pipeline:
     def __init__(
-        self, model: BatchModel, outputs: TextIO, errors: TextIO, limit: int, tally: Tally
+        self,
+        model: JobModel,
+        outputs: TextIO,
+        errors: TextIO,
+        limit: int,
+        tally: Tally,
+        place: Place,
     ) -> None:
         self.model = model
-        self.specs = {t.name: t for t in model.config.input}
         self.outputs = outputs
         self.errors = errors
         self.limit = limit
         self.tally = tally
+        self.place = place
         self.batches: queue.Queue[list[Item] | None] = queue.Queue(maxsize=_AHEAD)
         self.stop = threading.Event()
         self.written: Future[tuple[int, int]] | None = None
 
     # --- reader thread -----------------------------------------------------------------
 
-    def read(self, lines: BinaryIO) -> None:
-        """Parse and prepare every record; hand over a batch whenever one is full."""
+    def read(self, records: Iterable[Parsed]) -> None:
+        """Prepare every record; hand over a batch whenever one is full."""
         items: list[Item] = []
         ready = 0
-        for number, raw in enumerate(lines, 1):
+        for record in records:
             if self.stop.is_set():
                 return
-            if not raw.strip():
-                continue
-            items.append(self._prepare(raw, number))
+            items.append(self._prepare(*record))
             ready += isinstance(items[-1][2], Prepared)  # every record is one row
             if ready >= self.limit:
                 self._hand_over(items)
@@ -61,17 +69,16 @@ class _Pipeline:
             self._hand_over(items)
         self._hand_over(_END)
 
-    def _prepare(self, raw: bytes, number: int) -> Item:
+    def _prepare(
+        self, record_id: str | None, place: int | None, parsed: Tensors | SpillwayError
+    ) -> Item:
         self.tally.counts.records += 1
-        record_id: str | None = None
+        if isinstance(parsed, SpillwayError):
+            return record_id, place, parsed
         try:
-            record_id, data = split_record(raw)
-            inputs = to_tensors(data, self.specs, self.model.batching)
-            return record_id, number, self.model.prepare(inputs)
+            return record_id, place, self.model.prepare(parsed)
         except SpillwayError as exc:
-            if isinstance(exc, RecordInputError):
-                record_id = exc.record_id
-            return record_id, number, exc
+            return record_id, place, exc
 
     def _hand_over(self, items: list[Item] | None) -> None:
         while not self.stop.is_set():
@@ -125,31 +132,61 @@ class _Pipeline:
         ok = [(rid, r) for rid, _, r in done if not isinstance(r, SpillwayError)]
         lines = output_lines([str(rid) for rid, _ in ok], [r for _, r in ok], self.model.batching)
         self.outputs.writelines(f"{line}\n" for line in lines)
-        for rid, number, result in done:
+        for rid, place, result in done:
             if isinstance(result, SpillwayError):
-                self.errors.write(RecordError.of(result, rid, line=number).to_json() + "\n")
+                where = {} if place is None else {self.place: place}
+                self.errors.write(RecordError.of(result, rid, **where).to_json() + "\n")
         return len(ok), len(done) - len(ok)
 
 
-def process_jsonl(
-    model: BatchModel,
-    source: Path,
+def process_records(
+    model: JobModel,
+    records: Iterable[Parsed],
+    place: Place,
     outputs: TextIO,
     errors: TextIO,
     batch_size: int,
     on_batch: OnBatch,
 ) -> ShardCounts:
-    """Run every record of a JSON Lines file; outputs and errors go to the two files."""
+    """Run every record; outputs and errors (placed by ``line`` or ``row``) go to the two
+    files. ``records`` is consumed on a reader thread."""
     tally = Tally(on_batch)
-    pipeline = _Pipeline(model, outputs, errors, batch_size if model.batching else 1, tally)
-    with (
-        source.open("rb") as lines,
-        ThreadPoolExecutor(max_workers=2, thread_name_prefix="jsonl") as threads,
-    ):
-        reader = threads.submit(pipeline.read, lines)
+    limit = batch_size if model.batching else 1
+    pipeline = _Pipeline(model, outputs, errors, limit, tally, place)
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="records") as threads:
+        reader = threads.submit(pipeline.read, records)
         try:
             pipeline.run(reader, threads)
         finally:
             pipeline.stop.set()  # a failed run must not leave the reader blocked
     tally.report()
     return tally.counts
+
+
+def process_jsonl(
+    model: JobModel,
+    source: Path,
+    outputs: TextIO,
+    errors: TextIO,
+    batch_size: int,
+    on_batch: OnBatch,
+) -> ShardCounts:
+    """Run every record of a JSON Lines file; errors carry the record's line number."""
+    specs = {t.name: t for t in model.config.input}
+    with source.open("rb") as lines:
+        records = jsonl_records(lines, specs, model.batching)
+        return process_records(model, records, "line", outputs, errors, batch_size, on_batch)
+
+
+def process_staged(
+    model: JobModel,
+    source: Path,
+    outputs: TextIO,
+    errors: TextIO,
+    batch_size: int,
+    on_batch: OnBatch,
+) -> ShardCounts:
+    """Run every row of a staged infer request as a record ``"<row>"``; errors carry the
+    row. The request is decoded on the reader thread."""
+    records = staged_records(source.read_bytes(), model.batching)
+    return process_records(model, records, "row", outputs, errors, batch_size, on_batch)

@@ -1,4 +1,4 @@
-"""Local runs against moto: Batch resources, and array children executed as processes.
+"""Local runs of batch jobs: AWS Batch on moto, and test-only fault injection.
 
 moto accepts AWS Batch calls (with ``{"batch": {"use_docker": false}}`` it marks jobs
 succeeded without running anything), so submission and status use the same code as on
@@ -6,6 +6,9 @@ AWS. To make a local job really produce its outputs, ``run_local`` reads the sub
 job back from Batch (command, environment, array size) and runs each array child as a
 process with the variables AWS Batch would set, retrying failed children like the job's
 retry strategy does. ``launcher`` replaces the container's ``spillway jobs`` entry point.
+
+``FaultSettings`` (``SPILLWAY_FAULT_*``) make ``spillway jobs run`` pause mid-shard so a
+test can kill it; they live here, outside the deployed ``batch_job`` package.
 """
 
 from __future__ import annotations
@@ -14,19 +17,26 @@ import json
 import logging
 import os
 import subprocess
+import time
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from batch_job.errors import EXIT_NO_RETRY
 from batch_job.settings import JobsSettings
 from spillway.repository import aws_client
 
+if TYPE_CHECKING:
+    from batch_job.runner import BatchHook, JobRunner
+
 log = logging.getLogger("spillway.jobs.local")
 
-EXIT_NO_RETRY = 3
 _ROLE = "spillway-batch-service"
 _COMPUTE = "spillway-local"
 
@@ -164,3 +174,42 @@ def run_local(
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         return list(pool.map(child, indices))
+
+
+# --- fault injection (tests only) -----------------------------------------------------
+
+
+class FaultSettings(BaseSettings):
+    """Test-only fault injection for ``spillway jobs run`` (``SPILLWAY_FAULT_<FIELD>``).
+    Never set in production."""
+
+    model_config = SettingsConfigDict(env_prefix="SPILLWAY_FAULT_", extra="ignore")
+
+    pause_after_records: int | None = Field(default=None, ge=1)
+    """After this many records the runner logs ``fault injection: pausing`` (once the
+    shards before the current one are committed) and sleeps ``pause_s``, so a test can
+    kill it mid-shard."""
+    pause_s: float = Field(default=600.0, gt=0)
+    """How long the pause lasts."""
+
+
+def fault_hook(settings: FaultSettings) -> BatchHook | None:
+    """The runner's batch hook that pauses once, or ``None`` when no fault is set."""
+    limit = settings.pause_after_records
+    if limit is None:
+        return None
+    seen = 0
+
+    def pause_once(runner: JobRunner, records: int, errors: int) -> None:
+        nonlocal seen
+        if seen >= limit:
+            return
+        seen += records
+        if seen >= limit:
+            runner.wait_for_commit()  # the shards before this one are committed
+            log.warning("fault injection: pausing after %d records", seen)
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            time.sleep(settings.pause_s)
+
+    return pause_once
