@@ -135,7 +135,7 @@ def _handler(
     """The Lambda handler over one backend, and the list its backend times go to."""
     import serverless_wsgi
 
-    from functions.router.metrics import EmfSink
+    from functions.router.accounting import EmfSink
     from functions.router.settings import RouterSettings
     from functions.router.wiring import Overrides, create_app
 

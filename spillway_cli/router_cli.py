@@ -70,16 +70,15 @@ def _request_document(request: str) -> dict[str, Any]:
 
 
 def _call_and_target(document: dict[str, Any], path: str) -> tuple[Any, Any]:
-    from functions.router.app import model_target
-    from functions.router.dispatch import Call
+    from functions.router.facts import Call
+    from spillway.wire import require_model_target
 
     envelope = "body" in document or "headers" in document or "path" in document
     body = document.get("body") if envelope else document
     headers = {str(k).lower(): str(v) for k, v in (document.get("headers") or {}).items()}
-    target = model_target(str(document.get("path", path)) if envelope else path)
+    target = require_model_target(str(document.get("path", path)) if envelope else path)
     raw = json.dumps(body).encode() if body is not None else b""
-    method = "POST" if target.operation == "infer" else "GET"
-    return Call(method=method, headers=headers, body=raw, request_id="explain"), target
+    return Call(method=target.method, headers=headers, body=raw, request_id="explain"), target
 
 
 @policy_app.command("explain")
@@ -100,7 +99,7 @@ def policy_explain(
 ) -> None:
     """Print the decision for a request and why each rule before it did not fire."""
     from functions.router.decide import explain
-    from functions.router.dispatch import parse_request
+    from functions.router.facts import read_request
     from spillway.errors import SpillwayError
 
     policy = _load_policy(file)
@@ -108,7 +107,7 @@ def policy_explain(
         when = datetime.fromisoformat(at) if at else datetime.now(UTC)
         when = when if when.tzinfo else when.replace(tzinfo=UTC)
         call, target = _call_and_target(_request_document(request), path)
-        facts = parse_request(call, target).facts
+        facts = read_request(call, target).facts
     except (ValueError, SpillwayError) as exc:
         raise _fail(f"cannot explain: {getattr(exc, 'message', exc)}") from None
     traces = explain(policy, facts, when, _FixedLoad("gpu", gpu_busy, busy_for))
@@ -130,7 +129,7 @@ def cost_report(
     output: Annotated[str, typer.Option("--format", help="markdown or json.")] = "markdown",
 ) -> None:
     """Summarise the router's per-request metrics by route (rule and backend)."""
-    from functions.router.report import as_json, markdown, summarise
+    from spillway_cli.cost_report import as_json, markdown, summarise
 
     if output not in ("markdown", "json"):
         raise _fail("--format must be markdown or json")

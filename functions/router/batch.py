@@ -2,38 +2,50 @@
 
 Running jobs belongs to the batch job and the jobs function; the router only submits.
 ``BatchSubmitter`` is the seam. The default, ``JobsApiSubmitter``, speaks the jobs API
-(``POST /v1/jobs``), which reads its input from S3: it writes the request's rows as
-JSON Lines records under ``ROUTER_JOBS_STAGING`` and submits::
+(``POST /v1/jobs``), which reads its input from S3: it stages the infer body as the client
+sent it (JSON or binary; ``spillway.messages.stage_request``, which the batch job reads
+back with the core codec) under ``ROUTER_JOBS_STAGING`` and submits::
 
-    PUT  s3://<staging>/<key>/in/records.jsonl      ({"id", "data"} per row)
-    POST {ROUTER_JOBS_URL}   Idempotency-Key: <request id>
+    PUT  s3://<staging>/<key>/in/request.v2req
+    POST {ROUTER_JOBS_URL}   Idempotency-Key: <key>
          {"model": "digits", "version": null,
           "input": "s3://<staging>/<key>/in/", "output": "s3://<staging>/<key>/out/"}
-    -> 202 {"job": {"job_id": "...", ...}}, Location: /v1/jobs/<id>
+    -> 202 {"job": {"job_id": "...", ...}, "replayed": false}, Location: /v1/jobs/<id>
 
-``<key>`` is derived from the request id, so a retried request (same ``x-request-id``)
-replays the same job instead of starting another. Without a jobs URL and a staging
-prefix, batch-mode requests get 503 with a message that says so.
+The router makes ``<key>``; no client names it. Without an ``Idempotency-Key`` header it
+is random, so two requests never share a staging place or a job (whatever their
+``x-request-id``). With one, it is a hash of the caller (the tenant, else ``anonymous``),
+the client's key and the body's hash: the same caller retrying the same payload replays
+the same job, anyone else or any other payload gets a key of its own (and the jobs API
+answers 409 to a key that comes back with a different job, e.g. another model). Without
+a jobs URL and a staging prefix, batch-mode requests get 503 with a message that says so.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from functions.router.backends import (
-    BackendError,
-    BackendRequest,
-    BackendResponse,
-    HttpBackend,
-)
-from functions.router.facts import HEADER_LENGTH, header_length_from, read_json_header
-from functions.router.staging import records
+from functions.router.backends import Backend, BackendError, BackendRequest, BackendResponse
 from spillway.errors import InvalidInputError, UnavailableError
+from spillway.messages import (
+    STAGED_SUFFIX,
+    JobRequest,
+    SubmitReceipt,
+    parse_message,
+    stage_request,
+)
+from spillway.wire import HEADER_LENGTH, JSON_CONTENT_TYPE, parse_header_length, parse_s3_url
+
+STAGED_NAME = f"request{STAGED_SUFFIX}"
+# What the jobs API takes as an idempotency key, and so what a client may send.
+_CLIENT_KEY = re.compile(r"^[!-~]{1,128}$")
 
 
 @dataclass(frozen=True)
@@ -52,15 +64,23 @@ class BatchSubmitter(Protocol):
         ...
 
 
-class JobsApiSubmitter:
-    """Stages the request's rows in S3 and submits a job to the jobs API."""
+def staging_key(tenant: str | None, client_key: str | None, body: bytes) -> str:
+    """The staging place and idempotency key of one batch request (hex): random, unless
+    the client sent an ``Idempotency-Key``; then scoped to the caller and the payload."""
+    if client_key is None:
+        return uuid.uuid4().hex
+    payload = hashlib.sha256(body).hexdigest()
+    scope = "\0".join((tenant or "anonymous", client_key, payload))
+    return hashlib.sha256(scope.encode()).hexdigest()
 
-    def __init__(self, jobs_url: str, staging: str, *, s3: Any = None) -> None:
-        if not staging.startswith("s3://") or not staging[5:].split("/")[0]:
-            raise ValueError(f"jobs staging {staging!r} is not s3://bucket[/prefix]")
-        self._bucket, _, prefix = staging[5:].partition("/")
-        self._prefix = prefix.strip("/")
-        self._http = HttpBackend("jobs", jobs_url, pool_size=4)
+
+class JobsApiSubmitter:
+    """Stages the request in S3 and submits a job over it to the jobs API (``api``: an
+    ``HttpBackend`` on ``ROUTER_JOBS_URL``)."""
+
+    def __init__(self, api: Backend, staging: str, *, s3: Any = None) -> None:
+        self._api = api
+        self._staging = parse_s3_url(staging)
         self._s3 = s3
         self._lock = threading.Lock()
 
@@ -75,33 +95,41 @@ class JobsApiSubmitter:
             return self._s3
 
     def submit(self, request: BackendRequest, timeout_s: float) -> BatchReceipt:
-        """Write the records, then POST the job; its receipt, or ``UnavailableError``."""
+        """Stage the request, then POST the job; its receipt, or ``UnavailableError``."""
         if request.model is None:
             raise InvalidInputError("batch mode needs a model")
-        length = header_length_from(request.headers.get(HEADER_LENGTH))
-        header = read_json_header(request.body, length)
-        binary = request.body[length:] if length is not None else b""
-        lines = records(header, binary, request.request_id)
-        digest = hashlib.sha256(request.request_id.encode()).hexdigest()[:32]
-        key = f"{self._prefix}/{digest}" if self._prefix else digest
-        self._client().put_object(
-            Bucket=self._bucket, Key=f"{key}/in/records.jsonl", Body="\n".join(lines).encode()
+        client_key = request.headers.get("idempotency-key")
+        if client_key is not None and not _CLIENT_KEY.fullmatch(client_key):
+            raise InvalidInputError("Idempotency-Key must be 1-128 visible ASCII characters")
+        key = staging_key(request.tenant, client_key, request.body)
+        length = parse_header_length(request.headers.get(HEADER_LENGTH))
+        self._stage(self._staging.key(key, "in", STAGED_NAME), stage_request(request.body, length))
+        bucket = self._staging.bucket
+        job = JobRequest(
+            model=request.model,
+            version=int(request.version) if request.version else None,
+            input=f"s3://{bucket}/{self._staging.key(key, 'in')}/",
+            output=f"s3://{bucket}/{self._staging.key(key, 'out')}/",
         )
-        job = {
-            "model": request.model,
-            "version": int(request.version) if request.version else None,
-            "input": f"s3://{self._bucket}/{key}/in/",
-            "output": f"s3://{self._bucket}/{key}/out/",
-        }
         post = BackendRequest(
             "POST",
             "",
             "submit",
-            headers={"content-type": "application/json", "idempotency-key": request.request_id},
-            body=json.dumps(job).encode(),
+            headers={"content-type": JSON_CONTENT_TYPE, "idempotency-key": key},
+            body=job.model_dump_json().encode(),
             request_id=request.request_id,
         )
-        return _receipt(self._http.send(post, timeout_s))
+        return _receipt(self._api.send(post, timeout_s))
+
+    def _stage(self, key: str, data: bytes) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._client().put_object(Bucket=self._staging.bucket, Key=key, Body=data)
+        except (BotoCoreError, ClientError) as exc:
+            raise UnavailableError(
+                f"the batch request could not be staged ({type(exc).__name__})"
+            ) from exc
 
 
 class JobRefused(Exception):
@@ -118,12 +146,10 @@ def _receipt(answer: BackendResponse) -> BatchReceipt:
     if answer.status not in (200, 201, 202):
         raise UnavailableError(f"the jobs API answered {answer.status}")
     try:
-        receipt = json.loads(answer.body)
-        job = receipt.get("job", receipt)  # {"job": {"job_id"}} or {"job_id"}
-        status_url = receipt.get("status_url") or answer.headers.get("location")
-        return BatchReceipt(str(job["job_id"]), status_url)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise UnavailableError("the jobs API sent no job_id") from None
+        receipt = parse_message(SubmitReceipt, answer.body, "jobs API answer")
+    except InvalidInputError:  # the jobs API's fault, not the client's
+        raise UnavailableError("the jobs API sent an answer without a job") from None
+    return BatchReceipt(receipt.job.job_id, answer.headers.get("location"))
 
 
 class BatchBackend:

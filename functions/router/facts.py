@@ -3,14 +3,13 @@
 Hints come from the infer request's ``parameters`` first, then from headers
 (``x-spillway-mode``, ``x-spillway-latency-budget-ms``, ``x-spillway-priority``,
 ``x-spillway-tenant``). For a binary body only the JSON header (the first
-``Inference-Header-Content-Length`` bytes) is parsed; tensor bytes are never touched.
-Sizes are estimates for the policy: elements from the shapes, text tokens as UTF-8
-bytes / 4. Model names are checked with the core's pattern without importing numpy.
+``Inference-Header-Content-Length`` bytes) is parsed, with the core's parsers; tensor
+bytes are never touched. Sizes are estimates for the policy: elements from the shapes,
+text tokens as UTF-8 bytes / 4. Nothing here imports numpy.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
@@ -20,15 +19,32 @@ from typing import Any
 import pydantic_core
 
 from spillway.errors import InvalidInputError
-from spillway.names import validate_model_name, validate_version
+from spillway.wire import (
+    HEADER_LENGTH,
+    InferParameters,
+    Target,
+    parse_header_length,
+    read_json_header,
+)
 
-HEADER_LENGTH = "inference-header-content-length"
 MODES = ("auto", "realtime", "serverless", "batch")
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 _BYTES_PER_TOKEN = 4
 # API Gateway and Lambda alone take tens of milliseconds: a smaller budget cannot be met.
 MIN_BUDGET_MS = 100
 MAX_BUDGET_MS = 3_600_000
+
+
+@dataclass(frozen=True)
+class Call:
+    """One client request, transport-free; header names are lower-case."""
+
+    method: str
+    headers: Mapping[str, str]
+    body: bytes
+    request_id: str
+    remaining_ms: float | None = None
+    trusted_tenant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,46 +67,50 @@ class RequestFacts:
     rows: int = 1
 
 
-def check_model_name(name: str) -> str:
-    """The name itself when it is a valid model name (the core's rule)."""
-    return validate_model_name(name)
+@dataclass(frozen=True)
+class Request:
+    """A call as the router understands it: its target, the facts the policy sees, the
+    parsed JSON header (infer only) with its length, and the client's ``Idempotency-Key``
+    (only batch mode uses it, and checks it)."""
+
+    call: Call
+    target: Target
+    facts: RequestFacts
+    header: dict[str, Any] | None = None
+    header_length: int | None = None
+    idempotency_key: str | None = None
 
 
-def check_version(version: str) -> str:
-    """The version itself when it is a positive integer of at most 9 digits."""
-    validate_version(version)
-    return version
+def read_request(call: Call, target: Target, *, trust_tenant_hints: bool = True) -> Request:
+    """Read a call; a malformed one is the client's error (``InvalidInputError``).
 
-
-def header_length_from(value: str | None) -> int | None:
-    """The ``Inference-Header-Content-Length`` value (absent: ``None``)."""
-    if value is None:
-        return None
-    text = value.strip()
-    if not (text.isascii() and text.isdigit()):
-        raise InvalidInputError("Inference-Header-Content-Length must be a non-negative integer")
-    return int(text)
-
-
-def read_json_header(body: bytes, header_length: int | None) -> dict[str, Any]:
-    """The JSON header of an infer body, parsed (not validated: the backend does that)."""
-    if header_length is not None and header_length > len(body):
-        raise InvalidInputError(
-            f"Inference-Header-Content-Length {header_length} is outside the body"
-        )
-    raw = body if header_length is None else body[:header_length]
-    try:
-        value = json.loads(raw)
-    except (UnicodeDecodeError, RecursionError):
-        raise InvalidInputError("invalid JSON: not UTF-8 or nested too deeply") from None
-    except ValueError as exc:  # JSONDecodeError, or a number past the digit limit
-        raise InvalidInputError(f"invalid JSON: {str(exc)[:200]}") from None
-    if not isinstance(value, dict):
-        raise InvalidInputError("the JSON header must be an object")
-    parameters = value.get("parameters")
-    if parameters is not None and not isinstance(parameters, dict):
-        raise InvalidInputError("parameters must be an object")
-    return value
+    The tenant is the authorizer's; the one the request claims counts only when
+    ``trust_tenant_hints`` (no authorizer in front to set it)."""
+    header: dict[str, Any] | None = None
+    length = parse_header_length(call.headers.get(HEADER_LENGTH))
+    if target.operation == "infer":
+        header = read_json_header(call.body, length)
+        # The ``timeout`` and ``priority`` every backend would refuse (negative, not an
+        # integer, past an hour) are refused here alike rather than forwarded or replaced.
+        InferParameters.of(header.get("parameters"))
+    hints = read_hints(header.get("parameters") if header else None, call.headers)
+    elements, tokens, rows = input_size(header) if header else (None, None, 1)
+    facts = RequestFacts(
+        method=call.method,
+        path=target.path,
+        operation=target.operation,
+        model=target.model,
+        version=target.version,
+        mode=hints.mode,
+        latency_budget_ms=hints.latency_budget_ms,
+        priority=hints.priority,
+        tenant=call.trusted_tenant or (hints.tenant if trust_tenant_hints else None),
+        payload_bytes=len(call.body),
+        input_elements=elements,
+        input_tokens=tokens,
+        rows=rows,
+    )
+    return Request(call, target, facts, header, length, call.headers.get("idempotency-key"))
 
 
 @dataclass(frozen=True)

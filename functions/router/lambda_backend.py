@@ -9,9 +9,6 @@ router without a CPU function never pays for it.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import threading
 import time
 from typing import Any
@@ -25,31 +22,35 @@ from functions.router.backends import (
     TimedOut,
     forwardable,
 )
+from spillway.errors import InvalidInputError, OverloadedError, SpillwayError, UnavailableError
+from spillway.messages import DirectInvokeAnswer, DirectInvokeEvent, parse_message
+from spillway.wire import HEADER_LENGTH, Reply, error_reply, parse_header_length
 
 # Lambda's limit on a synchronous invocation's request and response payloads.
 LAMBDA_PAYLOAD_LIMIT = 6 * 1024 * 1024
 _OPERATIONS = frozenset({"infer", "metadata", "ready", "config"})
 
 
-def direct_event(request: BackendRequest) -> dict[str, Any]:
-    """The cpu_infer direct-invoke event for a request (see functions.cpu_infer.handler)."""
-    event: dict[str, Any] = {"operation": request.operation, "model": request.model}
-    if request.version is not None:
-        event["version"] = request.version
-    length = request.headers.get("inference-header-content-length")
-    if length is not None:
-        event["headers"] = {"inference-header-content-length": length}
-    if request.body:
-        event["body_b64"] = base64.b64encode(request.body).decode()
-    if request.request_id:
-        event["request_id"] = request.request_id
-    return event
+def direct_event(request: BackendRequest) -> DirectInvokeEvent:
+    """The cpu_infer direct-invoke event for a request (the schema cpu_infer reads)."""
+    return DirectInvokeEvent.for_request(
+        request.operation,
+        request.model or "",
+        request.version,
+        request.body,
+        parse_header_length(request.headers.get(HEADER_LENGTH)),
+        request.request_id,
+    )
 
 
-def _unavailable(status: int, message: str, started: float) -> BackendResponse:
-    body = json.dumps({"error": message, "code": "overloaded" if status == 429 else "unavailable"})
-    headers = {"content-type": "application/json"}
-    return BackendResponse(status, headers, body.encode(), time.monotonic() - started)
+def _response(reply: Reply, started: float, *, billed: bool = False) -> BackendResponse:
+    elapsed = time.monotonic() - started
+    headers = forwardable(dict(reply.headers), RESPONSE_HEADERS)
+    return BackendResponse(reply.status, headers, reply.body, elapsed, elapsed if billed else None)
+
+
+def _failed(error: SpillwayError, started: float) -> BackendResponse:
+    return _response(error_reply(error), started)
 
 
 class LambdaBackend:
@@ -81,7 +82,7 @@ class LambdaBackend:
         """Invoke the function; throttling reads as 429, other API errors as 503."""
         if request.operation not in _OPERATIONS or request.model is None:
             raise CannotServe(f"{self.name}: the CPU function does not serve {request.operation}")
-        payload = json.dumps(direct_event(request), separators=(",", ":")).encode()
+        payload = direct_event(request).model_dump_json(exclude_none=True).encode()
         if len(payload) > LAMBDA_PAYLOAD_LIMIT:
             raise CannotServe(f"{self.name}: {len(payload)} bytes exceed Lambda's 6 MB payload")
         from botocore.exceptions import (
@@ -103,21 +104,14 @@ class LambdaBackend:
             raise TimedOut(f"{self.name}: no answer from {self.function}") from exc
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
-            status = 429 if code in ("TooManyRequestsException", "ThrottlingException") else 503
-            return _unavailable(status, f"the CPU function answered {code}", started)
+            message = f"the CPU function answered {code}"
+            if code in ("TooManyRequestsException", "ThrottlingException"):
+                return _failed(OverloadedError(message), started)
+            return _failed(UnavailableError(message), started)
         if result.get("FunctionError"):
-            return _unavailable(503, "the CPU function failed", started)
-        return _parse(raw, started)
-
-
-def _parse(raw: bytes, started: float) -> BackendResponse:
-    elapsed = time.monotonic() - started
-    try:
-        answer = json.loads(raw)
-        status = int(answer["statusCode"])
-        body = answer.get("body") or ""
-        data = base64.b64decode(body) if answer.get("isBase64Encoded") else body.encode()
-        headers = forwardable(answer.get("headers") or {}, RESPONSE_HEADERS)
-    except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
-        return _unavailable(503, "the CPU function sent a malformed answer", started)
-    return BackendResponse(status, headers, data, elapsed, billed_s=elapsed)
+            return _failed(UnavailableError("the CPU function failed"), started)
+        try:
+            reply = parse_message(DirectInvokeAnswer, raw, "CPU function answer").to_reply()
+        except InvalidInputError:  # the function's fault, not the client's
+            return _failed(UnavailableError("the CPU function sent a malformed answer"), started)
+        return _response(reply, started, billed=True)

@@ -83,6 +83,15 @@ def _hint_parameters() -> list[dict[str, Any]]:
     ]
 
 
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "schema": {"type": "string", "pattern": "^[!-~]{1,128}$"},
+    "description": "Batch mode: the same caller sending the same body with the same key "
+    "gets the job the first request started (without one, every request is a new job).",
+}
+
+
 def _ok(schema: str, description: str) -> dict[str, Any]:
     return {
         "description": description,
@@ -111,6 +120,7 @@ def _infer(versioned: bool) -> dict[str, Any]:
                 *path_parameters(versioned),
                 *_hint_parameters(),
                 HEADER_LENGTH_PARAMETER,
+                _IDEMPOTENCY_KEY,
             ],
             "requestBody": {
                 "required": True,

@@ -19,6 +19,9 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from spillway.errors import InvalidInputError
+from spillway.wire import parse_s3_url
+
 ENV_PREFIX = "ROUTER_"
 
 MIB = 1024 * 1024
@@ -50,7 +53,7 @@ class RouterSettings(BaseModel):
     jobs_url: str | None = None
     """The jobs API's submit URL (``.../v1/jobs``); unset: batch-mode requests get 503."""
     jobs_staging: str | None = None
-    """``s3://bucket/prefix`` where batch-mode requests are written as job input records."""
+    """``s3://bucket/prefix`` where batch-mode requests are staged as job input."""
     policy_file: Path | None = None
     """Policy file (YAML or JSON); neither this nor ``policy_parameter``: the built-in one."""
     policy_parameter: str | None = None
@@ -110,8 +113,10 @@ class RouterSettings(BaseModel):
     def _staging(cls, value: str | None) -> str | None:
         if not value:
             return None
-        if not value.startswith("s3://") or not value[5:].split("/")[0]:
-            raise ValueError(f"{value!r} is not s3://bucket[/prefix]")
+        try:
+            parse_s3_url(value)
+        except InvalidInputError as exc:  # pydantic reports only ValueError as invalid
+            raise ValueError(exc.message) from None
         return value
 
     @field_validator("cpu_function")

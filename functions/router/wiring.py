@@ -13,16 +13,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from functions.router.accounting import EmfSink, Pricing, event_metric, load_pricing
 from functions.router.app import RouterApp
 from functions.router.backends import Backend, HttpBackend
 from functions.router.batch import BatchBackend, BatchSubmitter, JobsApiSubmitter
-from functions.router.cost import Pricing, load_pricing
 from functions.router.decide import SpillState
-from functions.router.dispatch import Dispatcher
-from functions.router.metrics import EmfSink, event_metric
 from functions.router.openapi import document_bytes
 from functions.router.policy_store import FileSource, PolicySource, PolicyStore, SsmSource
-from functions.router.router import Router, RouterConfig
+from functions.router.routing import Router, RouterConfig
 from functions.router.settings import RouterSettings
 
 log = logging.getLogger("spillway.router")
@@ -65,7 +63,8 @@ def make_backends(settings: RouterSettings, submitter: BatchSubmitter | None) ->
     elif settings.cpu_url:
         backends["cpu"] = http("cpu", settings.cpu_url)
     if submitter is None and settings.jobs_url and settings.jobs_staging:
-        submitter = JobsApiSubmitter(settings.jobs_url, settings.jobs_staging)
+        jobs = HttpBackend("jobs", settings.jobs_url, pool_size=4)
+        submitter = JobsApiSubmitter(jobs, settings.jobs_staging)
     backends["batch"] = BatchBackend(submitter)
     return backends
 
@@ -90,6 +89,7 @@ def router_config(settings: RouterSettings) -> RouterConfig:
         retry_budget=settings.retry_budget,
         load_halflife_s=settings.load_halflife_s,
         load_stale_s=settings.load_stale_s,
+        trust_tenant_hints=settings.trust_tenant_hints,
     )
 
 
@@ -101,7 +101,6 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
     sink = o.sink or EmfSink(settings.metrics_log)
     backends = o.backends if o.backends is not None else make_backends(settings, o.submitter)
     spills = SpillState(rng)
-    router = Router(backends, router_config(settings), clock=clock, spills=spills)
     store = PolicyStore(
         _policy_source(settings),
         ttl_s=settings.policy_ttl_s,
@@ -109,18 +108,19 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
         on_change=lambda _: spills.reset(),
         on_reject=lambda _: sink.write(event_metric("PolicyRejected")),
     )
-    pricing = o.pricing or load_pricing(settings.pricing_file)
-    dispatcher = Dispatcher(
-        router,
+    router = Router(
+        backends,
         store,
-        pricing,
-        sink,
-        o.wall or (lambda: datetime.now(UTC)),
-        trust_tenant_hints=settings.trust_tenant_hints,
+        config=router_config(settings),
+        pricing=o.pricing or load_pricing(settings.pricing_file),
+        sink=sink,
+        spills=spills,
+        clock=clock,
+        wall=o.wall or (lambda: datetime.now(UTC)),
     )
     log.info(
         "router up: backends %s, policy from %s",
         sorted(backends),
         store.loaded.source,
     )
-    return RouterApp(dispatcher, max_body_bytes=settings.max_body_bytes, openapi=document_bytes())
+    return RouterApp(router, max_body_bytes=settings.max_body_bytes, openapi=document_bytes())

@@ -23,6 +23,13 @@ from functions.cpu_infer.settings import CpuSettings
 from functions.router.serve import running
 from functions.router.settings import RouterSettings
 from functions.router.wiring import Overrides, create_app
+from spillway.messages import (
+    STAGED_SUFFIX,
+    JobRequest,
+    JobView,
+    SubmitReceipt,
+    read_staged_request,
+)
 from spillway_cli.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,7 +148,7 @@ def test_a_missing_parameter_leaves_the_built_in_policy_serving(aws_env: str) ->
         gpu_url=None, policy_parameter="/spillway/none", metrics_log=Path("/dev/null")
     )
     app = create_app(settings)
-    store = app.dispatcher.policies
+    store = app.router.policies
     assert store.loaded.source == "built-in"
     assert store.last_error is not None
     assert "ssm:/spillway/none" in store.last_error
@@ -156,7 +163,16 @@ class _JobsApi(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.seen.append({"headers": dict(self.headers.items()), "body": body})
-        answer = json.dumps({"job": {"job_id": "job-7", "status": "SUBMITTED"}}).encode()
+        job = JobRequest.parse(body)
+        view = JobView(
+            job_id="job-7",
+            state="SUBMITTED",
+            model=job.model,
+            input=job.input,
+            output=job.output,
+            created_at="2026-01-15T12:00:00Z",
+        )
+        answer = SubmitReceipt(job=view, replayed=False).model_dump_json().encode()
         self.send_response(202)
         self.send_header("Content-Type", "application/json")
         self.send_header("Location", "/v1/jobs/job-7")
@@ -168,13 +184,11 @@ class _JobsApi(http.server.BaseHTTPRequestHandler):
         return None
 
 
-def test_batch_mode_stages_records_in_s3_and_submits_a_job(
-    aws_env: str, models_dir: Path, tmp_path: Path
+def test_batch_mode_stages_the_request_in_s3_and_submits_a_job(
+    aws_env: str, tmp_path: Path
 ) -> None:
     # GIVEN a staging bucket (moto) and a jobs API, and a router configured for both
-    from batch_job.records import split_record, to_tensors
-    from batch_job.service import JobRequest
-    from spillway.repository import LocalRepository
+    from spillway.codec import decode_request
 
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket="staging")
@@ -210,22 +224,17 @@ def test_batch_mode_stages_records_in_s3_and_submits_a_job(
         "status_url": "/v1/jobs/job-7",
     }
     assert response.headers["x-spillway-backend"] == "batch"
-    # AND the submission is one the jobs API accepts, keyed by the request id
+    # AND the submission is one the jobs API accepts, under a key the router made
     (seen,) = _JobsApi.seen
-    assert seen["headers"]["idempotency-key"] == "nightly-42"
+    key = seen["headers"]["idempotency-key"]
+    assert len(key) == 32
+    assert "nightly-42" not in key
     job = JobRequest.parse(seen["body"])
     assert job.model == "digits"
-    # AND its input is the request's three rows, readable by the batch job's record reader
-    bucket, _, key = job.input.removeprefix("s3://").partition("/")
-    text = s3.get_object(Bucket=bucket, Key=f"{key}records.jsonl")["Body"].read().decode()
-    config = LocalRepository(models_dir).read_config("digits")
-    specs = {t.name: t for t in config.input}
-    parsed = [split_record(line.encode()) for line in text.splitlines()]
-    assert [record_id for record_id, _ in parsed] == [
-        "nightly-42-0",
-        "nightly-42-1",
-        "nightly-42-2",
-    ]
-    tensors = [to_tensors(data, specs, batch=True)["image"] for _, data in parsed]
-    assert [t.shape for t in tensors] == [(1, 8, 8)] * 3
-    assert [float(t[0, 0, 0]) for t in tensors] == [0.0, 1.0, 2.0]
+    assert job.input == f"s3://staging/router/{key}/in/"
+    # AND its input is the request as sent, which the core codec reads back: three rows
+    bucket, _, prefix = job.input.removeprefix("s3://").partition("/")
+    staged = s3.get_object(Bucket=bucket, Key=f"{prefix}request{STAGED_SUFFIX}")["Body"].read()
+    _, tensors = decode_request(*read_staged_request(staged))
+    assert tensors["image"].shape == (3, 8, 8)
+    assert [float(row[0, 0]) for row in tensors["image"]] == [0.0, 1.0, 2.0]

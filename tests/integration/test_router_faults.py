@@ -178,7 +178,7 @@ def test_circuit_opens_half_opens_and_closes_against_a_frozen_gpu(
 ) -> None:
     clock = OffsetClock()
     app = router_for(gpu, cpu_url, clock, breaker_reset_s=5, breaker_max_reset_s=60)
-    breaker = app.dispatcher.router.breakers["gpu"]
+    breaker = app.router.breakers["gpu"]
     with running(app) as url:
         infer = f"{url}/v2/models/digits/infer"
         budget = {"x-spillway-latency-budget-ms": "400"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from functions.router.breaker import CircuitBreaker, RetryBudget
+from functions.router.health import CircuitBreaker, RetryBudget
 
 
 class Clock:

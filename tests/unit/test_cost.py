@@ -10,9 +10,17 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from functions.router.cost import CapacityPrice, LambdaPrice, Pricing, load_pricing
-from functions.router.metrics import EmfSink, RouteRecord, event_metric, route_metrics
-from functions.router.report import as_json, markdown, summarise
+from functions.router.accounting import (
+    CapacityPrice,
+    EmfSink,
+    LambdaPrice,
+    Pricing,
+    RouteRecord,
+    event_metric,
+    load_pricing,
+    route_metrics,
+)
+from spillway_cli.cost_report import as_json, markdown, summarise
 from spillway_cli.router_cli import cost_app
 
 CLI = typer.Typer()

@@ -5,8 +5,11 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import random
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -19,6 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from werkzeug.test import Client
 
+from functions.router.accounting import EmfSink
 from functions.router.app import RouterApp
 from functions.router.backends import (
     BackendError,
@@ -28,13 +32,10 @@ from functions.router.backends import (
     TimedOut,
 )
 from functions.router.batch import BatchReceipt, JobRefused
-from functions.router.facts import check_model_name
-from functions.router.metrics import EmfSink
 from functions.router.settings import RouterSettings
 from functions.router.wiring import Overrides, create_app
-from spillway.errors import InvalidModelNameError
-from spillway.names import validate_model_name
 
+ROOT = Path(__file__).resolve().parents[2]
 IMAGE = [float(i % 17) for i in range(64)]
 BODY = json.dumps(
     {"inputs": [{"name": "image", "shape": [1, 8, 8], "datatype": "FP32", "data": IMAGE}]}
@@ -124,6 +125,10 @@ def make_stack(
     )
     app = create_app(RouterSettings(**settings), overrides)
     return Stack(app, clock, backends.get("gpu"), backends.get("cpu"), metrics)  # type: ignore[arg-type]
+
+
+def with_parameters(**parameters: Any) -> bytes:
+    return json.dumps({**json.loads(BODY), "parameters": parameters}).encode()
 
 
 def sent_json(request: BackendRequest) -> dict[str, Any]:
@@ -289,7 +294,7 @@ def test_the_circuit_opens_after_five_failures_and_half_opens_after_the_wait() -
     trial = stack.post()
     # THEN one trial goes to the GPU, succeeds, and the circuit closes
     assert trial.headers["x-spillway-backend"] == "gpu"
-    assert stack.app.dispatcher.router.breakers["gpu"].state == "closed"
+    assert stack.app.router.breakers["gpu"].state == "closed"
     assert stack.post().headers["x-spillway-backend"] == "gpu"
 
 
@@ -302,7 +307,18 @@ def test_a_busy_gpu_does_not_open_its_circuit() -> None:
         assert stack.post().headers["x-spillway-backend"] == "cpu"
     # THEN every request still tried the GPU first, and its circuit is closed
     assert len(stack.gpu.requests) == 10
-    assert stack.app.dispatcher.router.breakers["gpu"].state == "closed"
+    assert stack.app.router.breakers["gpu"].state == "closed"
+
+
+def test_answers_the_request_caused_do_not_open_the_circuit() -> None:
+    # GIVEN a GPU that refuses every request as malformed (4xx: the client's fault)
+    stack = make_stack(gpu=[ok(400, b'{"error":"bad","code":"invalid_input"}')])
+    # WHEN more requests than the failure threshold get that answer
+    statuses = [stack.post().status_code for _ in range(8)]
+    # THEN each is the client's answer, and the GPU's circuit stays closed
+    assert statuses == [400] * 8
+    assert len(stack.gpu.requests) == 8
+    assert stack.app.router.breakers["gpu"].state == "closed"
 
 
 def test_readiness_follows_the_circuits() -> None:
@@ -479,21 +495,6 @@ def test_model_names_and_versions_are_validated_before_routing(path: str) -> Non
     assert stack.gpu.requests == []
 
 
-@given(st.text(max_size=70))
-def test_the_router_model_name_check_agrees_with_the_core(name: str) -> None:
-    try:
-        validate_model_name(name)
-        core = True
-    except InvalidModelNameError:
-        core = False
-    try:
-        check_model_name(name)
-        router = True
-    except InvalidModelNameError:
-        router = False
-    assert router == core
-
-
 def test_a_traversal_in_the_path_finds_no_route() -> None:
     stack = make_stack()
     response = stack.post("/v2/models/..%2F..%2Fetc/infer")
@@ -521,6 +522,11 @@ def test_a_body_over_the_cap_is_refused_before_it_is_read() -> None:
         (BODY, {"x-spillway-tenant": "a b"}, "tenant must be"),
         (BODY, {"Inference-Header-Content-Length": "99999"}, "outside the body"),
         (BODY, {"Inference-Header-Content-Length": "-1"}, "non-negative integer"),
+        (BODY, {"Inference-Header-Content-Length": "+5"}, "non-negative integer"),
+        (with_parameters(timeout=10**400), {}, "'timeout' must be at most"),
+        (with_parameters(timeout=-1), {}, "'timeout' must be a non-negative integer"),
+        (with_parameters(priority=1.5), {}, "'priority' must be a non-negative integer"),
+        (BODY, {"Inference-Header-Content-Length": "1_0"}, "non-negative integer"),
     ],
 )
 def test_bad_requests_get_400_and_reach_no_backend(
@@ -692,3 +698,126 @@ def test_any_body_and_hints_get_a_documented_answer(body: bytes, hints: dict[str
         assert set(response.json) == {"error", "code"}
         assert response.json["code"] == "invalid_input"
         assert stack.gpu.requests == []
+
+
+def test_the_router_never_imports_numpy() -> None:
+    # GIVEN a fresh interpreter that loads the handler (the application is built at import)
+    # and every module a request can reach: the Lambda and batch backends included
+    script = (
+        "import sys\n"
+        "import functions.router.handler\n"
+        "from functions.router.batch import JobsApiSubmitter, staging_key\n"
+        "from functions.router.facts import Call, read_request\n"
+        "from functions.router.lambda_backend import direct_event\n"
+        "from functions.router.routing import backend_request\n"
+        "from spillway.messages import stage_request\n"
+        "from spillway.wire import require_model_target\n"
+        'body = b\'{"inputs":[{"name":"x","shape":[1],"datatype":"FP32",'
+        '"parameters":{"binary_data_size":4}}]}\'\n'
+        "call = Call('POST', {'inference-header-content-length': str(len(body))},"
+        " body + bytes(4), 'r')\n"
+        "request = read_request(call, require_model_target('/v2/models/digits/infer'))\n"
+        "direct_event(backend_request(request, 'cpu', 1.0))\n"
+        "stage_request(call.body, request.header_length)\n"
+        "print('numpy:', sorted(m for m in sys.modules if m.split('.')[0] == 'numpy'))\n"
+    )
+    env = {**os.environ, "AWS_DEFAULT_REGION": "us-east-1", "ROUTER_METRICS_LOG": os.devnull}
+    env.pop("ROUTER_POLICY_PARAMETER", None)
+    # WHEN it runs a request's reading, its Lambda event and its staging
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    # THEN numpy was never imported
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "numpy: []"
+
+
+# --- the CPU fallback over lambda:Invoke ------------------------------------------------------
+
+
+class FakeLambda:
+    """``invoke`` answering a fixed payload (or raising), recording what it was sent."""
+
+    def __init__(self, answer: bytes | Exception, function_error: bool = False) -> None:
+        self.answer, self.function_error = answer, function_error
+        self.payloads: list[bytes] = []
+
+    def invoke(self, **kwargs: Any) -> dict[str, Any]:
+        self.payloads.append(kwargs["Payload"])
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        result: dict[str, Any] = {"Payload": io.BytesIO(self.answer)}
+        if self.function_error:
+            result["FunctionError"] = "Unhandled"
+        return result
+
+
+def lambda_backend(client: FakeLambda) -> Any:
+    from functions.router.lambda_backend import LambdaBackend
+
+    backend = LambdaBackend("cpu", "spillway-cpu-infer")
+    backend._client = client
+    return backend
+
+
+def test_the_lambda_backend_speaks_the_shared_direct_invoke_schemas() -> None:
+    from spillway.messages import DirectInvokeAnswer, DirectInvokeEvent, parse_message
+    from spillway.wire import infer_reply
+
+    # GIVEN a CPU function that answers a binary infer result
+    result = b'{"outputs":[]}' + b"\x00\x01"
+    answer = DirectInvokeAnswer.of(infer_reply(result, 14, 3)).dump()
+    client = FakeLambda(json.dumps(answer).encode())
+    request = BackendRequest(
+        "POST",
+        "/v2/models/digits/versions/3/infer",
+        "infer",
+        model="digits",
+        version="3",
+        headers={"inference-header-content-length": "14"},
+        body=b'{"inputs":[]}!' + b"\x07",
+        request_id="req-9",
+    )
+    # WHEN the router sends it a request
+    response = lambda_backend(client).send(request, 1.0)
+    # THEN the event is the one cpu_infer parses, carrying the body and its header length
+    event = parse_message(DirectInvokeEvent, json.loads(client.payloads[0]), "event")
+    assert (event.operation, event.model, event.version, event.request_id) == (
+        "infer",
+        "digits",
+        "3",
+        "req-9",
+    )
+    assert (event.raw_body(), event.header_length()) == (request.body, 14)
+    # AND the answer comes back as sent, binary body and headers included, billed
+    assert (response.status, response.body) == (200, result)
+    assert response.headers["inference-header-content-length"] == "14"
+    assert response.headers["x-spillway-model-version"] == "3"
+    assert response.billed_s == response.elapsed_s
+
+
+@pytest.mark.parametrize(
+    "client",
+    [
+        FakeLambda(b'{"statusCode": "soon"}'),
+        FakeLambda(b'{"statusCode": 200, "body": "!!", "isBase64Encoded": true}'),
+        FakeLambda(b"{}", function_error=True),
+    ],
+    ids=["malformed", "bad-base64", "function-error"],
+)
+def test_a_cpu_function_that_fails_reads_as_unavailable(client: FakeLambda) -> None:
+    request = BackendRequest("GET", "/v2/models/digits", "metadata", model="digits")
+    response = lambda_backend(client).send(request, 1.0)
+    assert response.status == 503
+    assert json.loads(response.body)["code"] == "unavailable"
+
+
+def test_a_throttled_cpu_function_reads_as_overloaded() -> None:
+    from botocore.exceptions import ClientError
+
+    throttled = ClientError({"Error": {"Code": "TooManyRequestsException"}}, "Invoke")
+    request = BackendRequest("GET", "/v2/models/digits", "metadata", model="digits")
+    response = lambda_backend(FakeLambda(throttled)).send(request, 1.0)
+    assert response.status == 429
+    assert json.loads(response.body)["code"] == "overloaded"

@@ -1,122 +1,230 @@
-"""Batch-mode staging: an infer request (JSON or binary) as job input records."""
+"""Batch mode through the jobs API: the request staged as-is, under a key the router makes.
+
+An in-memory S3 and an in-memory jobs API that behaves like the real one about
+idempotency keys (same key and same job: the first job, replayed; same key and another
+job: 409).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
+from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
+from functions.router.backends import BackendRequest, BackendResponse
+from functions.router.batch import STAGED_NAME, JobsApiSubmitter, staging_key
+from spillway.messages import JobRequest, JobView, SubmitReceipt, read_staged_request
+from tests.unit.test_router import BODY, Stack, make_stack
 
-from functions.router.staging import records
-from spillway.errors import InvalidInputError
-
-
-def lines(header: dict[str, Any], binary: bytes = b"") -> list[dict[str, Any]]:
-    return [json.loads(line) for line in records(header, binary, "req")]
+STAGING = "s3://staging/router"
 
 
-def test_json_rows_lose_the_batch_dimension_and_keep_their_nesting() -> None:
-    header = {
-        "inputs": [
-            {
-                "name": "image",
-                "shape": [2, 2, 2],
-                "datatype": "FP32",
-                "data": [1, 2, 3, 4, 5, 6, 7, 8],
-            },
-            {"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": [["a"], ["b"]]},
-        ]
+@dataclass
+class MemoryS3:
+    """``put_object`` into a dict, keeping every write."""
+
+    objects: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    writes: list[str] = field(default_factory=list)
+
+    def put_object(self, *, Bucket: str, Key: str, Body: bytes) -> dict[str, Any]:
+        self.objects[(Bucket, Key)] = Body
+        self.writes.append(Key)
+        return {}
+
+
+@dataclass
+class JobsApi:
+    """``POST /v1/jobs`` as the jobs function answers it."""
+
+    name: str = "jobs"
+    jobs: dict[str, tuple[JobRequest, str]] = field(default_factory=dict)
+    posts: list[BackendRequest] = field(default_factory=list)
+
+    def send(self, request: BackendRequest, timeout_s: float) -> BackendResponse:
+        self.posts.append(request)
+        job = JobRequest.parse(request.body)
+        key = request.headers["idempotency-key"]
+        known = self.jobs.get(key)
+        if known is not None and known[0] != job:
+            conflict = b'{"error":"key reused","code":"conflict"}'
+            return BackendResponse(409, {"content-type": "application/json"}, conflict, 0.0)
+        if known is None:
+            self.jobs[key] = (job, f"job-{len(self.jobs) + 1}")
+        job_id = self.jobs[key][1]
+        view = JobView(
+            job_id=job_id,
+            state="SUBMITTED",
+            model=job.model,
+            input=job.input,
+            output=job.output,
+            created_at="2026-01-15T12:00:00Z",
+        )
+        answer = SubmitReceipt(job=view, replayed=known is not None).model_dump_json()
+        headers = {"content-type": "application/json", "location": f"/v1/jobs/{job_id}"}
+        return BackendResponse(202, headers, answer.encode(), 0.0)
+
+
+def batch_stack() -> tuple[Stack, MemoryS3, JobsApi]:
+    s3, api = MemoryS3(), JobsApi()
+    return make_stack(submitter=JobsApiSubmitter(api, STAGING, s3=s3)), s3, api
+
+
+def submit(stack: Stack, body: bytes = BODY, **headers: str) -> Any:
+    return stack.post(body=body, headers={"x-spillway-mode": "batch", **headers})
+
+
+def other_body() -> bytes:
+    document = json.loads(BODY)
+    document["inputs"][0]["data"][0] = 99.0
+    return json.dumps(document).encode()
+
+
+def test_the_request_is_staged_as_sent_and_the_job_reads_it() -> None:
+    # GIVEN a router with a staging bucket and a jobs API
+    stack, s3, api = batch_stack()
+    # WHEN a batch-mode request arrives
+    response = submit(stack)
+    # THEN it is accepted with the job's id and where to poll it
+    assert response.status_code == 202
+    assert response.json == {
+        "job_id": "job-1",
+        "status": "submitted",
+        "status_url": "/v1/jobs/job-1",
     }
-    assert lines(header) == [
-        {"id": "req-0", "data": {"image": [[1, 2], [3, 4]], "text": ["a"]}},
-        {"id": "req-1", "data": {"image": [[5, 6], [7, 8]], "text": ["b"]}},
-    ]
+    # AND the job's input is the staged request, byte for byte, under the job's key
+    (post,) = api.posts
+    job = JobRequest.parse(post.body)
+    key = post.headers["idempotency-key"]
+    assert (job.model, job.version) == ("digits", None)
+    assert job.input == f"{STAGING}/{key}/in/"
+    assert job.output == f"{STAGING}/{key}/out/"
+    staged = s3.objects[("staging", f"router/{key}/in/{STAGED_NAME}")]
+    assert read_staged_request(staged) == (BODY, None)
 
 
-def test_binary_tensors_give_the_same_rows_as_json() -> None:
-    values = [0.5, 1.5, 2.5, 3.5, 4.5, 5.5]
-    texts = [b"hello", "h\u00e9".encode()]
-    packed = b"".join(struct.pack("<I", len(t)) + t for t in texts)
-    header = {
-        "inputs": [
-            {
-                "name": "x",
-                "shape": [2, 3],
-                "datatype": "FP32",
-                "parameters": {"binary_data_size": 24},
-            },
-            {
-                "name": "t",
-                "shape": [2],
-                "datatype": "BYTES",
-                "parameters": {"binary_data_size": len(packed)},
-            },
-        ]
-    }
-    binary = struct.pack("<6f", *values) + packed
-    as_json = {
-        "inputs": [
-            {"name": "x", "shape": [2, 3], "datatype": "FP32", "data": values},
-            {"name": "t", "shape": [2], "datatype": "BYTES", "data": ["hello", "h\u00e9"]},
-        ]
-    }
-    assert lines(header, binary) == lines(as_json)
-    assert lines(header, binary)[1]["data"] == {"x": [3.5, 4.5, 5.5], "t": "h\u00e9"}
+def test_a_binary_request_is_staged_with_its_header_length() -> None:
+    stack, s3, _ = batch_stack()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "shape": [1, 4],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": 16},
+                }
+            ]
+        }
+    ).encode()
+    body = header + struct.pack("<4f", 1.0, 2.0, 3.0, 4.0)
+    response = stack.post(
+        body=body,
+        headers={"x-spillway-mode": "batch", "Inference-Header-Content-Length": str(len(header))},
+        content_type="application/octet-stream",
+    )
+    assert response.status_code == 202
+    ((_, key),) = s3.objects
+    assert key.endswith(".v2req")
+    assert read_staged_request(s3.objects[("staging", key)]) == (body, len(header))
 
 
-@pytest.mark.parametrize(
-    ("header", "binary", "message"),
-    [
-        ({"inputs": []}, b"", "needs inputs"),
-        (
-            {"inputs": [{"name": "x", "shape": [], "datatype": "FP32", "data": [1]}]},
-            b"",
-            "no batch",
-        ),
-        (
-            {"inputs": [{"name": "x", "shape": [2], "datatype": "FP32", "data": [1]}]},
-            b"",
-            "needs 2",
-        ),
-        (
-            {"inputs": [{"name": "x", "shape": [1], "datatype": "FP99", "data": [1]}]},
-            b"",
-            "datatype",
-        ),
-        (
-            {
-                "inputs": [
-                    {"name": "x", "shape": [1], "datatype": "FP32", "data": [1]},
-                    {"name": "y", "shape": [2], "datatype": "FP32", "data": [1, 2]},
-                ]
-            },
-            b"",
-            "same number of rows",
-        ),
-        (
-            {
-                "inputs": [
-                    {
-                        "name": "x",
-                        "shape": [2],
-                        "datatype": "FP32",
-                        "parameters": {"binary_data_size": 8},
-                    }
-                ]
-            },
-            b"\x00" * 4,
-            "binary_data_size",
-        ),
-        (
-            {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]},
-            b"\x00",
-            "follow the last",
-        ),
-    ],
-)
-def test_malformed_requests_are_the_clients_error(
-    header: dict[str, Any], binary: bytes, message: str
-) -> None:
-    with pytest.raises(InvalidInputError, match=message):
-        records(header, binary, "req")
+def test_two_clients_with_the_same_request_id_get_their_own_staging_and_job() -> None:
+    # GIVEN two clients that happen to send the same x-request-id, with different payloads
+    stack, s3, api = batch_stack()
+    first = submit(stack, BODY, **{"x-request-id": "nightly-42", "x-spillway-tenant": "acme"})
+    second = submit(
+        stack, other_body(), **{"x-request-id": "nightly-42", "x-spillway-tenant": "globex"}
+    )
+    # THEN each got its own job, staged in its own place: nobody overwrote the other
+    assert (first.status_code, second.status_code) == (202, 202)
+    assert first.json["job_id"] != second.json["job_id"]
+    keys = [post.headers["idempotency-key"] for post in api.posts]
+    assert keys[0] != keys[1]
+    assert "nightly-42" not in keys[0] + keys[1]
+    assert len(set(s3.writes)) == 2
+    assert read_staged_request(s3.objects[("staging", s3.writes[0])])[0] == BODY
+
+
+def test_the_same_request_twice_without_a_key_makes_two_jobs() -> None:
+    stack, _, api = batch_stack()
+    ids = {submit(stack, **{"x-request-id": "r-1"}).json["job_id"] for _ in range(2)}
+    assert len(ids) == 2
+    assert len({post.headers["idempotency-key"] for post in api.posts}) == 2
+
+
+def test_a_retry_with_the_same_idempotency_key_replays_the_job() -> None:
+    # GIVEN a caller that sends the same payload twice with its Idempotency-Key
+    stack, s3, api = batch_stack()
+    headers = {"Idempotency-Key": "order-7", "x-spillway-tenant": "acme"}
+    first, retry = submit(stack, **headers), submit(stack, **headers)
+    # THEN the retry gets the first job, staged in the same place
+    assert first.json["job_id"] == retry.json["job_id"] == "job-1"
+    assert len({post.headers["idempotency-key"] for post in api.posts}) == 1
+    assert len(set(s3.writes)) == 1
+
+
+def test_the_same_idempotency_key_with_another_payload_or_caller_is_another_job() -> None:
+    stack, _, api = batch_stack()
+    first = submit(stack, **{"Idempotency-Key": "order-7", "x-spillway-tenant": "acme"})
+    other_payload = submit(
+        stack, other_body(), **{"Idempotency-Key": "order-7", "x-spillway-tenant": "acme"}
+    )
+    other_caller = submit(stack, **{"Idempotency-Key": "order-7", "x-spillway-tenant": "globex"})
+    assert len({r.json["job_id"] for r in (first, other_payload, other_caller)}) == 3
+    assert len({post.headers["idempotency-key"] for post in api.posts}) == 3
+
+
+def test_the_same_key_and_payload_for_another_model_is_the_jobs_apis_409() -> None:
+    stack, _, _ = batch_stack()
+    assert submit(stack, **{"Idempotency-Key": "order-7"}).status_code == 202
+    response = stack.post(
+        "/v2/models/minilm/infer",
+        headers={"x-spillway-mode": "batch", "Idempotency-Key": "order-7"},
+    )
+    assert response.status_code == 409
+    assert response.json["code"] == "conflict"
+    assert response.headers["x-spillway-backend"] == "batch"
+
+
+def test_the_key_is_the_hash_of_caller_client_key_and_payload() -> None:
+    key = staging_key("acme", "order-7", b"body")
+    payload = hashlib.sha256(b"body").hexdigest()
+    assert key == hashlib.sha256(f"acme\0order-7\0{payload}".encode()).hexdigest()
+    assert key != staging_key("acme", "order-7", b"body2")
+    assert key != staging_key("globex", "order-7", b"body")
+    assert key != staging_key(None, "order-7", b"body")
+    assert staging_key(None, "order-7", b"body") == staging_key("anonymous", "order-7", b"body")
+    random_keys = {staging_key("acme", None, b"body") for _ in range(3)}
+    assert len(random_keys) == 3
+    assert all(len(k) == 32 for k in random_keys)
+
+
+def test_an_answer_without_a_job_is_unavailable_not_the_clients_error() -> None:
+    class Broken(JobsApi):
+        def send(self, request: BackendRequest, timeout_s: float) -> BackendResponse:
+            return BackendResponse(202, {}, b'{"job": {"job_id": "x"}}', 0.0)
+
+    stack = make_stack(submitter=JobsApiSubmitter(Broken(), STAGING, s3=MemoryS3()))
+    response = submit(stack)
+    assert response.status_code == 503
+    assert response.json["code"] == "unavailable"
+    assert "without a job" in response.json["error"]
+
+
+def test_a_bad_idempotency_key_is_refused_in_batch_mode_and_ignored_elsewhere() -> None:
+    # GIVEN a key longer than the jobs API takes
+    stack, s3, api = batch_stack()
+    key = {"Idempotency-Key": "k" * 129}
+    # WHEN it comes with a batch-mode request, THEN that is the client's error: 400,
+    # nothing staged, no job
+    refused = submit(stack, **key)
+    assert refused.status_code == 400
+    assert "Idempotency-Key" in refused.json["error"]
+    assert refused.headers["x-spillway-backend"] == "none"
+    assert (s3.writes, api.posts) == ([], [])
+    # AND a realtime request does not care, nor is the header forwarded to the GPU
+    served = stack.post(headers=key)
+    assert served.status_code == 200
+    assert "idempotency-key" not in stack.gpu.requests[0].headers

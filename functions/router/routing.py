@@ -1,17 +1,26 @@
-"""The router's core, free of any transport: decide, walk the chain, account.
+"""One routing step, request in and reply out: decide, walk the fallback chain, account.
 
-For one request: read its facts, let the policy pick a chain of backends, and try them in
-order within the request's deadline. A backend is skipped while its circuit is open. An
-attempt that finds a backend unreachable, overloaded (429), unavailable (502/503), late
-(504) or silent moves on to the next backend; anything else the backend says (a result,
-or a 4xx caused by the request) is the answer. Only connect errors are retried, once, on
-the same backend, within the retry budget. An attempt with backends after it leaves
-``fallback_reserve`` of the remaining time to them; its timeout travels down as the
-Open Inference Protocol ``timeout`` parameter, so a backend drops work nobody waits for.
+``Router.route`` reads the request (``facts``), lets the policy pick a chain of backends
+(``decide``) and tries them in order within the request's deadline. A backend is skipped
+while its circuit is open. An attempt that finds a backend unreachable, overloaded (429),
+unavailable (502/503), late (504) or silent moves on to the next backend; anything else
+the backend says (a result, or a 4xx caused by the request) is the answer. Only connect
+errors are retried, once, on the same backend, within the retry budget. An attempt with
+backends after it leaves ``fallback_reserve`` of the remaining time to them; its timeout
+travels down as the Open Inference Protocol ``timeout`` parameter, so a backend drops
+work nobody waits for.
 
 What counts against a backend's circuit: no connection, no answer in time, a broken
 connection, a 5xx other than 504. A 429 or a 504 says "busy", not "broken": it moves the
-request on without a verdict, and a 429 counts as a fully busy load reading.
+request on without a verdict, and a 429 counts as a fully busy load reading. A 4xx is
+the request's own fault and the backend's good answer.
+
+Every reply says what happened: ``x-spillway-rule`` (the rule that fired),
+``x-spillway-backend`` (who answered), ``x-spillway-cost-usd`` (the estimate),
+``x-spillway-fallback`` (``<first backend>:<why>`` when another one served) and
+``x-spillway-spilled`` (when the rule's spill share moved it); one EMF line and one log
+line record it. A request too malformed to route raises its ``SpillwayError`` before any
+of that, for the transport to answer.
 """
 
 from __future__ import annotations
@@ -20,9 +29,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
+from functions.router.accounting import EmfSink, Pricing, RouteRecord
 from functions.router.backends import (
+    RESPONSE_HEADERS,
     Backend,
     BackendError,
     BackendRequest,
@@ -30,12 +41,19 @@ from functions.router.backends import (
     CannotServe,
     ConnectFailed,
 )
-from functions.router.breaker import CircuitBreaker, RetryBudget
 from functions.router.decide import Decision, SpillState, decide
-from functions.router.facts import RequestFacts
-from functions.router.load import LoadTracker, parse_load_headers
-from functions.router.policy import Policy
+from functions.router.facts import Call, Request, read_request, with_timeout
+from functions.router.health import CircuitBreaker, LoadTracker, RetryBudget, parse_load_headers
+from functions.router.policy_store import PolicyStore
 from spillway.errors import DeadlineExceededError, SpillwayError, UnavailableError
+from spillway.wire import (
+    BINARY_CONTENT_TYPE,
+    HEADER_LENGTH,
+    JSON_CONTENT_TYPE,
+    Reply,
+    Target,
+    error_reply,
+)
 
 log = logging.getLogger("spillway.router")
 
@@ -58,6 +76,7 @@ class RouterConfig:
     retry_budget: float = 0.1
     load_halflife_s: float = 10.0
     load_stale_s: float = 30.0
+    trust_tenant_hints: bool = True
 
 
 @dataclass
@@ -89,24 +108,29 @@ class Outcome:
         return f"{self.decision.chain[0]}:{first.outcome if first else 'not_configured'}"
 
 
-RequestBuilder = Callable[[str, float], BackendRequest]
-
-
 class Router:
-    """Policy decisions, fallback chains, circuit breakers and live load."""
+    """Policy decisions, fallback chains, circuit breakers, live load and accounting."""
 
     def __init__(
         self,
         backends: Mapping[str, Backend],
-        config: RouterConfig,
+        policies: PolicyStore,
         *,
-        clock: Callable[[], float] = time.monotonic,
+        config: RouterConfig,
+        pricing: Pricing,
+        sink: EmfSink,
         spills: SpillState,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.backends = dict(backends)
+        self.policies = policies
         self.config = config
-        self.clock = clock
+        self.pricing = pricing
+        self.sink = sink
         self.spills = spills
+        self.clock = clock
+        self.wall = wall
         self.breakers = {
             name: CircuitBreaker(
                 name,
@@ -120,7 +144,24 @@ class Router:
         self.load = LoadTracker(config.load_halflife_s, config.load_stale_s, clock)
         self.budget = RetryBudget(config.retry_budget)
 
-    def deadline(
+    def route(self, call: Call, target: Target) -> Reply:
+        """Decide, walk the chain within the deadline, account, and answer."""
+        started = self.clock()
+        request = read_request(call, target, trust_tenant_hints=self.config.trust_tenant_hints)
+        facts = request.facts
+        decision = decide(self.policies.policy, facts, self.wall(), self.load, self.spills)
+        deadline = self._deadline(started, facts.latency_budget_ms, call.remaining_ms)
+        outcome = self._walk(decision, request, deadline)
+        cost = self._account(outcome, request, started)
+        return _reply(outcome, target, cost)
+
+    def ready(self) -> bool:
+        """Whether some synchronous backend is configured and its circuit is not open."""
+        return any(
+            name in self.backends and self.breakers[name].state != "open" for name in ("gpu", "cpu")
+        )
+
+    def _deadline(
         self, started: float, budget_ms: float | None, remaining_ms: float | None
     ) -> float:
         """The request's deadline: its latency budget (else the default), capped by what
@@ -130,11 +171,9 @@ class Router:
             limit_s = min(limit_s, remaining_ms / 1000 - self.config.deadline_margin_s)
         return started + max(limit_s, 0.0)
 
-    def decide(self, policy: Policy, facts: RequestFacts, now: datetime) -> Decision:
-        """The policy's decision for these facts, with live load and spill state."""
-        return decide(policy, facts, now, self.load, self.spills)
+    # --- the walk ----------------------------------------------------------------------
 
-    def walk(self, decision: Decision, build: RequestBuilder, deadline: float) -> Outcome:
+    def _walk(self, decision: Decision, request: Request, deadline: float) -> Outcome:
         """Try the chain's backends in order until one answers for good."""
         self.budget.deposit()
         outcome = Outcome(decision)
@@ -152,7 +191,7 @@ class Router:
             later = any(self.breakers[n].state != "open" for n in chain[index + 1 :])
             timeout = remaining * (1 - self.config.fallback_reserve) if later else remaining
             try:
-                attempt, response = self._attempt(name, build, timeout, deadline)
+                attempt, response = self._attempt(name, request, timeout, deadline)
             except SpillwayError as exc:  # e.g. batch mode without a jobs API
                 outcome.attempts.append(Attempt(name, exc.code))
                 outcome.error = exc
@@ -166,13 +205,13 @@ class Router:
         return self._unserved(outcome, last_failover)
 
     def _attempt(
-        self, name: str, build: RequestBuilder, timeout: float, deadline: float
+        self, name: str, request: Request, timeout: float, deadline: float
     ) -> tuple[Attempt, BackendResponse | None]:
         backend, breaker = self.backends[name], self.breakers[name]
         started = self.clock()
         while True:
             try:
-                response = backend.send(build(name, timeout), timeout)
+                response = backend.send(backend_request(request, name, timeout), timeout)
             except CannotServe:
                 breaker.neutral()
                 return Attempt(name, "cannot_serve"), None
@@ -240,3 +279,104 @@ class Router:
                 retry_after_s=min(waits) if waits else None,
             )
         return outcome
+
+    # --- accounting --------------------------------------------------------------------
+
+    def _account(self, outcome: Outcome, request: Request, started: float) -> float:
+        """The request's cost; one EMF line and one log line say what happened."""
+        decision = outcome.decision
+        elapsed = self.clock() - started
+        cost = self.pricing.router.cost(elapsed) + sum(
+            self.pricing.attempt(
+                a.backend, rows=request.facts.rows, billed_s=a.billed_s, served=a.served
+            )
+            for a in outcome.attempts
+        )
+        status = _status(outcome)
+        record = RouteRecord(
+            rule=decision.rule,
+            backend=outcome.backend or "none",
+            model=request.target.model,
+            status=status,
+            latency_ms=elapsed * 1000,
+            cost_usd=cost,
+            fallback=outcome.fallback is not None,
+            spilled=decision.spilled,
+            attempts=len(outcome.attempts),
+        )
+        self.sink.emit(record)
+        log.info(
+            "routed",
+            extra={
+                "rule": decision.rule,
+                "chain": list(decision.chain),
+                "attempts": [f"{a.backend}:{a.outcome}" for a in outcome.attempts],
+                "status": status,
+                "cost_usd": cost,
+                "request_id": request.call.request_id,
+            },
+        )
+        return cost
+
+
+def backend_request(request: Request, backend: str, timeout_s: float) -> BackendRequest:
+    """What one attempt sends: the canonical path, the allowed headers, and an infer body
+    carrying the attempt's timeout (a batch job gets the body as the client sent it, and
+    the client's ``Idempotency-Key``)."""
+    call, target = request.call, request.target
+    body, length = call.body, request.header_length
+    if request.header is None:
+        body, length = b"", None
+    elif backend != "batch":
+        timeout_us = max(1, int(timeout_s * BACKEND_TIMEOUT_SHARE * 1e6))
+        body, length = with_timeout(call.body, request.header, length, timeout_us)
+    headers: dict[str, str] = {}
+    if target.operation == "infer":
+        headers["content-type"] = JSON_CONTENT_TYPE if length is None else BINARY_CONTENT_TYPE
+    if length is not None:
+        headers[HEADER_LENGTH] = str(length)
+    if backend == "batch" and request.idempotency_key is not None:
+        headers["idempotency-key"] = request.idempotency_key
+    return BackendRequest(
+        method=call.method,
+        path=target.path,
+        operation=target.operation,
+        model=target.model,
+        version=target.version,
+        headers=headers,
+        body=body,
+        request_id=call.request_id,
+        tenant=request.facts.tenant,
+    )
+
+
+def _status(outcome: Outcome) -> int:
+    if outcome.response is not None:
+        return outcome.response.status
+    return outcome.error.status if outcome.error is not None else 500
+
+
+def _reply(outcome: Outcome, target: Target, cost: float) -> Reply:
+    """The backend's answer (or the routing error) with the headers that explain it."""
+    decision = outcome.decision
+    extra = [
+        ("x-spillway-rule", decision.rule),
+        ("x-spillway-backend", outcome.backend or "none"),
+        ("x-spillway-cost-usd", f"{cost:.9f}"),
+    ]
+    if outcome.fallback is not None:
+        extra.append(("x-spillway-fallback", outcome.fallback))
+    if decision.spilled:
+        extra.append(("x-spillway-spilled", "true"))
+    response = outcome.response
+    if response is None:
+        error = error_reply(outcome.error or UnavailableError("no backend answered"))
+        return Reply(error.status, [*error.headers, *extra], error.body)
+    headers = [(k, v) for k, v in response.headers.items() if k in RESPONSE_HEADERS]
+    body = response.body
+    if target.operation == "ready" and response.status == 200:
+        # Triton answers readiness with an empty body; the router's answer is JSON.
+        headers, body = [(k, v) for k, v in headers if k != "content-type"], b'{"ready":true}'
+    if not any(k == "content-type" for k, _ in headers):
+        headers.append(("content-type", JSON_CONTENT_TYPE))
+    return Reply(response.status, headers + extra, body)

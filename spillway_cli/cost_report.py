@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from functions.router.metrics import NAMESPACE
+from functions.router.accounting import NAMESPACE
 
 
 @dataclass
