@@ -125,9 +125,9 @@ def serve_jobs(
     Locally moto accepts the Batch job but runs nothing, so each new job's array children
     are run here as processes, as `spillway jobs submit --local` does."""
     from functions.jobs.handler import handler
-    from functions.router.serve import serve_forever
     from spillway_cli.jobs_cli import run_submitted_locally
     from spillway_cli.lambda_http import wsgi_app
+    from spillway_cli.wsgi_server import serve_forever
 
     _logging(False)
     serve_forever(wsgi_app(run_submitted_locally(handler), health_path="/v1/health"), host, port)

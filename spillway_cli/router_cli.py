@@ -158,9 +158,9 @@ def serve_router(
     from aws_lambda_powertools.logging import Logger
 
     from functions.router.policy import PolicyError
-    from functions.router.serve import serve_forever
     from functions.router.settings import RouterSettings
     from functions.router.wiring import create_app
+    from spillway_cli.wsgi_server import serve_forever
 
     try:
         settings = RouterSettings.from_env(
@@ -184,7 +184,7 @@ def serve_cpu(
     from functions.cpu_infer.app import CpuApp
     from functions.cpu_infer.service import CpuService
     from functions.cpu_infer.settings import CpuSettings
-    from functions.router.serve import serve_forever
+    from spillway_cli.wsgi_server import serve_forever
 
     flags = {"host": host, "port": port, "repository": repository}
     settings = CpuSettings.model_validate({k: v for k, v in flags.items() if v is not None})

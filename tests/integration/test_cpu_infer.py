@@ -21,9 +21,9 @@ from functions.cpu_infer.app import CpuApp
 from functions.cpu_infer.direct import handle_direct
 from functions.cpu_infer.service import CpuService
 from functions.cpu_infer.settings import CpuSettings
-from functions.router.serve import running
 from spillway.engine import EngineOptions, OnnxModel
 from spillway.repository import LocalRepository
+from spillway_cli.wsgi_server import running
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = ROOT / "events" / "cpu_infer"

@@ -24,12 +24,12 @@ from functions.cpu_infer.app import CpuApp
 from functions.cpu_infer.direct import handle_direct
 from functions.cpu_infer.service import CpuService
 from functions.cpu_infer.settings import CpuSettings
-from functions.router.serve import running
 from functions.router.settings import RouterSettings
 from functions.router.wiring import create_app
 from spillway.codec import decode_response, encode_request
 from spillway.errors import OverloadedError, UnavailableError
 from spillway.repository import LocalRepository
+from spillway_cli.wsgi_server import running
 from tests.support import Service, gpu_service, link_model
 
 IMAGE = {"name": "image", "shape": [1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}

@@ -20,7 +20,6 @@ from werkzeug.test import Client
 from functions.cpu_infer.app import CpuApp
 from functions.cpu_infer.service import CpuService
 from functions.cpu_infer.settings import CpuSettings
-from functions.router.serve import running
 from functions.router.settings import RouterSettings
 from functions.router.wiring import Overrides, create_app
 from spillway.messages import (
@@ -31,6 +30,7 @@ from spillway.messages import (
     read_staged_request,
 )
 from spillway_cli.procs import free_port
+from spillway_cli.wsgi_server import running
 
 ROOT = Path(__file__).resolve().parents[2]
 BODY = json.loads((ROOT / "events" / "cpu_infer" / "infer-direct.json").read_text())["body"]

@@ -19,9 +19,9 @@ import functions.router.handler as router_handler
 from functions.cpu_infer.app import CpuApp
 from functions.cpu_infer.service import CpuService
 from functions.cpu_infer.settings import CpuSettings
-from functions.router.serve import running
 from functions.router.settings import RouterSettings
 from functions.router.wiring import create_app
+from spillway_cli.wsgi_server import running
 from tests.support import Service
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,11 +27,11 @@ from functions.cpu_infer.app import CpuApp
 from functions.cpu_infer.service import CpuService
 from functions.cpu_infer.settings import CpuSettings
 from functions.router.app import RouterApp
-from functions.router.serve import running
 from functions.router.settings import RouterSettings
 from functions.router.wiring import Overrides, create_app
 from spillway.engine import EngineOptions, OnnxModel
 from spillway.repository import LocalRepository
+from spillway_cli.wsgi_server import running
 from tests.support import Service, gpu_service, link_model, write_slow_model
 
 

@@ -18,10 +18,10 @@ import pytest
 import tritonclient.http as triton
 
 from functions.router.backends import BackendRequest, HttpBackend
-from functions.router.serve import running
 from functions.router.settings import RouterSettings
 from functions.router.wiring import create_app
 from spillway_cli import procs
+from spillway_cli.wsgi_server import running
 from tests.support import Service, load_engine
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "policies" / "example.yaml"

@@ -1,4 +1,4 @@
-"""The router (or any WSGI app) on a local, threaded HTTP/1.1 server.
+"""A WSGI app (the router, the CPU fallback) on a local, threaded HTTP/1.1 server.
 
 werkzeug's server is what serverless-wsgi already depends on; threaded, it speaks
 HTTP/1.1 with keep-alive, which tritonclient expects. It is meant for 127.0.0.1 and the
