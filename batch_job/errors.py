@@ -28,3 +28,11 @@ class NotConfiguredError(SpillwayError):
 
     status = 500
     code = "not_configured"
+
+
+class InputChangedError(SpillwayError):
+    """A shard's input object is not the one the plan recorded (its ETag differs): running
+    it would mix two versions of the input in one job's outputs."""
+
+    status = 412
+    code = "input_changed"

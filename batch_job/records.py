@@ -6,7 +6,10 @@ through the core's JSON tensor rules (``spillway.tensors``: strict per-datatype 
 silent overflow); names and shapes are checked by the engine's ``prepare``. A staged
 request (``spillway.messages.stage_request``) is a V2 infer body whose rows become records
 ``"0"``, ``"1"``…. JSON is parsed with ``json.loads`` only; nothing is ever evaluated or
-unpickled.
+unpickled. A line longer than the record limit is never held whole in memory, and a
+repeated id is an error record: ids stay unique within a shard's outputs. Output lines
+are strict JSON: non-finite floats are written as the strings ``"NaN"``, ``"Infinity"``
+and ``"-Infinity"``, the core's policy (``spillway.codec``).
 """
 
 from __future__ import annotations
@@ -14,19 +17,23 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
+import pydantic_core
 
 from spillway.codec import decode_request
-from spillway.errors import InvalidInputError, SpillwayError
+from spillway.errors import InvalidInputError, PayloadTooLargeError, SpillwayError
 from spillway.messages import read_staged_request
 from spillway.modelconfig import TensorConfig
 from spillway.processing import Tensors
 from spillway.tensors import from_json_nested
 
 MAX_ID_LENGTH = 256
+MAX_RECORD_BYTES = 1 << 20
+"""Default longest JSON Lines record (``JOBS_MAX_RECORD_BYTES``)."""
+_SKIP_CHUNK = 1 << 16  # bytes read at a time while skipping the rest of an over-long line
 
 Parsed = tuple[str | None, int | None, "Tensors | SpillwayError"]
 """A record as read: its id (if readable), its place (line or row; ``None``: the whole
@@ -61,6 +68,24 @@ class RecordInputError(InvalidInputError):
     def __init__(self, message: str, record_id: str | None = None) -> None:
         super().__init__(message)
         self.record_id = record_id
+
+
+class DuplicateIdError(InvalidInputError):
+    """A record whose id an earlier record of the shard already has."""
+
+    code = "duplicate_id"
+
+
+def bounded_lines(source: BinaryIO, limit: int) -> Iterator[bytes | None]:
+    """Each line of ``source`` (with its newline), or ``None`` for a line over ``limit``
+    bytes (newline excluded); at most ``limit + 1`` bytes of a line are held at a time."""
+    while line := source.readline(limit + 1):
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line
+            continue
+        while not line.endswith(b"\n") and (line := source.readline(_SKIP_CHUNK)):
+            pass
+        yield None
 
 
 def split_record(raw: bytes) -> tuple[str, dict[str, Any]]:
@@ -99,10 +124,18 @@ def to_tensors(data: Mapping[str, Any], specs: Mapping[str, TensorConfig], batch
 
 
 def jsonl_records(
-    lines: Iterable[bytes], specs: Mapping[str, TensorConfig], batch: bool
+    source: BinaryIO,
+    specs: Mapping[str, TensorConfig],
+    batch: bool,
+    max_record_bytes: int = MAX_RECORD_BYTES,
 ) -> Iterator[Parsed]:
-    """Every record of a JSON Lines file, by line number; blank lines are no records."""
-    for number, raw in enumerate(lines, 1):
+    """Every record of a JSON Lines file, by line number; blank lines are no records, a
+    line over ``max_record_bytes`` is a ``payload_too_large`` error record."""
+    for number, raw in enumerate(bounded_lines(source, max_record_bytes), 1):
+        if raw is None:
+            message = f"line {number} is longer than the limit of {max_record_bytes} bytes"
+            yield None, number, PayloadTooLargeError(message)
+            continue
         if not raw.strip():
             continue
         record_id: str | None = None
@@ -115,6 +148,19 @@ def jsonl_records(
         except SpillwayError as exc:
             parsed = exc
         yield record_id, number, parsed
+
+
+def unique_ids(records: Iterable[Parsed]) -> Iterator[Parsed]:
+    """``records`` with each repeated id turned into a ``duplicate_id`` error: only the
+    first record with an id runs (whether it succeeds or not)."""
+    seen: set[str] = set()
+    for record_id, place, parsed in records:
+        if record_id is not None:
+            if record_id in seen:
+                message = f"record id {record_id!r} is used by an earlier record"
+                parsed = DuplicateIdError(message)
+            seen.add(record_id)
+        yield record_id, place, parsed
 
 
 def staged_records(data: bytes, batch: bool) -> Iterator[Parsed]:
@@ -152,7 +198,10 @@ def output_lines(ids: list[str], results: list[Tensors], batch: bool) -> list[st
     join = np.concatenate if batch else np.stack
     values = {name: _json_rows(join([r[name] for r in results])) for name in results[0]}
     return [
-        json.dumps({"id": record_id, "outputs": {n: v[i] for n, v in values.items()}})
+        pydantic_core.to_json(
+            {"id": record_id, "outputs": {n: v[i] for n, v in values.items()}},
+            inf_nan_mode="strings",
+        ).decode()
         for i, record_id in enumerate(ids)
     ]
 

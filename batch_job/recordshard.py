@@ -18,7 +18,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, TextIO
 
-from batch_job.records import Parsed, RecordError, jsonl_records, output_lines, staged_records
+from batch_job.records import (
+    MAX_RECORD_BYTES,
+    Parsed,
+    RecordError,
+    jsonl_records,
+    output_lines,
+    staged_records,
+    unique_ids,
+)
 from batch_job.shard import JobModel, OnBatch, ShardCounts, Tally, run_isolated
 from spillway.errors import SpillwayError
 from spillway.processing import Prepared, Tensors
@@ -149,12 +157,12 @@ def process_records(
     on_batch: OnBatch,
 ) -> ShardCounts:
     """Run every record; outputs and errors (placed by ``line`` or ``row``) go to the two
-    files. ``records`` is consumed on a reader thread."""
+    files; a repeated id is an error. ``records`` is consumed on a reader thread."""
     tally = Tally(on_batch)
     limit = batch_size if model.batching else 1
     pipeline = _Pipeline(model, outputs, errors, limit, tally, place)
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="records") as threads:
-        reader = threads.submit(pipeline.read, records)
+        reader = threads.submit(pipeline.read, unique_ids(records))
         try:
             pipeline.run(reader, threads)
         finally:
@@ -170,11 +178,14 @@ def process_jsonl(
     errors: TextIO,
     batch_size: int,
     on_batch: OnBatch,
+    *,
+    max_record_bytes: int = MAX_RECORD_BYTES,
 ) -> ShardCounts:
-    """Run every record of a JSON Lines file; errors carry the record's line number."""
+    """Run every record of a JSON Lines file; errors carry the record's line number. A
+    line over ``max_record_bytes`` is an error record and is never read whole."""
     specs = {t.name: t for t in model.config.input}
     with source.open("rb") as lines:
-        records = jsonl_records(lines, specs, model.batching)
+        records = jsonl_records(lines, specs, model.batching, max_record_bytes)
         return process_records(model, records, "line", outputs, errors, batch_size, on_batch)
 
 

@@ -5,7 +5,11 @@ keys (``<output>/_tmp/…``), copied to their final keys, and only then is the c
 marker written: the marker is the commit point. A crash anywhere before it leaves the
 shard uncommitted, and the next run redoes it from scratch, overwriting whatever the
 crashed run left, so every input record ends up exactly once in outputs or errors.
-The next shard's input downloads while the current one computes.
+The next shard's input downloads while the current one computes, checked against the
+ETag the plan recorded: a resumed job never reads an input that changed under it.
+
+Shard files live in a work folder ``spillway-job-<pid>-…``; a run first removes the
+folders of runs whose process is gone (a SIGKILL skips every cleanup).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from batch_job.manifest import ShardManifest
 from batch_job.npyshard import process_npy
@@ -30,7 +35,7 @@ from batch_job.plan import Locations, Plan, RunSpec, ShardSpec, ensure_plan
 from batch_job.progress import Progress
 from batch_job.recordshard import process_jsonl, process_staged
 from batch_job.settings import JobsSettings
-from batch_job.shard import JobModel, ShardCounts, count_records
+from batch_job.shard import JobModel, OnBatch, ShardCounts, count_records
 from spillway.errors import BatchTooLargeError
 from spillway.repository import ModelRepository, open_repository
 
@@ -116,11 +121,7 @@ class JobRunner:
             len(todo), self.settings.progress_interval_s, bar=self.settings.progress_bar
         )
         started = time.monotonic()
-        if self.settings.work_dir is not None:
-            self.settings.work_dir.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix="spillway-job-", dir=self.settings.work_dir))
-        (work / "in").mkdir()
-        (work / "out").mkdir()
+        work = _make_work_dir(self.settings.work_dir)
         with ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="job-io", initializer=_background
         ) as pool:
@@ -170,7 +171,7 @@ class JobRunner:
 
     def _download(self, shard: ShardSpec, work: Path) -> Path:
         path = work / "in" / shard.name
-        self.in_store.download(shard.key, path)
+        self.in_store.download(shard.key, path, shard.etag)
         return path
 
     def _compute(
@@ -192,13 +193,32 @@ class JobRunner:
             if shard.format == "npy":
                 counts = process_npy(self.model, source, stem, errors, self.batch_size, on_batch)
             else:
-                process = process_staged if shard.format == "staged" else process_jsonl
                 with out_path.open("w", encoding="utf-8") as outputs:
-                    counts = process(self.model, source, outputs, errors, self.batch_size, on_batch)
+                    counts = self._process_records(shard, source, outputs, errors, on_batch)
         if counts.records != counts.outputs + counts.errors:
             raise RuntimeError(f"{shard.name}: {counts} does not add up; not committing")
         files = [self.layout.key(p.name) for p in sorted(stem.parent.glob(f"{shard.name}.*"))]
         return self._manifest(shard, counts, files, started_at, time.monotonic() - started)
+
+    def _process_records(
+        self,
+        shard: ShardSpec,
+        source: Path,
+        outputs: TextIO,
+        errors: TextIO,
+        on_batch: OnBatch,
+    ) -> ShardCounts:
+        if shard.format == "staged":
+            return process_staged(self.model, source, outputs, errors, self.batch_size, on_batch)
+        return process_jsonl(
+            self.model,
+            source,
+            outputs,
+            errors,
+            self.batch_size,
+            on_batch,
+            max_record_bytes=self.settings.max_record_bytes,
+        )
 
     def _manifest(
         self,
@@ -267,6 +287,49 @@ def _background() -> None:
     """Run this I/O thread at a lower priority than the model's threads (Linux)."""
     with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+
+
+WORK_PREFIX = "spillway-job-"
+
+
+def _make_work_dir(base: Path | None) -> Path:
+    """A fresh work folder named after this process, once stale ones are gone."""
+    if base is not None:
+        base.mkdir(parents=True, exist_ok=True)
+    root = base if base is not None else Path(tempfile.gettempdir())
+    remove_stale_work_dirs(root)
+    # The PID is in the name from the start: no window where a folder has no owner.
+    work = Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-", dir=root))
+    (work / "in").mkdir()
+    (work / "out").mkdir()
+    return work
+
+
+def remove_stale_work_dirs(root: Path) -> list[Path]:
+    """Remove the work folders under ``root`` whose owning process is gone; the removed."""
+    removed = []
+    for folder in root.glob(f"{WORK_PREFIX}*"):
+        pid = folder.name.removeprefix(WORK_PREFIX).split("-", 1)[0]
+        # Folders without a PID (older runners) are left alone: their owner is unknown.
+        if not folder.is_dir() or not pid.isdigit() or _alive(int(pid)):
+            continue
+        log.info("removing the work folder %s of a run that is gone", folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    # Our own PID counts as alive: local runs start several runners in one process.
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def _clean(work: Path, shard: ShardSpec) -> None:

@@ -19,7 +19,8 @@ class JobsSettings(BaseSettings):
     cache_dir: Path = Path("/tmp/spillway-models")  # noqa: S108 - a cache, not a secret
     """Where versions downloaded from S3 are kept."""
     work_dir: Path | None = None
-    """Scratch space for shard inputs and outputs (default: the system temp folder)."""
+    """Scratch space for shard inputs and outputs (default: the system temp folder); work
+    folders a killed run left there are removed when the next run starts."""
     providers: tuple[str, ...] = ("CUDAExecutionProvider", "CPUExecutionProvider")
     """ONNX Runtime execution providers in order of preference; a CPU fallback is logged."""
     intra_op_threads: int = Field(default=0, ge=0)
@@ -34,6 +35,9 @@ class JobsSettings(BaseSettings):
     """This array child's index, set by AWS Batch; unset: run every shard."""
     array_size: int | None = Field(default=None, ge=1)
     """Children of the array job (set by the submitter); child ``i`` runs shards ``i, i+n…``."""
+    max_record_bytes: int = Field(default=1 << 20, ge=1)
+    """Longest JSON Lines record in bytes; a longer line is an error record
+    (``payload_too_large``) and is skipped without being held in memory."""
     progress_interval_s: float = Field(default=10.0, gt=0)
     """Seconds between progress lines in the log."""
     progress_bar: bool = True

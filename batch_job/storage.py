@@ -3,6 +3,9 @@
 A location is ``s3://bucket/prefix/`` or a folder path. Keys are ``/``-separated and
 relative to the bucket (S3) or the folder (local). S3 clients come from
 ``spillway.repository.aws_client``, so ``AWS_ENDPOINT_URL`` points them at moto.
+
+Every object has an ETag: S3's own, or for a local file its size and modification time.
+A download given the ETag the plan recorded refuses an object that has changed since.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from batch_job.errors import InputChangedError
 from spillway.errors import InvalidInputError
 from spillway.repository import aws_client
 from spillway.wire import is_s3_url, parse_s3_url
+
+_CHUNK = 1 << 20  # bytes per read while streaming a download
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,9 @@ class ObjectStore(Protocol):
     def head(self, key: str) -> ObjectInfo | None:
         """An object's size and ETag, or ``None`` when there is none."""
 
-    def download(self, key: str, path: Path) -> None:
-        """Copy an object to a local file."""
+    def download(self, key: str, path: Path, etag: str = "") -> None:
+        """Copy an object to a local file; with an ``etag``, only that version of it
+        (``InputChangedError`` otherwise)."""
 
     def upload(self, path: Path, key: str) -> None:
         """Copy a local file to an object (multipart when large)."""
@@ -98,8 +105,20 @@ class S3Store:
             raise
         return ObjectInfo(key, int(meta["ContentLength"]), str(meta.get("ETag", "")).strip('"'))
 
-    def download(self, key: str, path: Path) -> None:
-        self.client.download_file(self.bucket, key, str(path))
+    def download(self, key: str, path: Path, etag: str = "") -> None:
+        if not etag:
+            self.client.download_file(self.bucket, key, str(path))
+            return
+        # One GET with IfMatch (the managed download does not accept it): S3 checks the
+        # version and streams that version only, whatever is written meanwhile.
+        try:
+            reply = self.client.get_object(Bucket=self.bucket, Key=key, IfMatch=f'"{etag}"')
+        except self.client.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("412", "PreconditionFailed"):
+                raise _changed(self.url(key), etag) from None
+            raise
+        with reply["Body"] as body, path.open("wb") as target:
+            shutil.copyfileobj(body, target, _CHUNK)
 
     def upload(self, path: Path, key: str) -> None:
         self.client.upload_file(str(path), self.bucket, key)
@@ -139,7 +158,7 @@ class LocalStore:
         for path in self.root.rglob("*"):
             key = path.relative_to(self.root).as_posix()
             if path.is_file() and key.startswith(prefix):
-                found.append(ObjectInfo(key, path.stat().st_size, ""))
+                found.append(ObjectInfo(key, path.stat().st_size, _local_etag(path)))
         return sorted(found, key=lambda o: o.key)
 
     def get_bytes(self, key: str) -> bytes | None:
@@ -161,10 +180,18 @@ class LocalStore:
 
     def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)
-        return ObjectInfo(key, path.stat().st_size, "") if path.is_file() else None
+        return ObjectInfo(key, path.stat().st_size, _local_etag(path)) if path.is_file() else None
 
-    def download(self, key: str, path: Path) -> None:
-        _link_or_copy(self._path(key), path)
+    def download(self, key: str, path: Path, etag: str = "") -> None:
+        source = self._path(key)
+        if etag and _local_etag(source) != etag:
+            raise _changed(self.url(key), etag)
+        _link_or_copy(source, path)
+        # A hard link shares the inode, a copy must not have raced a rewrite: either way
+        # the file now in ``path`` is checked.
+        if etag and _local_etag(path if path.samefile(source) else source) != etag:
+            path.unlink(missing_ok=True)
+            raise _changed(self.url(key), etag)
 
     def upload(self, path: Path, key: str) -> None:
         # A hard link where possible: the job never writes to a file it has uploaded.
@@ -176,6 +203,20 @@ class LocalStore:
     def delete(self, keys: list[str]) -> None:
         for key in keys:
             self._path(key).unlink(missing_ok=True)
+
+
+def _local_etag(path: Path) -> str:
+    """A local file's stand-in for an ETag: files are replaced, not edited in place, and a
+    replacement changes the modification time (and usually the size)."""
+    stat = path.stat()
+    return f"{stat.st_size:x}-{stat.st_mtime_ns:x}"
+
+
+def _changed(url: str, etag: str) -> InputChangedError:
+    return InputChangedError(
+        f"{url} changed since the job was planned (ETag {etag!r} expected); "
+        "run the new input as a new job with another output prefix"
+    )
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

@@ -156,7 +156,9 @@ def test_killed_runner_resumes_with_every_record_exactly_once(
     argv = [*LAUNCHER, "run", "--repository", str(models_dir), "--model", "digits"]
     argv += ["--input", f"s3://{bucket}/in/", "--output", f"s3://{bucket}/out/"]
     argv += ["--batch-size", "8"]
+    work = tmp_path / "work"
     env = {"SPILLWAY_FAULT_PAUSE_AFTER_RECORDS": "64", "JOBS_PROGRESS_INTERVAL_S": "0.2"}
+    env["JOBS_WORK_DIR"] = str(work)
     child = procs.start("job-runner", argv, tmp_path, env)
     try:
         _wait_for_log(child, "fault injection: pausing", 90)
@@ -176,10 +178,12 @@ def test_killed_runner_resumes_with_every_record_exactly_once(
     finally:
         child.stop()
     assert committed(bucket, "out/") == ["part-00000.json"]
+    assert [p.name.startswith("spillway-job-") for p in work.iterdir()] == [True]
 
     # AND the job runs again
     result = run_job(
-        RunSpec("digits", f"s3://{bucket}/in/", f"s3://{bucket}/out/", None, 8), settings
+        RunSpec("digits", f"s3://{bucket}/in/", f"s3://{bucket}/out/", None, 8),
+        settings.model_copy(update={"work_dir": work}),
     )
 
     # THEN it skips the committed shard, redoes the interrupted one and does the last
@@ -193,6 +197,8 @@ def test_killed_runner_resumes_with_every_record_exactly_once(
     # AND nothing is left under the temporary prefix
     listed = aws_client("s3").list_objects_v2(Bucket=bucket, Prefix="out/_tmp/")
     assert listed.get("KeyCount", 0) == 0
+    # AND the killed run's work folder is gone, the rerun's own too
+    assert list(work.iterdir()) == []
 
 
 @pytest.mark.parametrize("binary", [False, True])

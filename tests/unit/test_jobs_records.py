@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from batch_job.records import (
     RecordError,
+    bounded_lines,
     output_lines,
     shortest_float32,
     split_record,
@@ -146,3 +148,49 @@ def test_error_lines_carry_id_reason_code_and_place() -> None:
         "code": "inference_failed",
         "line": 4,
     }
+
+
+def _strict(text: str) -> Any:
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_non_finite_outputs_are_written_as_json_strings() -> None:
+    # GIVEN float32 and float64 outputs holding NaN and both infinities
+    y32 = np.array([[np.nan, np.inf, -np.inf, 0.5]], dtype=np.float32)
+    y64 = np.array([[-np.inf, 2.0]], dtype=np.float64)
+    # WHEN written as output lines
+    (text,) = output_lines(["a"], [{"y32": y32, "y64": y64}], batch=True)
+    # THEN the line is strict JSON with the core's spelling of non-finite values
+    assert _strict(text) == {
+        "id": "a",
+        "outputs": {"y32": ["NaN", "Infinity", "-Infinity", 0.5], "y64": ["-Infinity", 2.0]},
+    }
+
+
+class _Spy(io.BytesIO):
+    """Records the longest piece of a line ever handed out."""
+
+    longest = 0
+
+    def readline(self, size: int | None = -1, /) -> bytes:
+        piece = super().readline(size)
+        self.longest = max(self.longest, len(piece))
+        return piece
+
+
+@pytest.mark.parametrize("limit", [1, 10, 11, 1000])
+def test_bounded_lines_skip_over_long_lines_without_holding_them(limit: int) -> None:
+    # GIVEN a 5 MB line between short ones, and lines exactly at the limit
+    at_limit = b"y" * 10
+    source = _Spy(b"a\n" + b"x" * 5_000_000 + b"\n" + at_limit + b"\nb\n" + at_limit)
+    # WHEN read with a limit
+    lines = list(bounded_lines(source, limit))
+    # THEN the over-long lines are None in their place and the others come back whole
+    fits = limit >= 10
+    tail = [at_limit + b"\n" if fits else None, b"b\n", at_limit if fits else None]
+    assert lines == [b"a\n", None, *tail]
+    # AND no read held more than the limit plus a bounded chunk, never the whole line
+    assert source.longest <= max(limit + 1, 1 << 16)

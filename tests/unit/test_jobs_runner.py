@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +23,7 @@ from batch_job.plan import (
     plan_shards,
 )
 from batch_job.progress import Progress
-from batch_job.runner import BatchHook, JobRunner
+from batch_job.runner import BatchHook, JobRunner, remove_stale_work_dirs
 from batch_job.settings import JobsSettings
 from batch_job.storage import LocalStore, S3Store, open_location
 from spillway.codec import encode_request
@@ -125,6 +128,64 @@ def test_committed_shards_are_skipped_untouched(tmp_path: Path) -> None:
     # THEN nothing ran and no object changed
     assert (again.skipped, again.committed, model.runs) == (["part-00000", "part-00001"], [], [])
     assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.glob("part-*")} == before
+
+
+def test_a_resumed_shard_whose_input_changed_fails_and_committed_shards_stay(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a job whose first run committed shard 0 only, its plan frozen
+    _inputs(tmp_path / "in", shards=2)
+    runner = _runner(tmp_path)
+    shards = list(runner.plan.shards)
+    assert runner.run(shards[:1]).committed == ["part-00000"]
+    out = tmp_path / "out"
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*") if p.is_file()}
+    # AND shard 1's input is then replaced by another file
+    replacement = tmp_path / "new.jsonl"
+    replacement.write_text(line("other", [1, 1]) + "\n")
+    replacement.replace(tmp_path / "in" / "1.jsonl")
+    # WHEN the job is resumed with the same plan
+    model = FakeModel()
+    result = _runner(tmp_path, model).run(shards)
+    # THEN shard 1 fails, saying its input changed; nothing of it ran or was written
+    assert (result.skipped, result.committed) == (["part-00000"], [])
+    assert list(result.failed) == ["part-00001"]
+    assert result.failed["part-00001"].startswith("InputChangedError: ")
+    assert "1.jsonl changed since the job was planned" in result.failed["part-00001"]
+    assert model.runs == []
+    # AND the committed shard's objects are untouched
+    after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def _dead_pid() -> int:
+    """The PID of a process that has exited."""
+    argv = [sys.executable, "-c", "import os; print(os.getpid())"]
+    child = subprocess.run(argv, capture_output=True, text=True, check=True)
+    return int(child.stdout)
+
+
+def test_work_folders_of_gone_runs_are_removed_at_the_next_start(tmp_path: Path) -> None:
+    # GIVEN the work folder of a killed run, one of a live process, and an unknown one
+    work = tmp_path / "work"
+    dead = work / f"spillway-job-{_dead_pid()}-x1"
+    live = work / f"spillway-job-{os.getppid()}-x2"
+    unknown = work / "spillway-job-abc"
+    for folder in (dead, live, unknown):
+        (folder / "in").mkdir(parents=True)
+        (folder / "in" / "part-00000").write_bytes(b"x" * 1000)
+    # WHEN a run starts with that work dir
+    _inputs(tmp_path / "in", shards=1)
+    spec = RunSpec("fake", str(tmp_path / "in"), str(tmp_path / "out"), 1, 4)
+    where = Locations.of(spec)
+    plan = plan_shards(where.input, "", spec.input, "fake", 1)
+    settings = JobsSettings(progress_bar=False, work_dir=work)
+    result = JobRunner(spec, settings, plan, FakeModel(), where).run(list(plan.shards))
+    # THEN the dead run's folder is gone, the others stay, and the run left none of its own
+    assert result.committed == ["part-00000"]
+    assert sorted(p.name for p in work.iterdir()) == sorted([live.name, unknown.name])
+    # AND a sweep of what is left removes nothing
+    assert remove_stale_work_dirs(work) == []
 
 
 def test_batch_size_above_the_model_limit_is_refused(tmp_path: Path) -> None:

@@ -28,7 +28,11 @@ def _parse(text: str) -> Lines:
 
 
 def _run(
-    lines: list[str], tmp_path: Path, batch_size: int = 4, model: FakeModel | None = None
+    lines: list[str],
+    tmp_path: Path,
+    batch_size: int = 4,
+    model: FakeModel | None = None,
+    max_record_bytes: int = 1 << 20,
 ) -> tuple[FakeModel, ShardCounts, Lines, Lines, list[tuple[int, int]]]:
     model = model or FakeModel()
     source = tmp_path / "in.jsonl"
@@ -36,7 +40,13 @@ def _run(
     outputs, errors = io.StringIO(), io.StringIO()
     progress: list[tuple[int, int]] = []
     counts = process_jsonl(
-        model, source, outputs, errors, batch_size, lambda r, e: progress.append((r, e))
+        model,
+        source,
+        outputs,
+        errors,
+        batch_size,
+        lambda r, e: progress.append((r, e)),
+        max_record_bytes=max_record_bytes,
     )
     return model, counts, _parse(outputs.getvalue()), _parse(errors.getvalue()), progress
 
@@ -103,6 +113,38 @@ def test_bad_lines_go_to_errors_and_never_join_a_batch(tmp_path: Path) -> None:
         assert reason in error["error"]
     # AND the blank line is not a record
     assert (counts.records, counts.outputs, counts.errors) == (12, 2, 10)
+
+
+def test_an_over_long_line_is_an_error_record_and_the_shard_goes_on(tmp_path: Path) -> None:
+    # GIVEN a 200 kB record between good ones, and a limit of 100 kB
+    big = line("big", [1.0] * 20_000)
+    lines = [line("a", [1, 2]), big, line("b", [3, 4])]
+    # WHEN the shard runs
+    _, counts, outputs, errors, _ = _run(lines, tmp_path, max_record_bytes=100_000)
+    # THEN the long line is a payload_too_large error at line 2; the others ran
+    assert [o["id"] for o in outputs] == ["a", "b"]
+    assert [(e["id"], e["line"], e["code"]) for e in errors] == [(None, 2, "payload_too_large")]
+    assert "100000 bytes" in errors[0]["error"]
+    assert (counts.records, counts.outputs, counts.errors) == (3, 2, 1)
+
+
+def test_a_repeated_id_is_an_error_and_only_the_first_record_runs(tmp_path: Path) -> None:
+    # GIVEN ids "a" three times (the first a poison record) and "b" twice
+    lines = [line("a", [-1, 0]), line("b", [1, 1]), line("a", [1, 2]), line("b", [2, 2])]
+    lines.append(line("a", [3, 3]))
+    # WHEN the shard runs
+    _, counts, outputs, errors, _ = _run(lines, tmp_path)
+    # THEN only the first "b" has an output; the first "a" failed on its own
+    assert [(o["id"], o["outputs"]["y"]) for o in outputs] == [("b", [2.0])]
+    assert [(e["id"], e["line"], e["code"]) for e in errors] == [
+        ("a", 1, "inference_failed"),
+        ("a", 3, "duplicate_id"),
+        ("b", 4, "duplicate_id"),
+        ("a", 5, "duplicate_id"),
+    ]
+    assert "'a'" in errors[1]["error"]
+    # AND the counts still add up, the duplicates counted as errors
+    assert (counts.records, counts.outputs, counts.errors) == (5, 1, 4)
 
 
 RECORDS = st.lists(st.sampled_from(["good", "poison", "broken", "wrong-shape"]), max_size=30)
