@@ -71,7 +71,7 @@ def batch_stack() -> tuple[Stack, MemoryS3, JobsApi]:
     return make_stack(submitter=JobsApiSubmitter(api, STAGING, s3=s3)), s3, api
 
 
-def submit(stack: Stack, body: bytes = BODY, **headers: str) -> Any:
+def submit(stack: Stack, body: bytes = BODY, /, **headers: str) -> Any:
     return stack.post(body=body, headers={"x-spillway-mode": "batch", **headers})
 
 
