@@ -63,6 +63,7 @@ class _Pending:
     arrival: float
     bucket: int
     future: asyncio.Future[Tensors]
+    deadline: float | None = None
     timer: asyncio.TimerHandle | None = None
     state: _State = _State.QUEUED
 
@@ -86,7 +87,12 @@ class _Bucket:
 
 
 class DynamicBatcher:
-    """Queues prepared requests and runs them in batches on an executor."""
+    """Queues prepared requests and runs them in batches on an executor.
+
+    ``clock`` is the one time source for arrivals, delays, deadlines and statistics; the
+    loop's timers only wake the batcher, which then decides by ``clock``. On a virtual-time
+    loop, pass the loop's ``time`` and the test controls every wait.
+    """
 
     def __init__(
         self,
@@ -220,6 +226,7 @@ class DynamicBatcher:
         bucket = policy.bucket_of(prepared.length)
         pending = _Pending(prepared, level, now, bucket, loop.create_future())
         if timeout_s is not None:
+            pending.deadline = now + timeout_s
             pending.timer = loop.call_later(timeout_s, self._expire, pending)
         self._buckets[bucket].levels[level].append(pending)
         self._buckets[bucket].rows += prepared.rows
@@ -244,7 +251,11 @@ class DynamicBatcher:
         return requested if default is None else min(requested, default)
 
     def _expire(self, pending: _Pending) -> None:
-        if pending.state is not _State.QUEUED:
+        if pending.state is not _State.QUEUED or pending.deadline is None:
+            return
+        left = pending.deadline - self._clock()
+        if left > 0:  # the loop's timer ran ahead of the clock (uvloop rounds to ms)
+            pending.timer = asyncio.get_running_loop().call_later(left, self._expire, pending)
             return
         waited = self._clock() - pending.arrival
         self._leave(pending)
@@ -271,9 +282,10 @@ class DynamicBatcher:
         while not (self._stopping and self._queued == 0 and self._running == 0):
             self._wake.clear()
             wait: float | None = None
-            if self._queued:
-                bucket, wait = self._next_due()
-                if bucket is not None and wait <= 0:
+            # None: every bucket with queued work is computing; wait for a run to end.
+            if self._queued and (due := self._next_due()) is not None:
+                bucket, wait = due
+                if wait <= 0:
                     self._dispatch(bucket, self._form(bucket))
                     continue
             with contextlib.suppress(TimeoutError):
@@ -288,8 +300,9 @@ class DynamicBatcher:
             return policy.min_batch_size
         return max(policy.preferred_batch_sizes, default=policy.max_batch_size)
 
-    def _next_due(self) -> tuple[_Bucket | None, float]:
-        """The bucket to dispatch next and the seconds until it is due (<= 0: now)."""
+    def _next_due(self) -> tuple[_Bucket, float] | None:
+        """The bucket to dispatch next and the seconds until it is due (<= 0: now); None
+        when no bucket with queued work has a free compute slot."""
         now, target = self._clock(), self._target()
         best: tuple[float, float, _Bucket] | None = None
         for bucket in self._buckets:
@@ -301,7 +314,7 @@ class DynamicBatcher:
             due = 0.0 if full else oldest + self.policy.max_queue_delay_s - now
             if best is None or (due, oldest) < best[:2]:
                 best = (due, oldest, bucket)
-        return (None, 0.0) if best is None else (best[2], best[0])
+        return None if best is None else (best[2], best[0])
 
     def _form(self, bucket: _Bucket) -> list[_Pending]:
         """One batch from a bucket: aged requests first, then by priority, FIFO."""

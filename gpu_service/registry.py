@@ -63,6 +63,18 @@ class ModelEntry:
     evictions: int = 0
     last_error: str | None = None
     footprint: int | None = None  # last measured, the estimate for the next load
+    _changed: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+
+    def set_state(self, number: int, state: State, reason: str = "") -> None:
+        """Record a version's state and wake whoever waits for a change."""
+        self.states[number] = (state, reason)
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_state(self, number: int, state: State) -> None:
+        """Return once version ``number`` is in ``state``."""
+        while (current := self.states.get(number)) is None or current[0] is not state:
+            await self._changed.wait()
 
     def serving(self) -> ServedVersion | None:
         """The newest ready version."""
@@ -203,7 +215,7 @@ class ModelRegistry:
     async def _load(
         self, entry: ModelEntry, config: ModelConfig, number: int
     ) -> SpillwayError | None:
-        entry.states[number] = (State.LOADING, "")
+        entry.set_state(number, State.LOADING)
         started = time.monotonic()
         try:
             async with self._load_lock:
@@ -222,11 +234,11 @@ class ModelRegistry:
         except SpillwayError as error:
             entry.load_failures += 1
             entry.last_error = f"version {number}: {error.message}"
-            entry.states[number] = (State.UNAVAILABLE, error.message)
+            entry.set_state(number, State.UNAVAILABLE, error.message)
             log.error("model %s v%d failed to load: %s", config.name, number, error.message)
             return error
         entry.versions[number] = served
-        entry.states[number] = (State.READY, "")
+        entry.set_state(number, State.READY)
         entry.loads += 1
         log.info(
             "loaded %s v%d on %s in %.2f s, %.1f MB (%s)",
@@ -244,10 +256,10 @@ class ModelRegistry:
         if served is None:
             return
         served.retiring = True
-        entry.states[number] = (State.UNLOADING, reason)
+        entry.set_state(number, State.UNLOADING, reason)
         await served.drain(self.settings.drain_timeout_s)
         entry.versions.pop(number, None)
-        entry.states[number] = (State.UNAVAILABLE, f"unloaded: {reason}")
+        entry.set_state(number, State.UNAVAILABLE, f"unloaded: {reason}")
         log.info("unloaded %s v%d: %s", entry.name, number, reason)
 
     async def unload(self, name: str, reason: str = "unloaded on request") -> None:
@@ -304,12 +316,15 @@ class ModelRegistry:
         while True:
             ttls = [t for e in self.models.values() if (t := e.ttl(self.settings.idle_ttl_s))]
             await asyncio.sleep(min([*ttls, 4.0]) / 4)
-            now = time.monotonic()
-            for entry in list(self.models.values()):
-                ttl = entry.ttl(self.settings.idle_ttl_s)
-                for number, served in list(entry.versions.items()):
-                    if ttl and served.idle and now - served.last_used > ttl:
-                        await self._retire(entry, number, f"idle for more than {ttl:g} s")
+            await self.reap_idle(time.monotonic())
+
+    async def reap_idle(self, now: float) -> None:
+        """Unload every version idle for longer than its model's TTL at ``now`` (monotonic)."""
+        for entry in list(self.models.values()):
+            ttl = entry.ttl(self.settings.idle_ttl_s)
+            for number, served in list(entry.versions.items()):
+                if ttl and served.idle and now - served.last_used > ttl:
+                    await self._retire(entry, number, f"idle for more than {ttl:g} s")
 
     # -- reporting -------------------------------------------------------------------------
 

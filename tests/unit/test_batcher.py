@@ -1,22 +1,23 @@
-"""The dynamic batcher with fake runners: matching, limits, deadlines, priority, faults."""
+"""The dynamic batcher with fake runners: matching, limits, deadlines, priority, faults.
+
+Every test runs on a virtual-time loop with an inline executor: no real time passes and no
+thread runs, so each scenario (hypothesis examples included) plays out the same way every
+time. "Running" batches are calls the executor holds until the test releases them."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from gpu_service.batching_policy import BatchingPolicy
 from gpu_service.batcher import DynamicBatcher
+from gpu_service.batching_policy import BatchingPolicy
 from spillway.errors import (
     DeadlineExceededError,
     InferenceError,
@@ -25,71 +26,74 @@ from spillway.errors import (
     UnavailableError,
 )
 from spillway.processing import Prepared, Tensors
+from tests.fakes import (
+    InlineExecutor,
+    SummingRunner,
+    advance,
+    fake_request,
+    idle,
+    row_sums,
+    run_virtual,
+    virtual_loop,
+)
 
 
 @dataclass
-class FakeRunner:
-    """Sums each row; records batches by request id; fails batches holding a poison row;
-    can be held (gate) to make the model look busy."""
+class Rig:
+    """A started batcher on the virtual loop, with its runner and executor."""
 
-    delay_s: float = 0.0
-    gate: threading.Event | None = None
-    batches: list[list[int]] = field(default_factory=list)
-    started: threading.Event = field(default_factory=threading.Event)
-
-    def run(self, batch: list[Prepared]) -> list[Tensors]:
-        self.started.set()
-        if self.gate is not None:
-            assert self.gate.wait(10)
-        if self.delay_s:
-            time.sleep(self.delay_s)
-        self.batches.append([int(p.feeds["id"][0, 0]) for p in batch])
-        x = np.concatenate([p.feeds["x"] for p in batch])
-        if (x < 0).any():
-            raise InferenceError("poison row")
-        out = x.sum(axis=1, keepdims=True)
-        results, start = [], 0
-        for p in batch:
-            results.append({"y": out[start : start + p.rows]})
-            start += p.rows
-        return results
+    batcher: DynamicBatcher
+    runner: SummingRunner
+    executor: InlineExecutor
 
 
-def request(ident: int, rows: int = 1, *, poison: bool = False, length: int = 0) -> Prepared:
-    x = np.arange(rows * 3, dtype=np.float64).reshape(rows, 3) + ident * 100
-    if poison:
-        x[0, 0] = -1
-    return Prepared({"x": x, "id": np.full((rows, 1), ident)}, rows, length)
+Scenario = Callable[[Rig], Awaitable[None]]
 
 
-def expected(prepared: Prepared) -> np.ndarray:
-    return np.asarray(prepared.feeds["x"].sum(axis=1, keepdims=True))
+def run_with(
+    policy: BatchingPolicy,
+    scenario: Scenario,
+    *,
+    runner: SummingRunner | None = None,
+    executor: InlineExecutor | None = None,
+) -> Rig:
+    """Run ``scenario`` against a batcher whose clock is the virtual loop's; then drain."""
+    runner = runner or SummingRunner()
+    executor = executor or InlineExecutor()
+
+    async def main() -> Rig:
+        loop = virtual_loop()
+        batcher = DynamicBatcher("fake", runner, policy, executor, clock=loop.time)
+        batcher.start()
+        rig = Rig(batcher, runner, executor)
+        try:
+            await scenario(rig)
+        finally:
+            executor.resume()
+            await batcher.stop(drain_timeout_s=10)
+        return rig
+
+    return run_virtual(main)
 
 
-Scenario = Callable[[DynamicBatcher, FakeRunner], Awaitable[None]]
-
-
-def run_with(policy: BatchingPolicy, runner: FakeRunner, scenario: Scenario) -> None:
-    async def main() -> None:
-        with ThreadPoolExecutor(max_workers=policy.max_parallel_runs) as pool:
-            batcher = DynamicBatcher("fake", runner, policy, pool)
-            batcher.start()
-            try:
-                await scenario(batcher, runner)
-            finally:
-                if runner.gate is not None:
-                    runner.gate.set()
-                await batcher.stop(drain_timeout_s=10)
-
-    asyncio.run(main())
+def submit(
+    batcher: DynamicBatcher,
+    prepared: Prepared,
+    *,
+    priority: int = 0,
+    timeout_s: float | None = None,
+) -> asyncio.Task[Tensors]:
+    """A request in flight, as a task the test can inspect, cancel or await."""
+    return asyncio.ensure_future(batcher.submit(prepared, priority=priority, timeout_s=timeout_s))
 
 
 # -- properties ------------------------------------------------------------------------
 
+Op = tuple[int, int, int, float | None, float | None, int, int]
 op = st.tuples(
     st.integers(1, 4),  # rows
     st.integers(1, 2),  # priority
-    st.integers(0, 2),  # ms before the next arrival
+    st.sampled_from([0, 0, 1, 2]),  # ms before the next arrival
     st.sampled_from([None, None, 0.0005, 0.02]),  # timeout (s)
     st.sampled_from([None, None, None, 0.001]),  # cancel after (s)
     st.integers(0, 9),  # poison when 0
@@ -97,19 +101,23 @@ op = st.tuples(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None)
 @given(
     ops=st.lists(op, min_size=1, max_size=40),
     max_batch=st.integers(4, 8),
-    queue_size=st.integers(4, 30),
+    queue_size=st.integers(2, 30),
     concurrency=st.integers(1, 2),
+    run_s=st.sampled_from([0.0005, 0.01]),
 )
 def test_every_request_gets_exactly_its_own_answer(
-    ops: list[tuple[int, int, int, float | None, float | None, int, int]],
+    ops: list[Op],
     max_batch: int,
     queue_size: int,
     concurrency: int,
+    run_s: float,
 ) -> None:
+    # GIVEN a batcher whose runs take 0.5 or 10 ms, and any interleaving of arrivals,
+    # deadlines, cancellations and poisoned requests
     policy = BatchingPolicy(
         max_batch_size=max_batch,
         max_queue_delay_s=0.001,
@@ -120,30 +128,19 @@ def test_every_request_gets_exactly_its_own_answer(
         length_buckets=(8, 16),
         concurrency=concurrency,
     )
-    runner = FakeRunner(delay_s=0.0005)
     outcomes: dict[int, object] = {}
     requests: dict[int, Prepared] = {}
     depth_seen: list[int] = []
 
-    async def one(
-        batcher: DynamicBatcher,
-        ident: int,
-        rows: int,
-        priority: int,
-        timeout_s: float | None,
-        cancel: float | None,
-        poison: bool,
-        length: int,
-    ) -> None:
-        prepared = request(ident, rows, poison=poison, length=length)
+    async def one(rig: Rig, ident: int, spec: Op) -> None:
+        rows, priority, _, timeout_s, cancel_after, poison, length = spec
+        prepared = fake_request(ident, rows, poison=poison == 0, length=length)
         requests[ident] = prepared
-        task = asyncio.ensure_future(
-            batcher.submit(prepared, priority=priority, timeout_s=timeout_s)
-        )
-        await asyncio.sleep(0)
-        depth_seen.append(batcher.queue_depth)
-        if cancel is not None:
-            await asyncio.sleep(cancel)
+        task = submit(rig.batcher, prepared, priority=priority, timeout_s=timeout_s)
+        await asyncio.sleep(0)  # let it be admitted (or refused)
+        depth_seen.append(rig.batcher.queue_depth)
+        if cancel_after is not None:
+            await advance(cancel_after)
             task.cancel()
         try:
             outcomes[ident] = await task
@@ -152,29 +149,28 @@ def test_every_request_gets_exactly_its_own_answer(
         except SpillwayError as error:
             outcomes[ident] = error
 
-    async def scenario(batcher: DynamicBatcher, _: FakeRunner) -> None:
+    async def scenario(rig: Rig) -> None:
+        # WHEN the requests arrive with their gaps
         tasks = []
-        for ident, (rows, prio, gap, timeout, cancel, poison, length) in enumerate(ops):
-            tasks.append(
-                asyncio.ensure_future(
-                    one(batcher, ident, rows, prio, timeout, cancel, poison == 0, length)
-                )
-            )
-            await asyncio.sleep(gap / 1000)
+        for ident, spec in enumerate(ops):
+            tasks.append(asyncio.ensure_future(one(rig, ident, spec)))
+            await advance(spec[2] / 1000)
         await asyncio.gather(*tasks)
 
-    run_with(policy, runner, scenario)
+    rig = run_with(policy, scenario, executor=InlineExecutor(run_s=run_s))
+    batches = rig.runner.batches
 
     # THEN every request has exactly one outcome
     assert sorted(outcomes) == list(range(len(ops)))
-    ran = [ident for batch in runner.batches for ident in batch]
+    ran = [ident for batch in batches for ident in batch]
     assert len(ran) == len(set(ran)), "a request ran twice"
-    batch_of = {ident: batch for batch in runner.batches for ident in batch}
+    batch_of = {ident: batch for batch in batches for ident in batch}
     for ident, outcome in outcomes.items():
+        event(f"some request ends {type(outcome).__name__}")
         prepared = requests[ident]
         if isinstance(outcome, dict):
             # its own rows, whatever it was batched with
-            np.testing.assert_array_equal(outcome["y"], expected(prepared))
+            np.testing.assert_array_equal(outcome["y"], row_sums(prepared))
         elif isinstance(outcome, DeadlineExceededError):
             assert ident not in batch_of, "an expired request reached the runner"
         elif isinstance(outcome, InferenceError):
@@ -183,7 +179,7 @@ def test_every_request_gets_exactly_its_own_answer(
             assert ident not in batch_of
         else:
             assert outcome == "cancelled"
-    for batch in runner.batches:
+    for batch in batches:
         assert sum(requests[i].rows for i in batch) <= max_batch
         # a batch never mixes length buckets
         assert len({policy.bucket_of(requests[i].length) for i in batch}) == 1
@@ -193,68 +189,90 @@ def test_every_request_gets_exactly_its_own_answer(
     assert max(depth_seen) <= queue_size
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(sizes=st.lists(st.integers(1, 5), min_size=1, max_size=30))
 def test_batched_outputs_equal_unbatched(sizes: list[int]) -> None:
+    # GIVEN requests of any sizes sent at once
     policy = BatchingPolicy(max_batch_size=16, max_queue_delay_s=0.002, max_queue_size=64)
-    runner = FakeRunner()
     got: dict[int, Tensors] = {}
 
-    async def scenario(batcher: DynamicBatcher, _: FakeRunner) -> None:
+    async def scenario(rig: Rig) -> None:
         async def one(i: int, n: int) -> None:
-            got[i] = await batcher.submit(request(i, n))
+            got[i] = await rig.batcher.submit(fake_request(i, n))
 
         await asyncio.gather(*(one(i, n) for i, n in enumerate(sizes)))
 
-    run_with(policy, runner, scenario)
-    alone = FakeRunner()
+    # WHEN they are batched
+    rig = run_with(policy, scenario)
+    # THEN each answer equals the one computed alone, and they really were batched
+    alone = SummingRunner()
     for i, n in enumerate(sizes):
-        np.testing.assert_array_equal(got[i]["y"], alone.run([request(i, n)])[0]["y"])
+        np.testing.assert_array_equal(got[i]["y"], alone.run([fake_request(i, n)])[0]["y"])
+    assert len(rig.runner.batches) <= len(sizes)
+    assert sorted(i for b in rig.runner.batches for i in b) == list(range(len(sizes)))
 
 
 # -- the rules one by one --------------------------------------------------------------
 
 
 def test_lone_request_waits_for_the_delay_from_its_arrival() -> None:
+    # GIVEN a queue delay of 50 ms and a batcher idle for a second
     policy = BatchingPolicy(max_batch_size=8, max_queue_delay_s=0.05)
-    runner = FakeRunner()
-    elapsed: list[float] = []
+    done_at: dict[int, float] = {}
 
-    async def scenario(batcher: DynamicBatcher, _: FakeRunner) -> None:
-        started = time.monotonic()
-        result = await batcher.submit(request(1))
-        elapsed.append(time.monotonic() - started)
-        np.testing.assert_array_equal(result["y"], expected(request(1)))
+    async def scenario(rig: Rig) -> None:
+        loop = virtual_loop()
+        await advance(1.0)
+        started = loop.time()
 
-    run_with(policy, runner, scenario)
-    assert runner.batches == [[1]]
-    assert 0.05 <= elapsed[0] < 2.0
+        async def one(ident: int) -> None:
+            result = await rig.batcher.submit(fake_request(ident))
+            np.testing.assert_array_equal(result["y"], row_sums(fake_request(ident)))
+            done_at[ident] = loop.time() - started
+
+        # WHEN one request arrives, and a second one 20 ms later
+        first = asyncio.ensure_future(one(1))
+        await advance(0.02)
+        await asyncio.gather(first, one(2))
+
+    rig = run_with(policy, scenario)
+    # THEN both leave together, 50 ms after the first one arrived (not after the second)
+    assert rig.runner.batches == [[1, 2]]
+    assert done_at == {1: pytest.approx(0.05), 2: pytest.approx(0.05)}
 
 
 def test_full_batch_goes_at_once_without_waiting_the_delay() -> None:
+    # GIVEN a queue delay of 30 s and a batch limit of 4
     policy = BatchingPolicy(max_batch_size=4, max_queue_delay_s=30.0)
-    runner = FakeRunner()
+    elapsed: list[float] = []
 
-    async def scenario(batcher: DynamicBatcher, _: FakeRunner) -> None:
-        await asyncio.wait_for(
-            asyncio.gather(*(batcher.submit(request(i)) for i in range(4))), timeout=10
-        )
+    async def scenario(rig: Rig) -> None:
+        loop = virtual_loop()
+        # WHEN 4 requests arrive
+        await asyncio.gather(*(rig.batcher.submit(fake_request(i)) for i in range(4)))
+        elapsed.append(loop.time())
 
-    run_with(policy, runner, scenario)
-    assert runner.batches == [[0, 1, 2, 3]]
+    rig = run_with(policy, scenario)
+    # THEN they run as one batch with no time passing
+    assert rig.runner.batches == [[0, 1, 2, 3]]
+    assert elapsed == [0.0]
 
 
 def test_preferred_size_dispatches_early() -> None:
+    # GIVEN a preferred batch size of 2 and a queue delay of 30 s
     policy = BatchingPolicy(max_batch_size=8, preferred_batch_sizes=(2,), max_queue_delay_s=30.0)
-    runner = FakeRunner()
+    elapsed: list[float] = []
 
-    async def scenario(batcher: DynamicBatcher, _: FakeRunner) -> None:
-        await asyncio.wait_for(
-            asyncio.gather(*(batcher.submit(request(i)) for i in range(2))), timeout=10
-        )
+    async def scenario(rig: Rig) -> None:
+        loop = virtual_loop()
+        # WHEN 2 requests arrive
+        await asyncio.gather(*(rig.batcher.submit(fake_request(i)) for i in range(2)))
+        elapsed.append(loop.time())
 
-    run_with(policy, runner, scenario)
-    assert runner.batches == [[0, 1]]
+    rig = run_with(policy, scenario)
+    # THEN they go as a batch of 2 at once
+    assert rig.runner.batches == [[0, 1]]
+    assert elapsed == [0.0]
 
 
 def test_full_queue_rejects_exactly_the_excess_without_running() -> None:
@@ -262,57 +280,97 @@ def test_full_queue_rejects_exactly_the_excess_without_running() -> None:
     policy = BatchingPolicy(
         max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=3, retry_after_s=2.0
     )
-    runner = FakeRunner(gate=threading.Event())
     results: list[object] = []
 
-    async def scenario(batcher: DynamicBatcher, runner: FakeRunner) -> None:
-        first = asyncio.ensure_future(batcher.submit(request(0)))
-        assert await asyncio.to_thread(runner.started.wait, 5)
+    async def scenario(rig: Rig) -> None:
+        rig.executor.hold()
+        first = submit(rig.batcher, fake_request(0))
+        await idle()
+        assert len(rig.executor.held) == 1
         # WHEN 3 + 2 more arrive
-        tasks = [asyncio.ensure_future(batcher.submit(request(i))) for i in range(1, 6)]
-        await asyncio.sleep(0.01)
-        rejected = [t for t in tasks if t.done()]
-        # THEN exactly 2 are refused at once with a retry hint, before anything more ran
-        assert len(rejected) == 2
-        for task in rejected:
+        tasks = [submit(rig.batcher, fake_request(i)) for i in range(1, 6)]
+        await idle()
+        # THEN exactly the last 2 are refused at once with a retry hint, before anything ran
+        assert [t.done() for t in tasks] == [False, False, False, True, True]
+        for task in tasks[3:]:
             error = task.exception()
             assert isinstance(error, OverloadedError)
             assert error.status == 429
             assert error.retry_after_s == 2.0
-        assert runner.batches == []
-        assert runner.gate is not None
-        runner.gate.set()
+        assert rig.runner.batches == []
+        assert rig.batcher.queue_depth == 3
+        rig.executor.resume()
         results.extend(await asyncio.gather(first, *tasks, return_exceptions=True))
 
-    run_with(policy, runner, scenario)
+    rig = run_with(policy, scenario)
+    # AND the admitted 4 are computed
     assert sum(isinstance(r, dict) for r in results) == 4
-    assert sorted(i for b in runner.batches for i in b) == [0, 1, 2, 3]
+    assert rig.runner.batches == [[0], [1], [2], [3]]
+    assert rig.batcher.stats.rejected == 2
 
 
 def test_deadline_in_queue_is_answered_promptly_and_never_computed() -> None:
     policy = BatchingPolicy(max_batch_size=1, max_queue_delay_s=0.0)
-    runner = FakeRunner(gate=threading.Event())
 
-    async def scenario(batcher: DynamicBatcher, runner: FakeRunner) -> None:
-        first = asyncio.ensure_future(batcher.submit(request(0)))
-        assert await asyncio.to_thread(runner.started.wait, 5)
+    async def scenario(rig: Rig) -> None:
+        loop = virtual_loop()
+        rig.executor.hold()
+        first = submit(rig.batcher, fake_request(0))
+        await idle()
         # WHEN a request with a 20 ms deadline waits behind the held batch
+        started = loop.time()
         with pytest.raises(DeadlineExceededError) as caught:
-            await asyncio.wait_for(batcher.submit(request(1), timeout_s=0.02), timeout=5)
-        # THEN it is answered 504 while the batch is still running
+            await rig.batcher.submit(fake_request(1), timeout_s=0.02)
+        # THEN it is answered 504 at its deadline, while the batch is still running
         assert caught.value.status == 504
-        assert batcher.running == 1
-        assert runner.gate is not None
-        runner.gate.set()
+        assert loop.time() - started == pytest.approx(0.02)
+        assert rig.batcher.running == 1
+        assert rig.batcher.stats.expired == 1
+        rig.executor.resume()
         await first
 
-    run_with(policy, runner, scenario)
-    assert runner.batches == [[0]]
+    rig = run_with(policy, scenario)
+    # AND it never reached the runner
+    assert rig.runner.batches == [[0]]
+
+
+def test_deadline_is_kept_by_the_clock_when_the_timer_fires_early() -> None:
+    # GIVEN a loop whose time lags the batcher's clock by 1 ms when a request is admitted
+    # and not later (uvloop caches its time per iteration, so its timers fire early)
+    policy = BatchingPolicy(max_batch_size=1, max_queue_delay_s=0.0)
+    executor = InlineExecutor()
+    lag = [0.001]
+    expired: list[tuple[float, DeadlineExceededError]] = []
+
+    async def main() -> None:
+        loop = virtual_loop()
+        batcher = DynamicBatcher(
+            "late", SummingRunner(), policy, executor, clock=lambda: loop.time() + lag[0]
+        )
+        batcher.start()
+        executor.hold()
+        first = submit(batcher, fake_request(0))
+        late = submit(batcher, fake_request(1), timeout_s=0.02)
+        await idle()
+        lag[0] = 0.0
+        # WHEN the loop's 20 ms timer fires
+        with pytest.raises(DeadlineExceededError) as caught:
+            await late
+        expired.append((loop.time(), caught.value))
+        executor.resume()
+        await first
+        await batcher.stop(drain_timeout_s=1)
+
+    run_virtual(main)
+    # THEN the request expires when the batcher's clock says 20 ms passed, 1 ms later
+    [(at, error)] = expired
+    assert at == pytest.approx(0.021)
+    assert "after 20.0 ms" in error.message
 
 
 def test_timeout_may_only_lower_the_default() -> None:
     policy = BatchingPolicy(max_batch_size=1, default_timeout_s=0.01)
-    batcher = DynamicBatcher("x", FakeRunner(), policy, ThreadPoolExecutor(1))
+    batcher = DynamicBatcher("x", SummingRunner(), policy, InlineExecutor())
     assert batcher._timeout(None) == 0.01
     assert batcher._timeout(5.0) == 0.01
     assert batcher._timeout(0.001) == 0.001
@@ -322,77 +380,108 @@ def test_higher_priority_is_dequeued_first() -> None:
     policy = BatchingPolicy(
         max_batch_size=1, max_queue_delay_s=0.0, priority_levels=2, default_priority=2, aging_s=60.0
     )
-    runner = FakeRunner(gate=threading.Event())
 
-    async def scenario(batcher: DynamicBatcher, runner: FakeRunner) -> None:
-        first = asyncio.ensure_future(batcher.submit(request(0)))
-        assert await asyncio.to_thread(runner.started.wait, 5)
-        low = [asyncio.ensure_future(batcher.submit(request(i), priority=2)) for i in (1, 2)]
-        await asyncio.sleep(0)
-        high = asyncio.ensure_future(batcher.submit(request(3), priority=1))
-        await asyncio.sleep(0.01)
-        assert runner.gate is not None
-        runner.gate.set()
+    async def scenario(rig: Rig) -> None:
+        # GIVEN a held batch, then two low-priority requests, then a high-priority one
+        rig.executor.hold()
+        first = submit(rig.batcher, fake_request(0))
+        await idle()
+        low = [submit(rig.batcher, fake_request(i), priority=2) for i in (1, 2)]
+        await idle()
+        high = submit(rig.batcher, fake_request(3), priority=1)
+        await idle()
+        # WHEN the model frees up
+        rig.executor.resume()
         await asyncio.gather(first, high, *low)
 
-    run_with(policy, runner, scenario)
-    assert runner.batches == [[0], [3], [1], [2]]
+    rig = run_with(policy, scenario)
+    # THEN the high-priority request runs next, then the low ones in arrival order
+    assert rig.runner.batches == [[0], [3], [1], [2]]
 
 
 def test_aged_low_priority_is_not_starved() -> None:
     policy = BatchingPolicy(
         max_batch_size=1, max_queue_delay_s=0.0, priority_levels=2, default_priority=2, aging_s=0.02
     )
-    runner = FakeRunner(gate=threading.Event())
 
-    async def scenario(batcher: DynamicBatcher, runner: FakeRunner) -> None:
-        first = asyncio.ensure_future(batcher.submit(request(0)))
-        assert await asyncio.to_thread(runner.started.wait, 5)
-        low = asyncio.ensure_future(batcher.submit(request(1), priority=2))
-        await asyncio.sleep(0.05)  # older than aging_s
-        high = asyncio.ensure_future(batcher.submit(request(2), priority=1))
-        await asyncio.sleep(0)
-        assert runner.gate is not None
-        runner.gate.set()
+    async def scenario(rig: Rig) -> None:
+        # GIVEN a held batch and a low-priority request that then waits longer than aging_s
+        rig.executor.hold()
+        first = submit(rig.batcher, fake_request(0))
+        await idle()
+        low = submit(rig.batcher, fake_request(1), priority=2)
+        await advance(0.05)
+        # WHEN a fresh high-priority request arrives and the model frees up
+        high = submit(rig.batcher, fake_request(2), priority=1)
+        await idle()
+        rig.executor.resume()
         await asyncio.gather(first, low, high)
 
-    run_with(policy, runner, scenario)
-    assert runner.batches == [[0], [1], [2]]
+    rig = run_with(policy, scenario)
+    # THEN the aged low-priority request goes first
+    assert rig.runner.batches == [[0], [1], [2]]
+
+
+def test_fresh_low_priority_still_waits_for_high() -> None:
+    # GIVEN the same policy, but the low-priority request has waited less than aging_s
+    policy = BatchingPolicy(
+        max_batch_size=1, max_queue_delay_s=0.0, priority_levels=2, default_priority=2, aging_s=0.02
+    )
+
+    async def scenario(rig: Rig) -> None:
+        rig.executor.hold()
+        first = submit(rig.batcher, fake_request(0))
+        await idle()
+        low = submit(rig.batcher, fake_request(1), priority=2)
+        await advance(0.01)
+        high = submit(rig.batcher, fake_request(2), priority=1)
+        await idle()
+        rig.executor.resume()
+        await asyncio.gather(first, low, high)
+
+    rig = run_with(policy, scenario)
+    # THEN priority decides
+    assert rig.runner.batches == [[0], [2], [1]]
 
 
 def test_short_requests_do_not_wait_for_long_ones() -> None:
     policy = BatchingPolicy(max_batch_size=4, max_queue_delay_s=30.0, length_buckets=(8,))
-    runner = FakeRunner()
 
-    async def scenario(batcher: DynamicBatcher, _: FakeRunner) -> None:
-        long = asyncio.ensure_future(batcher.submit(request(9, length=100)))
-        short = [batcher.submit(request(i, length=5)) for i in range(4)]
-        await asyncio.wait_for(asyncio.gather(*short), timeout=10)
+    async def scenario(rig: Rig) -> None:
+        # GIVEN a long request waiting for company
+        long = submit(rig.batcher, fake_request(9, length=100))
+        await idle()
+        # WHEN 4 short ones arrive THEN they go at once as a full batch of their own
+        await asyncio.gather(*(rig.batcher.submit(fake_request(i, length=5)) for i in range(4)))
+        assert virtual_loop().time() == 0.0
         assert not long.done()
         long.cancel()
 
-    run_with(policy, runner, scenario)
-    assert runner.batches == [[0, 1, 2, 3]]
+    rig = run_with(policy, scenario)
+    assert rig.runner.batches == [[0, 1, 2, 3]]
 
 
 def test_failed_run_fails_its_batch_only() -> None:
     policy = BatchingPolicy(max_batch_size=2, max_queue_delay_s=30.0)
-    runner = FakeRunner()
     outcomes: list[object] = []
 
-    async def scenario(batcher: DynamicBatcher, _: FakeRunner) -> None:
-        first = [batcher.submit(request(0, poison=True)), batcher.submit(request(1))]
+    async def scenario(rig: Rig) -> None:
+        # GIVEN a batch holding a poison row, then a healthy batch
+        b = rig.batcher
+        first = [b.submit(fake_request(0, poison=True)), b.submit(fake_request(1))]
         outcomes.extend(await asyncio.gather(*first, return_exceptions=True))
-        second = [batcher.submit(request(2)), batcher.submit(request(3))]
+        second = [b.submit(fake_request(2)), b.submit(fake_request(3))]
         outcomes.extend(await asyncio.gather(*second, return_exceptions=True))
 
-    run_with(policy, runner, scenario)
+    rig = run_with(policy, scenario)
+    # THEN both requests of the first batch fail, both of the second succeed
     assert [type(o).__name__ for o in outcomes] == [
         "InferenceError",
         "InferenceError",
         "dict",
         "dict",
     ]
+    assert rig.runner.batches == [[0, 1], [2, 3]]
 
 
 def test_dead_batcher_fails_pending_and_turns_unhealthy(
@@ -400,45 +489,57 @@ def test_dead_batcher_fails_pending_and_turns_unhealthy(
 ) -> None:
     policy = BatchingPolicy(max_batch_size=4, max_queue_delay_s=0.01)
 
-    async def scenario(batcher: DynamicBatcher, _: FakeRunner) -> None:
+    async def scenario(rig: Rig) -> None:
+        # GIVEN a batcher whose owner task crashes when it forms a batch
         def broken(*_: object) -> None:
             raise RuntimeError("bug in the batcher")
 
-        batcher._form = broken  # type: ignore[method-assign,assignment]
+        rig.batcher._form = broken  # type: ignore[method-assign,assignment]
+        # WHEN a request waits THEN it fails 503, and so does every later one
         with pytest.raises(UnavailableError):
-            await asyncio.wait_for(batcher.submit(request(0)), timeout=5)
-        assert not batcher.healthy
+            await rig.batcher.submit(fake_request(0))
+        assert not rig.batcher.healthy
+        assert isinstance(rig.batcher.failure, RuntimeError)
         with pytest.raises(UnavailableError):
-            await batcher.submit(request(1))
+            await rig.batcher.submit(fake_request(1))
 
     with caplog.at_level(logging.ERROR, logger="spillway.batcher"):
-        run_with(policy, FakeRunner(), scenario)
+        rig = run_with(policy, scenario)
+    assert rig.runner.batches == []
     assert any("died" in r.message for r in caplog.records)
 
 
 def test_stop_drains_queued_work_and_refuses_new() -> None:
+    # GIVEN 3 requests queued behind a 30 s delay, with runs that take 10 ms
     policy = BatchingPolicy(max_batch_size=2, max_queue_delay_s=30.0)
-    runner = FakeRunner(delay_s=0.01)
+    runner, executor = SummingRunner(), InlineExecutor(run_s=0.01)
+    stopped_at: list[float] = []
 
     async def main() -> None:
-        with ThreadPoolExecutor(1) as pool:
-            batcher = DynamicBatcher("d", runner, policy, pool)
-            batcher.start()
-            tasks = [asyncio.ensure_future(batcher.submit(request(i))) for i in range(3)]
-            await asyncio.sleep(0)
-            await batcher.stop(drain_timeout_s=10)
-            results = await asyncio.gather(*tasks)
-            assert [r["y"][0, 0] for r in results] == [expected(request(i))[0, 0] for i in range(3)]
-            with pytest.raises(UnavailableError):
-                await batcher.submit(request(9))
+        loop = virtual_loop()
+        batcher = DynamicBatcher("d", runner, policy, executor, clock=loop.time)
+        batcher.start()
+        tasks = [submit(batcher, fake_request(i)) for i in range(3)]
+        await idle()
+        # WHEN the batcher stops
+        await batcher.stop(drain_timeout_s=10)
+        stopped_at.append(loop.time())
+        # THEN everything queued was computed without waiting for the delay
+        results = await asyncio.gather(*tasks)
+        for i, result in enumerate(results):
+            np.testing.assert_array_equal(result["y"], row_sums(fake_request(i)))
+        # AND new requests are refused
+        with pytest.raises(UnavailableError):
+            await batcher.submit(fake_request(9))
 
-    asyncio.run(main())
-    assert sorted(i for b in runner.batches for i in b) == [0, 1, 2]
+    run_virtual(main)
+    assert runner.batches == [[0, 1], [2]]
+    assert stopped_at == [pytest.approx(0.02)]  # two runs of 10 ms, one after the other
 
 
 def test_adaptive_target_follows_arrival_rate() -> None:
     policy = BatchingPolicy(max_batch_size=64, max_queue_delay_s=0.01, adaptive=True)
-    batcher = DynamicBatcher("a", FakeRunner(), policy, ThreadPoolExecutor(1))
+    batcher = DynamicBatcher("a", SummingRunner(), policy, InlineExecutor())
     assert batcher._target() == 2  # no traffic seen: the floor
     for i in range(50):
         batcher._rate.arrive(i * 0.0005)  # 2,000 requests/s × 10 ms ≈ 20
@@ -451,24 +552,20 @@ def test_adaptive_target_follows_arrival_rate() -> None:
 def test_a_running_long_batch_does_not_block_short_ones() -> None:
     # GIVEN a long-text batch held in compute (one slot per bucket)
     policy = BatchingPolicy(max_batch_size=4, max_queue_delay_s=0.0, length_buckets=(8,))
-    release_long = threading.Event()
 
-    class LengthGated(FakeRunner):
-        def run(self, batch: list[Prepared]) -> list[Tensors]:
-            if batch[0].length > 8:
-                assert release_long.wait(10)
-            return super().run(batch)
-
-    runner = LengthGated()
-
-    async def scenario(batcher: DynamicBatcher, _: FakeRunner) -> None:
-        long = asyncio.ensure_future(batcher.submit(request(9, length=100)))
+    async def scenario(rig: Rig) -> None:
+        rig.executor.hold()
+        long = submit(rig.batcher, fake_request(9, length=100))
+        await idle()
+        assert len(rig.executor.held) == 1
+        rig.executor.holding = False
         # WHEN short requests arrive THEN they complete while the long one still runs
-        await asyncio.wait_for(batcher.submit(request(1, length=5)), timeout=10)
-        await asyncio.wait_for(batcher.submit(request(2, length=5)), timeout=10)
+        await rig.batcher.submit(fake_request(1, length=5))
+        await rig.batcher.submit(fake_request(2, length=5))
         assert not long.done()
-        release_long.set()
+        assert rig.batcher.running == 1
+        rig.executor.release()
         await long
 
-    run_with(policy, runner, scenario)
-    assert runner.batches == [[1], [2], [9]]
+    rig = run_with(policy, scenario)
+    assert rig.runner.batches == [[1], [2], [9]]
