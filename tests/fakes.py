@@ -1,6 +1,6 @@
-"""Shared in-memory fakes for the unit tier: a virtual-time event loop and an inline
-executor (timing code without real time or threads), a summing batch runner, and a model
-repository, model and loader for the registry."""
+"""Shared test fakes: a virtual-time event loop and an inline executor (timing code
+without real time or threads), a summing batch runner, a model repository, model and
+loader for the registry; and ``eventually``, the one way to wait on a process from outside."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import heapq
 import itertools
 import selectors
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, Future
 from contextvars import Context
@@ -27,6 +28,23 @@ P = ParamSpec("P")
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 MB = 1_000_000
+
+# -- waiting on state only observable from outside ------------------------------------
+
+
+def eventually(
+    check: Callable[[], T | None], what: str, *, timeout_s: float = 60.0, interval_s: float = 0.02
+) -> T:
+    """Call ``check`` until it returns something truthy, and return that; fail with
+    ``what`` after ``timeout_s``. For state another process exposes (metrics, logs, a job
+    record): the interval only spaces the polls, the condition decides."""
+    deadline = time.monotonic() + timeout_s
+    while not (result := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        time.sleep(interval_s)
+    return result
+
 
 # -- virtual time ----------------------------------------------------------------------
 
@@ -85,9 +103,15 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         *args: *Ts,
         context: Context | None = None,
     ) -> asyncio.TimerHandle:
-        handle = super().call_at(when, callback, *args, context=context)
+        # The base loop runs a timer up to its clock resolution early; on this clock that
+        # would be a moment early forever, so a timer moves the clock to its own time.
+        handle = super().call_at(when, self._fire, when, callback, *args, context=context)
         heapq.heappush(self._timers, (when, next(self._order), handle))
         return handle
+
+    def _fire(self, when: float, callback: Callable[[*Ts], object], *args: *Ts) -> None:
+        self._now = max(self._now, when)
+        callback(*args)
 
     def jump(self, timeout: float) -> None:
         """Move the clock to the next live timer (``timeout`` ahead if none is known)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ import tritonclient.http as triton
 from spillway.repository import aws_client
 from spillway_cli.demo import Client, under_load
 from spillway_cli.stack import DATA_BUCKET, REGION, LocalStack
+from tests.fakes import eventually
 from tests.support import load_engine
 
 
@@ -108,9 +110,6 @@ def test_gpu_killed_under_load_fails_nothing(stack: LocalStack, client: Client) 
 
 
 def test_batch_mode_through_the_router_runs_a_job(stack: LocalStack, models_dir: Path) -> None:
-    import http.client
-    import time
-
     images = np.load(models_dir / "digits/samples/images.npy")[:6].astype(np.float32)
     client = Client(stack.ports.router)
     # WHEN a request asks for batch mode
@@ -120,17 +119,18 @@ def test_batch_mode_through_the_router_runs_a_job(stack: LocalStack, models_dir:
     # THEN it is accepted as a job, and the job runs to completion
     assert (status, headers["x-spillway-backend"]) == (202, "batch")
     job_id = json.loads(raw)["job_id"]
-    deadline = time.monotonic() + 180
-    state: dict[str, object] = {}
-    while time.monotonic() < deadline:
+
+    def finished() -> dict[str, object] | None:
         conn = http.client.HTTPConnection("127.0.0.1", stack.ports.jobs, timeout=30)
-        conn.request("GET", f"/v1/jobs/{job_id}")
-        state = json.loads(conn.getresponse().read())
-        conn.close()
+        try:
+            conn.request("GET", f"/v1/jobs/{job_id}")
+            state: dict[str, object] = json.loads(conn.getresponse().read())
+        finally:
+            conn.close()
         # moto reports the Batch job done at once; the shard markers tell when it is.
-        if state.get("state") in ("SUCCEEDED", "FAILED"):
-            break
-        time.sleep(1)
+        return state if state.get("state") in ("SUCCEEDED", "FAILED") else None
+
+    state = eventually(finished, f"job {job_id} finishes", timeout_s=180, interval_s=0.5)
     assert state.get("state") == "SUCCEEDED", state
     assert state.get("records") == 6
     assert state.get("errors") == 0

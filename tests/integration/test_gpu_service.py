@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
+from tests.fakes import eventually
 from tests.support import Service, gpu_service, load_engine, write_slow_model
 
 
@@ -187,17 +188,23 @@ def test_load_headers_on_every_infer(service: Service) -> None:
     assert lowered["x-spillway-model-version"] == "1"
 
 
-def _wait_running(base: str, model: str = "slow") -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        _, _, raw = _http("GET", f"{base}/metrics")
-        text = raw.decode()
-        pending = f'nv_inference_pending_request_count{{model="{model}",version="1"}} 1'
-        queued = f'spillway_queue_depth{{model="{model}",version="1"}} 0'
-        if pending in text and queued in text:
-            return
-        time.sleep(0.01)
-    raise AssertionError("the first request never started running")
+def _gauges(base: str, model: str = "slow") -> tuple[float, float]:
+    """Requests of a model's version 1 in the service now: (queued or computing, queued)."""
+    _, _, raw = _http("GET", f"{base}/metrics")
+    values = {}
+    for line in raw.decode().splitlines():
+        name, _, value = line.partition(f'{{model="{model}",version="1"}} ')
+        if value:
+            values[name] = float(value)
+    return values["nv_inference_pending_request_count"], values["spillway_queue_depth"]
+
+
+def _wait_queue(base: str, *, running: int, queued: int) -> None:
+    """Until the slow model has ``running`` requests computing and ``queued`` waiting."""
+    eventually(
+        lambda: _gauges(base) == (running + queued, queued),
+        f"{running} request(s) computing and {queued} queued",
+    )
 
 
 @pytest.fixture
@@ -214,7 +221,7 @@ def test_full_queue_gives_exactly_k_429s(slow_repo: Path, tmp_path: Path) -> Non
         ThreadPoolExecutor(8) as pool,
     ):
         first = pool.submit(_infer_slow, svc.base, 1.0)
-        _wait_running(svc.base)
+        _wait_queue(svc.base, running=1, queued=0)
         # WHEN 3 + 2 more requests arrive
         statuses = list(pool.map(lambda i: _infer_slow(svc.base, float(i)), range(5)))
         first.result()
@@ -233,7 +240,7 @@ def test_deadline_passes_in_queue_gives_504(slow_repo: Path, tmp_path: Path) -> 
         ThreadPoolExecutor(2) as pool,
     ):
         first = pool.submit(_infer_slow, svc.base, 1.0)
-        _wait_running(svc.base)
+        _wait_queue(svc.base, running=1, queued=0)
         status, _, raw = _infer_slow(svc.base, 2.0, timeout=50_000)  # 50 ms, in microseconds
         still_running = not first.done()
         assert first.result()[0] == 200
@@ -264,12 +271,15 @@ def test_sigterm_drains_in_flight_and_refuses_new(slow_repo: Path, tmp_path: Pat
     with gpu_service(slow_repo, tmp_path / "logs", drain_timeout_s="60", instance_count="1") as svc:
         with ThreadPoolExecutor(4) as pool:
             first = pool.submit(_infer_slow, svc.base, 1.0)
-            _wait_running(svc.base)
+            _wait_queue(svc.base, running=1, queued=0)
             queued = [pool.submit(_infer_slow, svc.base, float(i)) for i in (2, 3)]
-            time.sleep(0.2)
-            # WHEN the service is told to stop (an ECS stop)
+            _wait_queue(svc.base, running=1, queued=2)
+            # WHEN the service is told to stop (an ECS stop), and has taken it in
             svc.child.signal(signal.SIGTERM)
-            time.sleep(0.2)
+            eventually(
+                lambda: "readiness false" in svc.child.log_path.read_text(errors="replace"),
+                "the service logs that it drains",
+            )
             # THEN new requests are refused
             try:
                 late = _infer_slow(svc.base, 4.0)[0]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import signal
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from spillway.repository import aws_client
 from spillway_cli import procs
 from spillway_cli.jobs_cli import LAUNCHER
 from spillway_cli.local_batch import run_local
+from tests.fakes import eventually
 from tests.integration.test_jobs_support import (
     committed,
     digits_images,
@@ -172,7 +172,8 @@ def test_killed_runner_resumes_with_every_record_exactly_once(
                 "out/_committed/part-00000.json",
             ],
         )
-        time.sleep(1.1)  # a rewrite would now show a later LastModified
+        # No pause needed before the kill: a rewrite of the committed shard would rewrite
+        # its marker, whose run_id (one per runner process) and timestamps would differ.
         child.signal(signal.SIGKILL)
         assert child.proc.wait(10) == -signal.SIGKILL
     finally:
@@ -231,11 +232,15 @@ def test_a_staged_infer_request_runs_row_by_row_and_matches_the_engine(
 
 
 def _wait_for_log(child: procs.Child, text: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if text in child.log_path.read_text(errors="replace"):
-            return
-        if child.proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    raise AssertionError(f"{text!r} not logged (exit {child.proc.poll()}):\n{child.log_tail()}")
+    def logged_or_exited() -> bool:
+        if child.proc.poll() is not None and text not in child.log_path.read_text(
+            "utf-8", "replace"
+        ):
+            raise AssertionError(
+                f"{text!r} not logged; exit {child.proc.poll()}:\n{child.log_tail()}"
+            )
+        return text in child.log_path.read_text(errors="replace")
+
+    eventually(
+        logged_or_exited, f"{text!r} in the runner's log", timeout_s=timeout_s, interval_s=0.1
+    )

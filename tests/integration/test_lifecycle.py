@@ -7,7 +7,7 @@ import http.client
 import json
 import shutil
 import threading
-import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from spillway.repository import LocalRepository, aws_client, open_repository
+from tests.fakes import eventually
 from tests.support import Service, gpu_service, link_model
 
 IMAGE = [[0.0] * 8 for _ in range(8)]
@@ -68,17 +69,23 @@ def test_hot_swap_under_load_fails_nothing(repo: Path, models_dir: Path, tmp_pat
                 seen[index].append((response.status, version))
             conn.close()
 
+        def settled(condition: Callable[[], bool]) -> Callable[[], bool]:
+            """The condition, or a client that ended early (its error surfaces below)."""
+            return lambda: condition() or any(f.done() for f in futures)
+
         with ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(client, i) for i in range(8)]
-            while sum(len(s) for s in seen) < 300:
-                time.sleep(0.01)
+            eventually(settled(lambda: sum(len(s) for s in seen) >= 300), "300 answers")
             # WHEN version 2 is published and loaded while they run
             LocalRepository(repo).publish_version(
                 "digits", {"model.onnx": models_dir / "digits/1/model.onnx"}
             )
             status, _, body = _call(svc, "POST", "/v2/repository/models/digits/load")
             assert status == 200, body
-            time.sleep(0.3)
+            eventually(
+                settled(lambda: all(any(v == "2" for _, v in list(s)) for s in seen)),
+                "every client is served by version 2",
+            )
             stop.set()
             for future in futures:
                 future.result()
@@ -134,12 +141,17 @@ def test_fifty_first_requests_share_one_cold_start(repo: Path, tmp_path: Path) -
 
 
 def test_idle_ttl_unloads_then_cold_starts(repo: Path, tmp_path: Path) -> None:
+    # GIVEN a model with a 1 s idle TTL, used once
     with gpu_service(repo, tmp_path / "logs", idle_ttl_s="1") as svc:
         assert _call(svc, "POST", "/v2/models/digits/infer", BODY)[0] == 200
-        deadline = time.monotonic() + 30
-        while _call(svc, "GET", "/v2/models/digits/ready")[0] == 200:
-            assert time.monotonic() < deadline, "the idle model was never unloaded"
-            time.sleep(0.2)
+        # WHEN it stays idle for longer than the TTL THEN it is unloaded
+        eventually(
+            lambda: _call(svc, "GET", "/v2/models/digits/ready")[0] != 200,
+            "the idle model is unloaded",
+            interval_s=0.1,
+        )
+        assert _metric(svc, "spillway_model_loads_total", "digits") == 1
+        # AND the next request loads it again, as a cold start
         status, headers, _ = _call(svc, "POST", "/v2/models/digits/infer", BODY)
         assert status == 200
         assert "x-spillway-cold-start-ms" in headers

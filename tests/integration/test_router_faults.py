@@ -32,6 +32,7 @@ from functions.router.wiring import Overrides, create_app
 from spillway.engine import EngineOptions, OnnxModel
 from spillway.repository import LocalRepository
 from spillway_cli.wsgi_server import running
+from tests.fakes import eventually
 from tests.support import Service, gpu_service, link_model, write_slow_model
 
 
@@ -272,8 +273,7 @@ def test_the_deadline_is_carried_to_the_gpu_and_respected(gpu: Service) -> None:
             return reply
 
         blocker = pool.submit(block)
-        while _pending(gpu, "slowq") < 1:
-            time.sleep(0.01)
+        eventually(lambda: _pending(gpu, "slowq") >= 1, "the blocker is queued or running")
         # WHEN a request with a 150 ms budget is routed to the same model
         budget = {"x-spillway-latency-budget-ms": "150"}
         routed = post(f"{url}/v2/models/slowq/infer", body, **budget)

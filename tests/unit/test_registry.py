@@ -1,12 +1,16 @@
 """The model registry with an in-memory repository and a fake loader: hot swap, broken
-versions, memory budget and LRU eviction, single-flight cold starts, idle TTL."""
+versions, memory budget and LRU eviction, single-flight cold starts, idle TTL.
+
+Nothing here waits a fixed time: tests wait on the registry's version states
+(``ModelEntry.wait_state``), gate the fake loader, or run the idle reaper at a chosen
+instant (``reap_idle``)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,98 +20,13 @@ import pytest
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
 from gpu_service.versions import State
-from spillway.errors import (
-    InsufficientMemoryError,
-    ModelLoadError,
-    ModelNotFoundError,
-    ModelNotReadyError,
-)
+from spillway.errors import InsufficientMemoryError, ModelNotFoundError, ModelNotReadyError
 from spillway.modelconfig import ModelConfig
-from spillway.processing import Prepared, Tensors
+from spillway.processing import Prepared
+from tests.fakes import MB, FakeLoader, FakeRepository, tensor_config
 
-MB = 1_000_000
-
-
-def config(name: str, **block: Any) -> ModelConfig:
-    spec = {"data_type": "TYPE_FP32", "dims": [1]}
-    return ModelConfig(
-        name=name,
-        max_batch_size=4,
-        input=[{"name": "x", **spec}],
-        output=[{"name": "y", **spec}],
-        dynamic_batching={"max_queue_delay_microseconds": 0},
-        spillway={"kind": "tensor", **block},
-    )
-
-
-@dataclass
-class FakeRepository:
-    """Models in memory; a fetched version is a folder with a file of the given size."""
-
-    root: Path
-    configs: dict[str, ModelConfig] = field(default_factory=dict)
-    versions: dict[str, list[int]] = field(default_factory=dict)
-    location: str = "memory"
-
-    def add(self, name: str, *versions: int, **block: Any) -> None:
-        self.configs[name] = config(name, **block)
-        self.versions.setdefault(name, []).extend(versions)
-
-    def list_models(self) -> list[str]:
-        return sorted(self.configs)
-
-    def list_versions(self, model: str) -> list[int]:
-        return sorted(self.versions[model])
-
-    def read_config(self, model: str) -> ModelConfig:
-        if model not in self.configs:
-            raise ModelNotFoundError(model)
-        return self.configs[model]
-
-    def fetch_version(self, model: str, version: int, cache_dir: Path) -> Path:
-        path = self.root / model / str(version)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "model.onnx").write_bytes(b"x")
-        return path
-
-    def publish_version(self, model: str, files: Any, config: Any = None) -> int:
-        raise NotImplementedError
-
-
-@dataclass
-class FakeModel:
-    """Adds the version number to each row, so a response names who computed it."""
-
-    name: str
-    version: int
-    config: ModelConfig
-    provider: str = "fake"
-    provider_fallback: bool = False
-    gate: threading.Event | None = None
-
-    def run(self, batch: list[Prepared]) -> list[Tensors]:
-        if self.gate is not None:
-            assert self.gate.wait(10)
-        return [{"y": p.feeds["x"] + self.version} for p in batch]
-
-    def prepare(self, inputs: Tensors) -> Prepared:
-        return Prepared(inputs, 1)
-
-
-@dataclass
-class FakeLoader:
-    footprint: int = 40 * MB
-    broken: set[tuple[str, int]] = field(default_factory=set)
-    calls: list[tuple[str, int]] = field(default_factory=list)
-    gate: threading.Event | None = None
-
-    def __call__(
-        self, cfg: ModelConfig, version: int, path: Path, settings: GpuSettings
-    ) -> tuple[Any, int, str]:
-        self.calls.append((cfg.name, version))
-        if (cfg.name, version) in self.broken:
-            raise ModelLoadError(f"{cfg.name} v{version} failed warm-up")
-        return FakeModel(cfg.name, version, cfg, gate=self.gate), self.footprint, "fake"
+# Generous bound on a wait for something that should happen at once; a hang fails here.
+WAIT_S = 10.0
 
 
 def run(
@@ -141,33 +60,40 @@ def test_hot_swap_keeps_old_version_until_its_requests_finish(tmp_path: Path) ->
     loader = FakeLoader()
 
     async def scenario(registry: ModelRegistry) -> None:
+        entry = registry.entry("m")
         # GIVEN a request holding version 1
         async with registry.lease("m", None, None) as (old, _):
-            # WHEN version 2 is published and synced
+            # WHEN version 2 is published and synced, up to where version 1 drains
             repo.versions["m"].append(2)
             sync = asyncio.ensure_future(registry.sync("m"))
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(entry.wait_state(1, State.UNLOADING), WAIT_S)
             # THEN new requests already get version 2, while version 1 still exists
+            assert entry.states[2] == (State.READY, "")
             assert await infer(registry, "m") == 2
             assert old.retiring
             assert not sync.done()
             out = await old.batcher.submit(Prepared({"x": np.zeros((1, 1), np.float32)}, 1))
             assert out["y"][0, 0] == 1  # the held request is still served by version 1
-        assert await sync == []
-        assert sorted(registry.entry("m").versions) == [2]
-        assert registry.entry("m").states[1][0] == State.UNAVAILABLE
+            assert sorted(entry.versions) == [1, 2]
+        # AND once it is released, version 1 is freed and the sync ends without failures
+        assert await asyncio.wait_for(sync, WAIT_S) == []
+        assert sorted(entry.versions) == [2]
+        assert entry.states[1] == (State.UNAVAILABLE, "unloaded: replaced by a newer version")
 
     run(repo, loader, scenario)
 
 
 def test_broken_version_never_replaces_the_serving_one(tmp_path: Path) -> None:
+    # GIVEN version 1 serving and a version 2 that fails its warm-up
     repo = FakeRepository(tmp_path)
     repo.add("m", 1)
     loader = FakeLoader(broken={("m", 2)})
 
     async def scenario(registry: ModelRegistry) -> None:
+        # WHEN version 2 is published and synced
         repo.versions["m"].append(2)
         failures = await registry.sync("m")
+        # THEN the sync reports it, version 1 keeps serving, and the index says why
         assert [f.code for f in failures] == ["model_load_failed"]
         assert await infer(registry, "m") == 1
         index = {(r["name"], r["version"]): r for r in await registry.index()}
@@ -180,6 +106,7 @@ def test_broken_version_never_replaces_the_serving_one(tmp_path: Path) -> None:
 
 
 def test_budget_evicts_least_recently_used_idle_version(tmp_path: Path) -> None:
+    # GIVEN a 100 MB budget holding a and b (40 MB each), b the least recently used
     repo = FakeRepository(tmp_path)
     for name in ("a", "b", "c"):
         repo.add(name, 1)
@@ -188,12 +115,13 @@ def test_budget_evicts_least_recently_used_idle_version(tmp_path: Path) -> None:
     async def scenario(registry: ModelRegistry) -> None:
         await registry.sync("a")
         await registry.sync("b")
-        await infer(registry, "a")  # b is now the least recently used
+        await infer(registry, "a")
+        # WHEN c loads THEN b makes room
         assert await registry.sync("c") == []
         loaded = {n for n, e in registry.models.items() if e.versions}
         assert loaded == {"a", "c"}
         assert registry.entry("b").evictions == 1
-        assert registry.memory_in_use() <= 100 * MB
+        assert registry.memory_in_use() == 80 * MB
 
     run(repo, loader, scenario, memory_budget_mb=100, startup_models=())
 
@@ -222,6 +150,7 @@ def test_busy_version_is_never_evicted_and_impossible_load_fails(tmp_path: Path)
 
 
 def test_pinned_model_is_never_evicted(tmp_path: Path) -> None:
+    # GIVEN a pinned model taking 60 of 100 MB
     repo = FakeRepository(tmp_path)
     repo.add("pinned", 1, pinned=True)
     repo.add("b", 1)
@@ -229,21 +158,32 @@ def test_pinned_model_is_never_evicted(tmp_path: Path) -> None:
 
     async def scenario(registry: ModelRegistry) -> None:
         await registry.sync("pinned")
+        # WHEN another 60 MB model loads THEN it fails and the pinned one stays
         failures = await registry.sync("b")
         assert [f.code for f in failures] == ["insufficient_memory"]
-        assert registry.entry("pinned").versions
+        assert sorted(registry.entry("pinned").versions) == [1]
+        assert registry.entry("pinned").evictions == 0
 
     run(repo, loader, scenario, memory_budget_mb=100, startup_models=())
 
 
 def test_concurrent_first_requests_share_one_load(tmp_path: Path) -> None:
+    # GIVEN a model scaled to zero whose load is held open
     repo = FakeRepository(tmp_path)
     repo.add("cold", 1)
-    loader = FakeLoader()
+    loader = FakeLoader(gate=threading.Event())
 
     async def scenario(registry: ModelRegistry) -> None:
-        versions = await asyncio.gather(*(infer(registry, "cold", i) for i in range(50)))
-        assert versions == [1] * 50
+        assert loader.gate is not None
+        # WHEN 50 first requests arrive while it loads
+        requests = asyncio.gather(*(infer(registry, "cold", i) for i in range(50)))
+        try:
+            await asyncio.wait_for(registry.entry("cold").wait_state(1, State.LOADING), WAIT_S)
+            assert not requests.done()
+        finally:
+            loader.gate.set()
+        # THEN they all get version 1 from one load, counted as one cold start
+        assert await asyncio.wait_for(requests, WAIT_S) == [1] * 50
         assert loader.calls == [("cold", 1)]
         assert registry.entry("cold").cold_starts == 1
 
@@ -251,35 +191,62 @@ def test_concurrent_first_requests_share_one_load(tmp_path: Path) -> None:
 
 
 def test_idle_ttl_unloads_and_next_request_cold_starts(tmp_path: Path) -> None:
+    # GIVEN a model with a 60 s idle TTL, used once
     repo = FakeRepository(tmp_path)
-    repo.add("m", 1, idle_ttl_seconds=0.05)
+    repo.add("m", 1, idle_ttl_seconds=60)
     loader = FakeLoader()
 
     async def scenario(registry: ModelRegistry) -> None:
+        entry = registry.entry("m")
         assert await infer(registry, "m") == 1
-        for _ in range(100):
-            if not registry.entry("m").versions:
-                break
-            await asyncio.sleep(0.05)
-        assert not registry.entry("m").versions
-        assert registry.entry("m").states[1][0] == State.UNAVAILABLE
-        async with registry.lease("m", None, None) as (_, cold):
+        used = entry.versions[1].last_used
+        # WHEN the reaper looks just before the TTL THEN the version stays
+        await registry.reap_idle(used + 59)
+        assert sorted(entry.versions) == [1]
+        # WHEN it looks after the TTL THEN the version is unloaded
+        await registry.reap_idle(used + 61)
+        assert entry.versions == {}
+        assert entry.states[1] == (State.UNAVAILABLE, "unloaded: idle for more than 60 s")
+        # AND the next request loads it again, as a cold start
+        async with registry.lease("m", None, None) as (served, cold):
             assert cold is not None
+            assert served.model.version == 1
         assert loader.calls == [("m", 1), ("m", 1)]
+        assert entry.cold_starts == 1
 
     run(repo, loader, scenario)
 
 
+def test_busy_or_pinned_versions_outlive_their_ttl(tmp_path: Path) -> None:
+    # GIVEN a leased model and a pinned model, both with a 60 s idle TTL
+    repo = FakeRepository(tmp_path)
+    repo.add("busy", 1, idle_ttl_seconds=60)
+    repo.add("pinned", 1, idle_ttl_seconds=60, pinned=True)
+
+    async def scenario(registry: ModelRegistry) -> None:
+        async with registry.lease("busy", None, None):
+            # WHEN the reaper looks an hour later
+            await registry.reap_idle(time.monotonic() + 3600)
+            # THEN neither is unloaded
+            assert sorted(registry.entry("busy").versions) == [1]
+            assert sorted(registry.entry("pinned").versions) == [1]
+
+    run(repo, FakeLoader(), scenario)
+
+
 def test_version_policy_latest_two_and_pinned_version_requests(tmp_path: Path) -> None:
+    # GIVEN versions 1 to 3 and a policy serving the latest two
     repo = FakeRepository(tmp_path)
     repo.configs["m"] = ModelConfig.model_validate(
-        {**config("m").model_dump(), "version_policy": {"latest": {"num_versions": 2}}}
+        {**tensor_config("m").model_dump(), "version_policy": {"latest": {"num_versions": 2}}}
     )
     repo.versions["m"] = [1, 2, 3]
 
     async def scenario(registry: ModelRegistry) -> None:
+        # THEN versions 2 and 3 load, 2 can be asked for by number, 1 cannot
         assert sorted(registry.entry("m").versions) == [2, 3]
         assert registry.get("m", "2").model.version == 2
+        assert registry.get("m").model.version == 3
         with pytest.raises(ModelNotFoundError):
             registry.get("m", "1")
 
@@ -291,7 +258,9 @@ def test_loading_an_unknown_model_leaves_no_trace(tmp_path: Path) -> None:
     repo.add("m", 1)
 
     async def scenario(registry: ModelRegistry) -> None:
+        # WHEN a model the repository does not have is synced
         failures = await registry.sync("ghost")
+        # THEN it fails 404 and the registry does not list it
         assert [f.code for f in failures] == ["model_not_found"]
         with pytest.raises(ModelNotFoundError):
             registry.get("ghost")
