@@ -26,6 +26,10 @@ from spillway.errors import (
 from spillway.names import validate_model_name, validate_version
 
 HEADER_LENGTH = "inference-header-content-length"
+FAULT_HEADER = "x-spillway-fault"
+"""On an error answer: ``server`` when the server says the failure is its own (it failed
+to compute, load or serve), so a router may count it against the server's health. An
+answer without it (a client error, a busy 504, an unexpected exception) never does."""
 JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"
 # A JSON header longer than this many decimal digits would be larger than any body we take.
@@ -285,8 +289,11 @@ def infer_reply(
 
 def error_reply(error: SpillwayError) -> Reply:
     """The one response of an error, on every transport: its status, ``{"error", "code"}``,
-    ``Retry-After`` (whole seconds, at least 1) when it carries one, ``Allow`` on 405."""
+    ``Retry-After`` (whole seconds, at least 1) when it carries one, ``Allow`` on 405, and
+    the server-fault mark on a 5xx the server knows is its own (504 means busy)."""
     headers: Headers = []
+    if error.status >= 500 and error.status != 504:
+        headers.append((FAULT_HEADER, "server"))
     if error.retry_after_s is not None:
         headers.append(("retry-after", str(max(1, round(error.retry_after_s)))))
     if isinstance(error, MethodNotAllowedError) and error.allow:

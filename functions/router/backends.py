@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from spillway.wire import FAULT_HEADER
+
 # What the router itself sets on a backend request (it copies nothing else from a client).
 REQUEST_HEADERS = frozenset(
     {"content-type", "accept", "inference-header-content-length", "idempotency-key"}
 )
-LOAD_HEADERS = frozenset({"x-spillway-busy", "x-spillway-queue-depth"})
+LOAD_HEADERS = frozenset({"x-spillway-busy", "x-spillway-queue-depth", FAULT_HEADER})
 RESPONSE_HEADERS = frozenset(
     {
         "content-type",

@@ -157,9 +157,15 @@ def _number(value: Any, what: str) -> float | None:
             value = float(value)
         except ValueError:
             raise InvalidInputError(f"{what} must be a number") from None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInputError(f"{what} must be a finite number")
-    return float(value)
+    try:
+        number = float(value)  # an integer like 10**400 overflows here
+    except OverflowError:
+        raise InvalidInputError(f"{what} is out of range") from None
+    if not math.isfinite(number):
+        raise InvalidInputError(f"{what} must be a finite number")
+    return number
 
 
 def _budget(value: Any) -> float | None:
@@ -221,7 +227,7 @@ def _text_tokens(tensor: dict[str, Any]) -> int:
         if isinstance(item, list):
             stack.extend(item)
         elif isinstance(item, str):
-            total += len(item.encode())
+            total += len(item.encode("utf-8", "surrogatepass"))  # counting, not sending
     return math.ceil(total / _BYTES_PER_TOKEN)
 
 
@@ -237,7 +243,10 @@ def with_timeout(
     parameters["timeout"] = timeout_us
     # Once per attempt on the whole JSON header (all of a JSON body's data): pydantic-core
     # writes it several times faster than json.dumps, with the same numbers.
-    head = pydantic_core.to_json({**header, "parameters": parameters}, inf_nan_mode="constants")
+    try:
+        head = pydantic_core.to_json({**header, "parameters": parameters}, inf_nan_mode="constants")
+    except pydantic_core.PydanticSerializationError:  # e.g. a lone surrogate in a string
+        raise InvalidInputError("the request holds text that is not valid Unicode") from None
     if header_length is None:
         return head, None
     return head + body[header_length:], len(head)

@@ -24,7 +24,7 @@ from functions.router.backends import (
 )
 from spillway.errors import InvalidInputError, OverloadedError, SpillwayError, UnavailableError
 from spillway.messages import DirectInvokeAnswer, DirectInvokeEvent, parse_message
-from spillway.wire import HEADER_LENGTH, Reply, error_reply, parse_header_length
+from spillway.wire import FAULT_HEADER, HEADER_LENGTH, Reply, error_reply, parse_header_length
 
 # Lambda's limit on a synchronous invocation's request and response payloads.
 LAMBDA_PAYLOAD_LIMIT = 6 * 1024 * 1024
@@ -45,7 +45,7 @@ def direct_event(request: BackendRequest) -> DirectInvokeEvent:
 
 def _response(reply: Reply, started: float, *, billed: bool = False) -> BackendResponse:
     elapsed = time.monotonic() - started
-    headers = forwardable(dict(reply.headers), RESPONSE_HEADERS)
+    headers = forwardable(dict(reply.headers), RESPONSE_HEADERS | {FAULT_HEADER})
     return BackendResponse(reply.status, headers, reply.body, elapsed, elapsed if billed else None)
 
 

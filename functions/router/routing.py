@@ -11,9 +11,11 @@ travels down as the Open Inference Protocol ``timeout`` parameter, so a backend 
 work nobody waits for.
 
 What counts against a backend's circuit: no connection, no answer in time, a broken
-connection, a 5xx other than 504. A 429 or a 504 says "busy", not "broken": it moves the
-request on without a verdict, and a 429 counts as a fully busy load reading. A 4xx is
-the request's own fault and the backend's good answer.
+connection, a 502, a 5xx the backend marks as its own fault (``x-spillway-fault:
+server``). An unmarked 5xx is neutral: it may have been caused by the request. A 429
+or a 504 says "busy", not "broken": it moves the request on without a verdict, and a
+429 counts as a fully busy load reading. A 4xx is the request's own fault and the
+backend's good answer.
 
 Every reply says what happened: ``x-spillway-rule`` (the rule that fired),
 ``x-spillway-backend`` (who answered), ``x-spillway-cost-usd`` (the estimate),
@@ -48,6 +50,7 @@ from functions.router.policy_store import PolicyStore
 from spillway.errors import DeadlineExceededError, SpillwayError, UnavailableError
 from spillway.wire import (
     BINARY_CONTENT_TYPE,
+    FAULT_HEADER,
     HEADER_LENGTH,
     JSON_CONTENT_TYPE,
     Reply,
@@ -246,8 +249,12 @@ class Router:
             # The backend answered in time that the deadline had passed in its queue: it is
             # busy, not broken (a backend that does not answer at all times out instead).
             breaker.neutral()
-        elif status >= 500:
+        elif status >= 500 and (response.headers.get(FAULT_HEADER) == "server" or status == 502):
+            # Only a failure the backend calls its own (or a gateway that could not reach it)
+            # counts: an unmarked 5xx may have been caused by the request.
             breaker.failure()
+        elif status >= 500:
+            breaker.neutral()
         else:
             breaker.success()
         if status in FAILOVER_STATUS:

@@ -66,6 +66,8 @@ CASES = [
     Case("65 dimensions", _json({"inputs": [{**IMAGE, "shape": [1] * 65, "data": [0.5]}]}), 400, "invalid_input"),
     Case("zero beside a huge dimension", _json({"inputs": [{**IMAGE, "shape": [0, 2**62], "data": []}]}), 400, "invalid_input"),
     Case("zero beside two big dimensions", _json({"inputs": [{**IMAGE, "shape": [0, 2**31 - 1, 2**31 - 1], "data": []}]}), 400, "invalid_input"),
+    Case("huge priority", b'{"parameters": {"priority": 1' + b"0" * 400 + b'}, "inputs": [' + _json(IMAGE) + b"]}", 400, "invalid_input"),
+    Case("lone surrogate in text", b'{"inputs": [{"name": "image", "shape": [1, 8, 8], "datatype": "FP32", "data": ["\\ud800"]}]}', 400, "invalid_input"),
     Case("negative priority", _json({"parameters": {"priority": -1}, "inputs": [IMAGE]}), 400, "invalid_input"),
     Case("unknown output", _json({"inputs": [IMAGE], "outputs": [{"name": "nope"}]}), 400, "invalid_input"),
     Case("unknown model", _json({"inputs": [IMAGE]}), 404, "model_not_found", path="/v2/models/nosuch/infer"),
@@ -241,3 +243,31 @@ def test_a_chunked_body_reaches_the_cpu_fallback(cpu: CpuService) -> None:
     # THEN it is read whole and served (not read as an empty body)
     assert response.status == 200, answer
     assert answer["outputs"][0]["name"] == "label"
+
+
+def test_malformed_requests_never_trip_the_router_breaker(gpu: Service, cpu: CpuService) -> None:
+    # GIVEN the router in front of the GPU service, with the CPU fallback behind it
+    with running(CpuApp(cpu)) as cpu_url:
+        settings = RouterSettings(gpu_url=gpu.base, cpu_url=cpu_url, metrics_log=Path("/dev/null"))
+        app = create_app(settings)
+        with running(app) as url:
+            # WHEN 100 malformed requests (every kind in the table, round robin) go through
+            bad = [c for c in CASES if c.method == "POST"]
+            statuses = [_call(url, bad[i % len(bad)]).status for i in range(100)]
+            # AND then 10 valid ones
+            body = _json({"inputs": [IMAGE]})
+            served = []
+            for _ in range(10):
+                request = urllib.request.Request(url + "/v2/models/digits/infer", body)
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    served.append(
+                        (
+                            response.headers["x-spillway-backend"],
+                            response.headers["x-spillway-fallback"],
+                        )
+                    )
+        # THEN every malformed one was a 4xx, and every valid one was served by the GPU
+        # service with no fallback: the breaker stayed closed
+        assert all(400 <= s < 500 for s in statuses), statuses
+        assert served == [("gpu", None)] * 10
+        assert app.router.breakers["gpu"].state == "closed"

@@ -54,6 +54,9 @@ class Clock:
         return self.now
 
 
+SERVER_FAULT = {"x-spillway-fault": "server"}
+
+
 def ok(
     status: int = 200, body: bytes = RESULT, headers: dict[str, str] | None = None
 ) -> BackendResponse:
@@ -279,7 +282,7 @@ def test_when_nothing_can_be_reached_the_answer_is_503_with_every_attempt() -> N
 
 def test_the_circuit_opens_after_five_failures_and_half_opens_after_the_wait() -> None:
     # GIVEN a GPU that fails with 503 and no retry budget in play
-    stack = make_stack(gpu=[ok(503, b'{"error":"down","code":"unavailable"}')])
+    stack = make_stack(gpu=[ok(503, b'{"error":"down","code":"unavailable"}', SERVER_FAULT)])
     for _ in range(5):
         assert stack.post().headers["x-spillway-fallback"] == "gpu:unavailable"
     assert len(stack.gpu.requests) == 5
@@ -322,7 +325,7 @@ def test_answers_the_request_caused_do_not_open_the_circuit() -> None:
 
 
 def test_readiness_follows_the_circuits() -> None:
-    stack = make_stack(gpu=[ok(503, b"{}")], without=("cpu",))
+    stack = make_stack(gpu=[ok(503, b"{}", SERVER_FAULT)], without=("cpu",))
     assert stack.get("/v2/health/ready").status_code == 200
     for _ in range(5):
         stack.post()
@@ -586,7 +589,7 @@ def test_openapi_document_is_valid_and_every_path_is_routed() -> None:
 
 
 def test_each_request_emits_one_emf_line_with_its_route() -> None:
-    stack = make_stack(gpu=[ok(503, b"{}")])
+    stack = make_stack(gpu=[ok(503, b"{}", SERVER_FAULT)])
     stack.post()
     (line,) = stack.metrics.getvalue().splitlines()
     document = json.loads(line)
@@ -821,3 +824,46 @@ def test_a_throttled_cpu_function_reads_as_overloaded() -> None:
     response = lambda_backend(FakeLambda(throttled)).send(request, 1.0)
     assert response.status == 429
     assert json.loads(response.body)["code"] == "overloaded"
+
+
+@pytest.mark.parametrize(
+    ("headers", "state"), [({}, "closed"), (SERVER_FAULT, "open")], ids=["unmarked", "marked"]
+)
+def test_only_a_5xx_the_backend_calls_its_own_counts_against_it(
+    headers: dict[str, str], state: str
+) -> None:
+    # GIVEN a GPU answering 500 ten times, with or without the server-fault mark
+    stack = make_stack(gpu=[ok(500, b'{"error":"x","code":"internal"}', headers)])
+    # WHEN ten requests are routed
+    for _ in range(10):
+        stack.post()
+    # THEN an unmarked 500 (maybe the request's doing) leaves the circuit closed; a marked
+    # one opens it after the configured five failures
+    assert stack.app.router.breakers["gpu"].state == state
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        b'{"latency_budget_ms": 1' + b"0" * 400 + b"}",
+        b'{"priority": 1' + b"0" * 400 + b"}",
+    ],
+    ids=["budget", "priority"],
+)
+def test_numbers_past_float_range_are_the_clients_error(parameters: bytes) -> None:
+    # GIVEN a routing hint with an integer too big for a float
+    stack = make_stack(gpu=[ok()])
+    body = b'{"parameters": ' + parameters + b', "inputs": []}'
+    # WHEN routed THEN 400 invalid_input, never a 500
+    reply = stack.post(body=body)
+    assert (reply.status_code, reply.json["code"]) == (400, "invalid_input")
+
+
+def test_a_lone_surrogate_in_text_is_the_clients_error() -> None:
+    # GIVEN BYTES data holding an unpaired surrogate escape
+    stack = make_stack(gpu=[ok()])
+    body = b'{"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": ["\\ud800"]}]}'
+    # WHEN routed THEN 400 invalid_input, and the backend never saw it
+    reply = stack.post(body=body)
+    assert (reply.status_code, reply.json["code"]) == (400, "invalid_input")
+    assert stack.gpu.requests == []
