@@ -303,7 +303,9 @@ class Router:
         record = RouteRecord(
             rule=decision.rule,
             backend=outcome.backend or "none",
-            model=request.target.model,
+            # A metric dimension only for models a backend knows: a client inventing names
+            # must not create a CloudWatch metric per name.
+            model=request.target.model if outcome.response is not None and status != 404 else None,
             status=status,
             latency_ms=elapsed * 1000,
             cost_usd=cost,

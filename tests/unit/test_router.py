@@ -867,3 +867,14 @@ def test_a_lone_surrogate_in_text_is_the_clients_error() -> None:
     reply = stack.post(body=body)
     assert (reply.status_code, reply.json["code"]) == (400, "invalid_input")
     assert stack.gpu.requests == []
+
+
+@pytest.mark.parametrize(("status", "model"), [(200, "digits"), (400, "digits"), (404, "-")])
+def test_only_known_models_become_a_metric_dimension(status: int, model: str) -> None:
+    # GIVEN a GPU that knows the model (200, or 400 for a bad body) or does not (404)
+    stack = make_stack(gpu=[ok(status, RESULT if status == 200 else b'{"code":"x"}')])
+    # WHEN a request is routed
+    stack.post()
+    # THEN its EMF line names the model only when the backend knew it
+    line = json.loads(stack.metrics.getvalue().splitlines()[-1])
+    assert line["model"] == model
