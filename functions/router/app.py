@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -45,10 +45,18 @@ EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
 class RouterApp:
     """WSGI entry point of the router."""
 
-    def __init__(self, router: Router, *, max_body_bytes: int, openapi: bytes) -> None:
+    def __init__(
+        self,
+        router: Router,
+        *,
+        max_body_bytes: int,
+        openapi: bytes,
+        identity_tenants: Mapping[str, str] | None = None,
+    ) -> None:
         self.router = router
         self.max_body_bytes = max_body_bytes
         self.openapi = openapi
+        self.identity_tenants = dict(identity_tenants or {})
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         request_id = _request_id(environ)
@@ -105,8 +113,20 @@ class RouterApp:
             body=self._body(environ) if method == "POST" else b"",
             request_id=request_id,
             remaining_ms=float(remaining()) if callable(remaining) else None,
-            trusted_tenant=_authorizer_tenant(environ.get("serverless.authorizer")),
+            trusted_tenant=self._tenant(environ),
         )
+
+    def _tenant(self, environ: dict[str, Any]) -> str | None:
+        """The caller's tenant as API Gateway vouches for it: an authorizer's ``tenant``,
+        else the authenticated identity (API key id or IAM principal) through the
+        ``identity_tenants`` map (an unmapped identity is its own tenant)."""
+        tenant = _authorizer_tenant(environ.get("serverless.authorizer"))
+        if tenant is not None:
+            return tenant
+        identity = authenticated_identity(environ.get("serverless.event"))
+        if identity is None:
+            return None
+        return self.identity_tenants.get(identity, identity)
 
     def _body(self, environ: dict[str, Any]) -> bytes:
         limit = self.max_body_bytes
@@ -163,3 +183,25 @@ def _authorizer_tenant(authorizer: object) -> str | None:
         if isinstance(scope, dict) and isinstance(scope.get("tenant"), str):
             return str(scope["tenant"])
     return None
+
+
+def authenticated_identity(event: object) -> str | None:
+    """The identity API Gateway authenticated: a REST API key's id, else the IAM
+    principal (REST ``identity.userArn``, HTTP API ``authorizer.iam.userArn``)."""
+    if not isinstance(event, dict):
+        return None
+    context = event.get("requestContext")
+    if not isinstance(context, dict):
+        return None
+    identity = context.get("identity")
+    iam = (
+        (context.get("authorizer") or {}).get("iam")
+        if isinstance(context.get("authorizer"), dict)
+        else None
+    )
+    candidates = []
+    if isinstance(identity, dict):
+        candidates += [identity.get("apiKeyId"), identity.get("userArn")]
+    if isinstance(iam, dict):
+        candidates.append(iam.get("userArn"))
+    return next((c for c in candidates if isinstance(c, str) and c), None)

@@ -232,11 +232,18 @@ def _text_tokens(tensor: dict[str, Any]) -> int:
 
 
 def with_timeout(
-    body: bytes, header: dict[str, Any], header_length: int | None, timeout_us: int
+    body: bytes,
+    header: dict[str, Any],
+    header_length: int | None,
+    timeout_us: int,
+    priority: int | None = None,
 ) -> tuple[bytes, int | None]:
     """The body with ``parameters.timeout`` set to ``timeout_us`` (a lower value the client
-    sent is kept), and its new header length. Binary tensor bytes are carried over as-is."""
+    sent is kept) and a ``parameters.priority`` the client sent lowered to the priority it
+    may use, and its new header length. Binary tensor bytes are carried over as-is."""
     parameters = dict(header.get("parameters") or {})
+    if priority and parameters.get("priority"):  # the level the backend's batcher uses
+        parameters["priority"] = priority
     current = parameters.get("timeout")
     if isinstance(current, int) and not isinstance(current, bool) and 0 < current <= timeout_us:
         timeout_us = current

@@ -192,6 +192,9 @@ class Policy(_Strict):
     description: str = ""
     defaults: Defaults = Field(default_factory=Defaults)
     tenants: dict[str, str] = Field(default_factory=dict)
+    tier_priorities: dict[str, int] = Field(default_factory=dict)
+    """The highest priority (smallest level, 1 first) a tier's callers may use; a request
+    asking for more is served at its tier's level. A tier not listed may use any."""
     fallbacks: dict[Backend, list[Backend]] = Field(default_factory=_default_fallbacks)
     rules: list[Rule] = Field(min_length=1)
 
@@ -211,6 +214,13 @@ class Policy(_Strict):
             if backend in chain:
                 raise ValueError(f"fallbacks.{backend} may not contain {backend}")
         return self
+
+    def allowed_priority(self, tenant: str | None, requested: int | None) -> int | None:
+        """``requested`` as the tenant's tier allows it (0 and ``None``: the default)."""
+        floor = self.tier_priorities.get(self.tier_of(tenant))
+        if not requested or floor is None:
+            return requested
+        return max(requested, floor)
 
     def tier_of(self, tenant: str | None) -> str:
         """The tier of a tenant (the default tier for unknown or absent tenants)."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from functions.router.accounting import EmfSink, Pricing, RouteRecord
@@ -151,8 +151,13 @@ class Router:
         """Decide, walk the chain within the deadline, account, and answer."""
         started = self.clock()
         request = read_request(call, target, trust_tenant_hints=self.config.trust_tenant_hints)
+        policy = self.policies.policy
+        # The priority a caller may use comes from its tenant's tier, not the request alone.
+        allowed = policy.allowed_priority(request.facts.tenant, request.facts.priority)
+        if allowed != request.facts.priority:
+            request = replace(request, facts=replace(request.facts, priority=allowed))
         facts = request.facts
-        decision = decide(self.policies.policy, facts, self.wall(), self.load, self.spills)
+        decision = decide(policy, facts, self.wall(), self.load, self.spills)
         deadline = self._deadline(started, facts.latency_budget_ms, call.remaining_ms)
         outcome = self._walk(decision, request, deadline)
         cost = self._account(outcome, request, started)
@@ -338,7 +343,9 @@ def backend_request(request: Request, backend: str, timeout_s: float) -> Backend
         body, length = b"", None
     elif backend != "batch":
         timeout_us = max(1, int(timeout_s * BACKEND_TIMEOUT_SHARE * 1e6))
-        body, length = with_timeout(call.body, request.header, length, timeout_us)
+        body, length = with_timeout(
+            call.body, request.header, length, timeout_us, request.facts.priority
+        )
     headers: dict[str, str] = {}
     if target.operation == "infer":
         headers["content-type"] = JSON_CONTENT_TYPE if length is None else BINARY_CONTENT_TYPE

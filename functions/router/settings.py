@@ -94,9 +94,13 @@ class RouterSettings(BaseModel):
     """Read timeout of ``lambda:Invoke`` calls (boto3 cannot set one per call)."""
     metrics_log: Path | None = None
     """Append EMF metric lines here instead of stdout (local runs, ``spillway cost report``)."""
-    trust_tenant_hints: bool = True
-    """Let a request name its tenant (header or parameter) when no API Gateway authorizer
-    did; set false behind an authorizer so callers cannot choose their own tier."""
+    trust_tenant_hints: bool = False
+    """Let a request name its own tenant (header or parameter) when API Gateway vouched for
+    none. Off by default: any caller could claim a premium tenant. For local runs only."""
+    identity_tenants: dict[str, str] = Field(default_factory=dict)
+    """Tenants of authenticated identities, as JSON: ``{"<API key id or IAM principal
+    ARN>": "<tenant>"}``; an unmapped identity is its own tenant (list it in the policy's
+    ``tenants`` to give it a tier)."""
     tracing: bool = False
     """Create the X-Ray tracer (imported only when true, so cold starts do not pay for it)."""
     host: str = "127.0.0.1"
@@ -117,6 +121,15 @@ class RouterSettings(BaseModel):
             parse_s3_url(value)
         except InvalidInputError as exc:  # pydantic reports only ValueError as invalid
             raise ValueError(exc.message) from None
+        return value
+
+    @field_validator("identity_tenants", mode="before")
+    @classmethod
+    def _json_map(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            import json
+
+            return json.loads(value) if value.strip() else {}
         return value
 
     @field_validator("cpu_function")

@@ -123,4 +123,9 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
         sorted(backends),
         store.loaded.source,
     )
-    return RouterApp(router, max_body_bytes=settings.max_body_bytes, openapi=document_bytes())
+    return RouterApp(
+        router,
+        max_body_bytes=settings.max_body_bytes,
+        openapi=document_bytes(),
+        identity_tenants=settings.identity_tenants,
+    )

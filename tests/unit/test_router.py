@@ -402,7 +402,7 @@ def test_batch_mode_submits_and_answers_202_with_the_job_id() -> None:
             submitted.append(request)
             return BatchReceipt("job-42", "/v1/jobs/job-42")
 
-    stack = make_stack(submitter=Submitter())
+    stack = make_stack(submitter=Submitter(), trust_tenant_hints=True)
     response = stack.post(headers={"x-spillway-mode": "batch", "x-spillway-tenant": "acme"})
     assert response.status_code == 202
     assert response.json == {
@@ -619,7 +619,10 @@ def test_an_http_api_stage_prefix_is_removed() -> None:
 
 
 def test_an_authorizer_tenant_wins_over_the_claimed_one() -> None:
-    stack = make_stack(policy_file=Path(__file__).resolve().parents[2] / "policies/example.yaml")
+    stack = make_stack(
+        policy_file=Path(__file__).resolve().parents[2] / "policies/example.yaml",
+        trust_tenant_hints=True,
+    )
     event = json.loads(
         (Path(__file__).resolve().parents[2] / "events/router/infer-rest-v1.json").read_text()
     )
@@ -632,11 +635,37 @@ def test_an_authorizer_tenant_wins_over_the_claimed_one() -> None:
     assert response["multiValueHeaders"]["x-spillway-rule"] == ["premium-tenants"]
 
 
-def test_claimed_tenants_can_be_ignored_behind_an_authorizer() -> None:
+def test_claimed_tenants_are_ignored_by_default() -> None:
+    # GIVEN the default settings WHEN a caller claims the premium tenant
     example = Path(__file__).resolve().parents[2] / "policies/example.yaml"
-    stack = make_stack(policy_file=example, trust_tenant_hints=False)
+    stack = make_stack(policy_file=example)
     response = stack.post(headers={"x-spillway-tenant": "moderation-live"})
+    # THEN the claim is ignored: it gets the default rule, not the premium one
     assert response.headers["x-spillway-rule"] == "default"
+
+
+@pytest.mark.parametrize("shape", ["rest-api-key", "rest-iam", "http-iam"])
+def test_the_tenant_comes_from_the_authenticated_identity(shape: str) -> None:
+    # GIVEN identities mapped to tenants, and an event API Gateway authenticated
+    example = Path(__file__).resolve().parents[2] / "policies/example.yaml"
+    key_id, arn = "k3y1d", "arn:aws:iam::123456789012:role/moderation"
+    mapping = {key_id: "moderation-live", arn: "moderation-live"}
+    stack = make_stack(policy_file=example, identity_tenants=json.dumps(mapping))
+    events = Path(__file__).resolve().parents[2] / "events/router"
+    name = "infer-http-v2.json" if shape == "http-iam" else "infer-rest-v1.json"
+    event = json.loads((events / name).read_text())
+    context = event["requestContext"]
+    if shape == "rest-api-key":
+        context.setdefault("identity", {})["apiKeyId"] = key_id
+    elif shape == "rest-iam":
+        context.setdefault("identity", {})["userArn"] = arn
+    else:
+        context["authorizer"] = {"iam": {"userArn": arn}}
+    # WHEN routed
+    response = serverless_wsgi.handle_request(stack.app, event, None)
+    headers = response.get("multiValueHeaders") or {k: [v] for k, v in response["headers"].items()}
+    # THEN the mapped tenant's tier decides (premium never spills)
+    assert headers["x-spillway-rule"] == ["premium-tenants"], response
 
 
 def test_binary_responses_travel_base64_through_api_gateway() -> None:
@@ -878,3 +907,22 @@ def test_only_known_models_become_a_metric_dimension(status: int, model: str) ->
     # THEN its EMF line names the model only when the backend knew it
     line = json.loads(stack.metrics.getvalue().splitlines()[-1])
     assert line["model"] == model
+
+
+def test_the_priority_a_caller_may_use_comes_from_its_tier(tmp_path: Path) -> None:
+    # GIVEN a policy where standard callers may use priority 2 at best, premium ones 1
+    import yaml
+
+    example = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "policies/example.yaml").read_text()
+    )
+    example["tier_priorities"] = {"standard": 2, "premium": 1}
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps(example))
+    stack = make_stack(policy_file=policy, trust_tenant_hints=True)
+    # WHEN a standard and a premium caller both ask for priority 1
+    for tenant in ("appeals", "moderation-live"):
+        stack.post(body=with_parameters(priority=1), headers={"x-spillway-tenant": tenant})
+    # THEN the standard caller's request reaches the GPU at level 2, the premium one at 1
+    sent = [json.loads(r.body)["parameters"]["priority"] for r in stack.gpu.requests]
+    assert sent == [2, 1]
