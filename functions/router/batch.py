@@ -64,14 +64,19 @@ class BatchSubmitter(Protocol):
         ...
 
 
-def staging_key(tenant: str | None, client_key: str | None, body: bytes) -> str:
-    """The staging place and idempotency key of one batch request (hex): random, unless
-    the client sent an ``Idempotency-Key``; then scoped to the caller and the payload."""
+def staging_key(tenant: str | None, client_key: str | None, body: bytes) -> tuple[str, str]:
+    """The jobs API idempotency key and the staging place of one batch request (hex).
+
+    Without a client ``Idempotency-Key`` both are random. With one, the key is scoped to
+    the caller (its tenant) and the place to the key and a hash of the payload: a replay
+    of the same payload finds the same job, and the same key with another payload stages
+    elsewhere (never over the first) and gets the jobs API's 409."""
     if client_key is None:
-        return uuid.uuid4().hex
-    payload = hashlib.sha256(body).hexdigest()
-    scope = "\0".join((tenant or "anonymous", client_key, payload))
-    return hashlib.sha256(scope.encode()).hexdigest()
+        key = uuid.uuid4().hex
+        return key, key
+    scope = "\0".join((tenant or "anonymous", client_key))
+    key = hashlib.sha256(scope.encode()).hexdigest()
+    return key, f"{key}/{hashlib.sha256(body).hexdigest()[:32]}"
 
 
 class JobsApiSubmitter:
@@ -101,15 +106,16 @@ class JobsApiSubmitter:
         client_key = request.headers.get("idempotency-key")
         if client_key is not None and not _CLIENT_KEY.fullmatch(client_key):
             raise InvalidInputError("Idempotency-Key must be 1-128 visible ASCII characters")
-        key = staging_key(request.tenant, client_key, request.body)
+        key, place = staging_key(request.tenant, client_key, request.body)
         length = parse_header_length(request.headers.get(HEADER_LENGTH))
-        self._stage(self._staging.key(key, "in", STAGED_NAME), stage_request(request.body, length))
+        staged = stage_request(request.body, length)
+        self._stage(self._staging.key(place, "in", STAGED_NAME), staged)
         bucket = self._staging.bucket
         job = JobRequest(
             model=request.model,
             version=int(request.version) if request.version else None,
-            input=f"s3://{bucket}/{self._staging.key(key, 'in')}/",
-            output=f"s3://{bucket}/{self._staging.key(key, 'out')}/",
+            input=f"s3://{bucket}/{self._staging.key(place, 'in')}/",
+            output=f"s3://{bucket}/{self._staging.key(place, 'out')}/",
         )
         post = BackendRequest(
             "POST",

@@ -167,15 +167,26 @@ def test_a_retry_with_the_same_idempotency_key_replays_the_job() -> None:
     assert len(set(s3.writes)) == 1
 
 
-def test_the_same_idempotency_key_with_another_payload_or_caller_is_another_job() -> None:
-    stack, _, api = batch_stack()
+def test_the_same_idempotency_key_with_another_payload_is_409_and_another_caller_another_job() -> (
+    None
+):
+    # GIVEN a first batch request under a client key
+    stack, s3, api = batch_stack()
     first = submit(stack, **{"Idempotency-Key": "order-7", "x-spillway-tenant": "acme"})
+    first_staged = dict(s3.objects)
+    # WHEN the same caller reuses the key with another payload, and another caller uses it
     other_payload = submit(
         stack, other_body(), **{"Idempotency-Key": "order-7", "x-spillway-tenant": "acme"}
     )
     other_caller = submit(stack, **{"Idempotency-Key": "order-7", "x-spillway-tenant": "globex"})
-    assert len({r.json["job_id"] for r in (first, other_payload, other_caller)}) == 3
-    assert len({post.headers["idempotency-key"] for post in api.posts}) == 3
+    # THEN the reuse is the jobs API's 409, staged elsewhere (the first rows are intact)
+    assert first.status_code == 202
+    assert other_payload.status_code == 409
+    assert all(s3.objects[k] == v for k, v in first_staged.items())
+    # AND the other caller gets its own job under its own key
+    assert other_caller.status_code == 202
+    assert other_caller.json["job_id"] != first.json["job_id"]
+    assert len({post.headers["idempotency-key"] for post in api.posts}) == 2
 
 
 def test_the_same_key_and_payload_for_another_model_is_the_jobs_apis_409() -> None:
@@ -190,43 +201,14 @@ def test_the_same_key_and_payload_for_another_model_is_the_jobs_apis_409() -> No
     assert response.headers["x-spillway-backend"] == "batch"
 
 
-def test_the_key_is_the_hash_of_caller_client_key_and_payload() -> None:
-    key = staging_key("acme", "order-7", b"body")
-    payload = hashlib.sha256(b"body").hexdigest()
-    assert key == hashlib.sha256(f"acme\0order-7\0{payload}".encode()).hexdigest()
-    assert key != staging_key("acme", "order-7", b"body2")
-    assert key != staging_key("globex", "order-7", b"body")
-    assert key != staging_key(None, "order-7", b"body")
+def test_the_key_is_scoped_to_the_caller_and_the_place_to_the_payload() -> None:
+    key, place = staging_key("acme", "order-7", b"body")
+    assert key == hashlib.sha256(b"acme\0order-7").hexdigest()
+    assert place == f"{key}/{hashlib.sha256(b'body').hexdigest()[:32]}"
+    other_key, other_place = staging_key("acme", "order-7", b"body2")
+    assert (other_key, other_place != place) == (key, True)
+    assert staging_key("globex", "order-7", b"body")[0] != key
     assert staging_key(None, "order-7", b"body") == staging_key("anonymous", "order-7", b"body")
-    random_keys = {staging_key("acme", None, b"body") for _ in range(3)}
-    assert len(random_keys) == 3
-    assert all(len(k) == 32 for k in random_keys)
-
-
-def test_an_answer_without_a_job_is_unavailable_not_the_clients_error() -> None:
-    class Broken(JobsApi):
-        def send(self, request: BackendRequest, timeout_s: float) -> BackendResponse:
-            return BackendResponse(202, {}, b'{"job": {"job_id": "x"}}', 0.0)
-
-    stack = make_stack(submitter=JobsApiSubmitter(Broken(), STAGING, s3=MemoryS3()))
-    response = submit(stack)
-    assert response.status_code == 503
-    assert response.json["code"] == "unavailable"
-    assert "without a job" in response.json["error"]
-
-
-def test_a_bad_idempotency_key_is_refused_in_batch_mode_and_ignored_elsewhere() -> None:
-    # GIVEN a key longer than the jobs API takes
-    stack, s3, api = batch_stack()
-    key = {"Idempotency-Key": "k" * 129}
-    # WHEN it comes with a batch-mode request, THEN that is the client's error: 400,
-    # nothing staged, no job
-    refused = submit(stack, **key)
-    assert refused.status_code == 400
-    assert "Idempotency-Key" in refused.json["error"]
-    assert refused.headers["x-spillway-backend"] == "none"
-    assert (s3.writes, api.posts) == ([], [])
-    # AND a realtime request does not care, nor is the header forwarded to the GPU
-    served = stack.post(headers=key)
-    assert served.status_code == 200
-    assert "idempotency-key" not in stack.gpu.requests[0].headers
+    randoms = [staging_key("acme", None, b"body") for _ in range(3)]
+    assert len({k for k, _ in randoms}) == 3
+    assert all(k == p and len(k) == 32 for k, p in randoms)
