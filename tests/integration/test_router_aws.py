@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import boto3
+import numpy as np
 import pytest
 from werkzeug.test import Client
 
@@ -31,6 +32,7 @@ from spillway.messages import (
 )
 from spillway_cli.procs import free_port
 from spillway_cli.wsgi_server import running
+from tests.support import load_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 BODY = json.loads((ROOT / "events" / "cpu_infer" / "infer-direct.json").read_text())["body"]
@@ -238,3 +240,74 @@ def test_batch_mode_stages_the_request_in_s3_and_submits_a_job(
     _, tensors = decode_request(*read_staged_request(staged))
     assert tensors["image"].shape == (3, 8, 8)
     assert [float(row[0, 0]) for row in tensors["image"]] == [0.0, 1.0, 2.0]
+
+
+def test_two_clients_with_one_request_id_each_get_their_own_rows(
+    aws_env: str, tmp_path: Path, models_dir: Path
+) -> None:
+    # GIVEN the router's batch mode on moto S3 and two clients that send the same
+    # x-request-id with different rows
+    from batch_job.plan import RunSpec
+    from batch_job.runner import run_job
+    from batch_job.settings import JobsSettings
+
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="staging2")
+    _JobsApi.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _JobsApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    samples = np.load(models_dir / "digits" / "samples" / "images.npy").astype(np.float32)
+    rows = {"alice": samples[:5], "bob": samples[5:12]}
+    try:
+        settings = RouterSettings(
+            gpu_url=None,
+            jobs_url=f"http://127.0.0.1:{server.server_port}/v1/jobs",
+            jobs_staging="s3://staging2/router",
+            metrics_log=tmp_path / "metrics.log",
+        )
+        app = create_app(settings)
+        for images in rows.values():
+            body = {
+                "inputs": [
+                    {
+                        "name": "image",
+                        "shape": list(images.shape),
+                        "datatype": "FP32",
+                        "data": images.ravel().tolist(),
+                    }
+                ]
+            }
+            # WHEN each submits in batch mode
+            response = Client(app).post(
+                "/v2/models/digits/infer",
+                json=body,
+                headers={"x-spillway-mode": "batch", "x-request-id": "same-id"},
+            )
+            assert response.status_code == 202
+    finally:
+        server.shutdown()
+        server.server_close()
+    # AND the jobs run
+    jobs = [JobRequest.parse(seen["body"]) for seen in _JobsApi.seen]
+    assert len({job.input for job in jobs}) == 2
+    engine = load_engine(models_dir, "digits")
+    runner = JobsSettings(
+        repository=str(models_dir),
+        providers=("CPUExecutionProvider",),
+        cache_dir=tmp_path / "cache",
+        progress_bar=False,
+    )
+    for (client, images), job in zip(rows.items(), jobs, strict=True):
+        run_job(RunSpec("digits", job.input, job.output), runner)
+        # THEN each job's output holds exactly its own client's rows, computed right
+        bucket, _, prefix = job.output.removeprefix("s3://").partition("/")
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]
+        keys = [o["Key"] for o in listed if o["Key"].endswith(".jsonl")]
+        outputs = [k for k in keys if not k.endswith(".errors.jsonl") and "/_" not in k]
+        lines = []
+        for key in outputs:
+            text = s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+            lines += [json.loads(line) for line in text.splitlines() if line]
+        labels = [line["outputs"]["label"] for line in sorted(lines, key=lambda x: int(x["id"]))]
+        expected = engine.infer({"image": images})["label"].tolist()
+        assert labels == expected, client
