@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from tests.support import Service, gpu_service, link_model
 def repo(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hardening-repo")
     link_model(models_dir, root, "digits")
+    link_model(models_dir, root, "minilm")
     return root
 
 
@@ -107,19 +108,34 @@ def test_bodies_past_the_in_flight_budget_get_503_with_retry_after(service: Serv
         raise AssertionError("the budget was never given back")
 
 
-def test_health_answers_while_a_big_body_is_parsed(service: Service) -> None:
-    # GIVEN a 30 MB JSON request (a long decode: a second or more of pure parsing)
+def _big_json_digits() -> tuple[str, bytes]:
+    # A 30 MB JSON request: a second or more of pure parsing.
     rows = 30 * 1024 * 1024 // (64 * 6)
     data = [0.25] * (rows * 64)
-    body = json.dumps(
-        {"inputs": [{"name": "image", "shape": [rows, 8, 8], "datatype": "FP32", "data": data}]}
-    ).encode()
-    del data
+    tensor = {"name": "image", "shape": [rows, 8, 8], "datatype": "FP32", "data": data}
+    return "digits", json.dumps({"inputs": [tensor]}).encode()
+
+
+def _long_texts() -> tuple[str, bytes]:
+    # 64 texts of about 65 KB each: seconds of tokenising after a short parse; a 1 µs
+    # timeout then answers 504 at admission, so the request's time is mostly tokenising.
+    words = " ".join(f"word{i % 977}" for i in range(8_000))[:64_000]
+    texts = [f"{i} {words}" for i in range(64)]
+    tensor = {"name": "text", "shape": [64, 1], "datatype": "BYTES", "data": texts}
+    return "minilm", json.dumps({"parameters": {"timeout": 1}, "inputs": [tensor]}).encode()
+
+
+@pytest.mark.parametrize("make", [_big_json_digits, _long_texts], ids=["json-30mb", "texts"])
+def test_health_answers_while_a_big_body_is_parsed(
+    service: Service, make: Callable[[], tuple[str, bytes]]
+) -> None:
+    # GIVEN a big request
+    model, body = make()
     done = threading.Event()
     took: list[float] = []
 
     def big() -> None:
-        request = urllib.request.Request(f"{service.base}/v2/models/digits/infer", body)
+        request = urllib.request.Request(f"{service.base}/v2/models/{model}/infer", body)
         started = time.monotonic()
         try:
             urllib.request.urlopen(request, timeout=120).read()
