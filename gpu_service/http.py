@@ -18,6 +18,7 @@ from typing import Any
 from gpu_service import metrics, openapi
 from gpu_service.dataplane import DataPlane
 from spillway.errors import (
+    InvalidInputError,
     PayloadTooLargeError,
     RouteNotFoundError,
     SpillwayError,
@@ -211,12 +212,17 @@ class GpuServiceApp:
         size = 0
         while True:
             message = await receive()
+            if message["type"] == "http.disconnect":
+                # The client went away mid-body: never parse what arrived as a request.
+                raise InvalidInputError("the client disconnected before its body arrived")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
                 raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
             chunks.append(chunk)
             if not message.get("more_body", False):
+                if declared is not None and size < declared:
+                    raise InvalidInputError(f"the body ended after {size} of {declared} bytes")
                 return b"".join(chunks)
 
     @staticmethod

@@ -45,6 +45,12 @@ class BatchTooLargeError(InvalidInputError):
     code = "batch_too_large"
 
 
+class ModeUnavailableError(InvalidInputError):
+    """The request asks for a serving mode this deployment does not offer (e.g. batch)."""
+
+    code = "mode_unavailable"
+
+
 class InvalidModelNameError(InvalidInputError):
     """A model name or version that could form an unsafe path or key."""
 

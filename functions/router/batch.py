@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from functions.router.backends import Backend, BackendError, BackendRequest, BackendResponse
-from spillway.errors import InvalidInputError, UnavailableError
+from spillway.errors import InvalidInputError, ModeUnavailableError, UnavailableError
 from spillway.messages import (
     STAGED_SUFFIX,
     JobRequest,
@@ -168,12 +168,14 @@ class BatchBackend:
     def send(self, request: BackendRequest, timeout_s: float) -> BackendResponse:
         """Submit the request as a job; only infer requests can become jobs."""
         if self._submitter is None:
-            raise UnavailableError(
-                "batch mode is not configured on this router "
-                "(set ROUTER_JOBS_URL and ROUTER_JOBS_STAGING)"
+            # The deployment does not offer the mode the request asked for: a 4xx the
+            # client can act on, not a server failure.
+            raise ModeUnavailableError(
+                "batch mode is not offered by this deployment "
+                "(the operator sets ROUTER_JOBS_URL and ROUTER_JOBS_STAGING)"
             )
         if request.operation != "infer":
-            raise UnavailableError("only infer requests can run in batch mode")
+            raise ModeUnavailableError("only infer requests can run in batch mode")
         started = time.monotonic()
         try:
             receipt = self._submitter.submit(request, timeout_s)

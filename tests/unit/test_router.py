@@ -386,11 +386,14 @@ def test_the_lambda_remaining_time_caps_the_deadline() -> None:
 # --- batch ------------------------------------------------------------------------------------
 
 
-def test_batch_mode_without_a_jobs_api_is_503_with_a_clear_message() -> None:
+def test_batch_mode_without_a_jobs_api_is_a_clear_4xx() -> None:
+    # GIVEN a router with no jobs API WHEN a client asks for batch mode
     stack = make_stack()
     response = stack.post(headers={"x-spillway-mode": "batch"})
-    assert response.status_code == 503
+    # THEN a client error saying the mode is not offered (never a 5xx), breaker untouched
+    assert (response.status_code, response.json["code"]) == (400, "mode_unavailable")
     assert "ROUTER_JOBS_URL" in response.json["error"]
+    assert stack.app.router.breakers["batch"].state == "closed"
     assert response.headers["x-spillway-rule"] == "batch-requested"
 
 

@@ -1,0 +1,267 @@
+"""Adversarial requests over real HTTP against every service that takes them.
+
+GIVEN the GPU service (its own process), the CPU fallback, the router in front of both,
+and the jobs API (on moto), each on 127.0.0.1 — WHEN thousands of generated hostile
+requests arrive on keep-alive connections (see ``tests/e2e/adversarial.py``) — THEN every
+one is answered, within a timeout, with a 2xx or a 4xx whose body is
+``{"error": str, "code": str}``; never a 5xx, a hang or a crash; and afterwards a valid
+request still gets the right answer.
+
+The cases come from seeded generators (``tests/e2e/gen.py``, Hypothesis-shaped but ~50×
+faster to draw): the same ones on every run; a failure names its case index, and
+``strategy.example(gen.seed(label, index))`` rebuilds the request.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from batch_job.service import JobService
+from functions.cpu_infer.app import CpuApp
+from functions.cpu_infer.service import CpuService
+from functions.cpu_infer.settings import CpuSettings
+from functions.jobs.handler import dispatch
+from functions.router.settings import RouterSettings
+from functions.router.wiring import create_app
+from spillway_cli.lambda_http import wsgi_app
+from spillway_cli.wsgi_server import running
+from tests.conftest import AWS_REGION
+from tests.e2e import gen as st
+from tests.e2e.adversarial import (
+    Answer,
+    Client,
+    Request,
+    check_answer,
+    inference_requests,
+    job_requests,
+    junk,
+    to_json,
+)
+from tests.integration.test_jobs_support import jobs_settings, new_bucket
+from tests.support import Service, gpu_service, link_model, load_engine
+
+CASES = int(os.environ.get("SPILLWAY_ADVERSARIAL_CASES", "5000"))
+"""Generated cases per service (a smaller number for a quick local run)."""
+MODELS = ["digits"]
+INPUTS = ["image"]
+CPU_FUNCTION = "spillway-cpu-infer"
+
+
+def hammer(
+    base: str,
+    strategy: st.Gen[Request],
+    label: str,
+    cases: int = CASES,
+    check: Callable[[Request, Answer], None] = check_answer,
+) -> Counter[int]:
+    """Send ``cases`` generated requests to ``base`` on one keep-alive connection (reopened
+    when the server closes it); every answer must pass ``check``. Returns the answers
+    counted by status, printed with the case count and the time taken."""
+    client = Client(base)
+    statuses: Counter[int] = Counter()
+    started = time.monotonic()
+    try:
+        for index in range(cases):
+            request = strategy.example(st.seed(label, index))
+            answer = client.send(request)
+            statuses[answer.status] += 1
+            try:
+                check(request, answer)
+            except (AssertionError, ValueError, KeyError) as exc:
+                raise AssertionError(f"{label} case {index}: {exc}") from exc
+    finally:
+        client.close()
+    elapsed = time.monotonic() - started
+    print(
+        f"{label}: {sum(statuses.values())} cases in {elapsed:.1f} s, "
+        f"{client.reconnects} connections, statuses {dict(sorted(statuses.items()))}"
+    )
+    return statuses
+
+
+def _digits_request(images: np.ndarray) -> Request:
+    body = {
+        "inputs": [
+            {
+                "name": "image",
+                "shape": list(images.shape),
+                "datatype": "FP32",
+                "data": images.ravel().tolist(),
+            }
+        ]
+    }
+    return Request("POST", "/v2/models/digits/infer", {}, json.dumps(body).encode())
+
+
+def assert_still_serves(base: str, models_dir: Path) -> None:
+    """A valid digits request gets the engine's labels (the service did not wedge)."""
+    images = np.load(models_dir / "digits" / "samples" / "images.npy")[:8].astype(np.float32)
+    expected = load_engine(models_dir, "digits").infer({"image": images})["label"]
+    client = Client(base)
+    try:
+        answer = client.send(_digits_request(images))
+    finally:
+        client.close()
+    assert answer.status == 200, answer.body[:300]
+    outputs = {o["name"]: o for o in json.loads(answer.body)["outputs"]}
+    assert outputs["label"]["data"] == expected.ravel().tolist()
+
+
+def _assert_mostly_refused(statuses: Counter[int]) -> None:
+    # The generator must reach both sides: some cases served, most refused as the client's.
+    assert sum(statuses.values()) >= CASES
+    assert statuses[200] > 0
+    assert sum(n for s, n in statuses.items() if 400 <= s < 500) > CASES // 2
+
+
+# --- services -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def repo(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("adversarial-models")
+    for name in MODELS:
+        link_model(models_dir, root, name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def gpu(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    with gpu_service(repo, tmp_path_factory.mktemp("gpu-logs"), parse_processes="1") as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def cpu_url(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    settings = CpuSettings(
+        repository=str(repo),
+        cache_dir=tmp_path_factory.mktemp("cpu-cache"),
+        intra_op_threads=1,
+        function_name=CPU_FUNCTION,
+    )
+    with running(CpuApp(CpuService.load(settings))) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def aws(moto_endpoint: str) -> Iterator[str]:
+    """boto3 pointed at the moto server for this module (as ``aws_env`` does per test)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+        patch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        patch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        patch.setenv("AWS_DEFAULT_REGION", AWS_REGION)
+        patch.delenv("AWS_PROFILE", raising=False)
+        yield moto_endpoint
+
+
+@pytest.fixture(scope="module")
+def jobs_url(aws: str, models_dir: Path) -> Iterator[str]:
+    """The jobs Lambda behind a local HTTP server, as API Gateway would call it."""
+    jobs = JobService(jobs_settings(aws, models_dir))
+    with running(wsgi_app(lambda event, context: dispatch(event, jobs))) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def router_url(gpu: Service, cpu_url: str, jobs_url: str) -> Iterator[str]:
+    """The router over all three backends, batch mode included, as the local stack has it."""
+    settings = RouterSettings(
+        gpu_url=gpu.base,
+        cpu_url=cpu_url,
+        jobs_url=f"{jobs_url}/v1/jobs",
+        jobs_staging=f"s3://{new_bucket()}/staging/",
+        metrics_log=Path("/dev/null"),
+    )
+    with running(create_app(settings)) as url:
+        yield url
+
+
+# --- tests ----------------------------------------------------------------------------
+
+
+def test_gpu_service_answers_every_adversarial_request(gpu: Service, models_dir: Path) -> None:
+    strategy = inference_requests(MODELS, INPUTS, ["/v2/repository/models/digits/unload"])
+    statuses = hammer(gpu.base, strategy, "gpu")
+    _assert_mostly_refused(statuses)
+    assert gpu.child.proc.poll() is None
+    assert_still_serves(gpu.base, models_dir)
+
+
+@st.composite
+def _invoke_requests(draw: st.Draw) -> Request:
+    """Lambda's invoke API on the CPU fallback, with generated direct-invoke events."""
+    inner = draw(inference_requests(MODELS, INPUTS, []))
+    event: dict[Any, Any] = {
+        "operation": draw(st.sampled_from(["infer", "metadata", "ready", "config", "x"]) | junk),
+        "model": inner.path.split("/")[3] if inner.path.count("/") >= 3 else draw(junk),
+    }
+    length = inner.headers.get("Inference-Header-Content-Length")
+    if length is not None:
+        event["headers"] = {"inference-header-content-length": length}
+    how = draw(st.integers(0, 3))
+    if how == 0:
+        event["body"] = inner.body.decode("utf-8", "replace")
+    elif how == 1:
+        event["body_b64"] = base64.b64encode(inner.body).decode()
+    elif how == 2:
+        event["body_b64"] = draw(st.text(max_size=20))
+    if draw(st.integers(0, 3)) == 0:
+        event["version"] = draw(st.sampled_from(["1", "0", "-1", "1234567890"]) | junk)
+    raw = to_json(event if draw(st.integers(0, 9)) else draw(junk)).encode("utf-8", "surrogatepass")
+    name = CPU_FUNCTION if draw(st.integers(0, 9)) else draw(st.sampled_from(["x", "%2e%2e"]))
+    return Request("POST", f"/2015-03-31/functions/{name}/invocations", {}, raw)
+
+
+def _check_invoke(request: Request, answer: Answer) -> None:
+    """A 200 from the invoke API carries the function's answer: that must pass too."""
+    if answer.status == 404 and answer.headers.get("x-amzn-errortype"):
+        return  # Lambda's own shape for an unknown function, as the real API answers
+    check_answer(request, answer)
+    if answer.status == 200:
+        inner = json.loads(answer.body)
+        body = inner["body"].encode()
+        if inner.get("isBase64Encoded"):
+            body = base64.b64decode(body)
+        headers = {k.lower(): v for k, v in inner["headers"].items()}
+        check_answer(request, Answer(inner["statusCode"], headers, body))
+
+
+def test_cpu_fallback_answers_every_adversarial_request(cpu_url: str, models_dir: Path) -> None:
+    statuses = hammer(cpu_url, inference_requests(MODELS, INPUTS, []), "cpu")
+    _assert_mostly_refused(statuses)
+
+    invoked = hammer(cpu_url, _invoke_requests(), "cpu-invoke", CASES // 5, _check_invoke)
+    assert invoked[200] > CASES // 20
+    assert_still_serves(cpu_url, models_dir)
+
+
+def test_router_answers_every_adversarial_request(
+    router_url: str, gpu: Service, models_dir: Path
+) -> None:
+    statuses = hammer(router_url, inference_requests(MODELS, INPUTS, []), "router")
+    _assert_mostly_refused(statuses)
+    assert gpu.child.proc.poll() is None
+    assert_still_serves(router_url, models_dir)
+
+
+def test_jobs_api_answers_every_adversarial_request(jobs_url: str) -> None:
+    statuses = hammer(jobs_url, job_requests(), "jobs")
+    assert sum(statuses.values()) >= CASES
+    assert sum(n for s, n in statuses.items() if 400 <= s < 500) > CASES // 2
+    # Still serving: a status request for a job that does not exist is a clean 404.
+    client = Client(jobs_url)
+    answer = client.send(Request("GET", "/v1/jobs/00000000-0000-4000-8000-000000000000"))
+    client.close()
+    assert answer.status == 404
+    assert json.loads(answer.body)["code"] == "job_not_found"
