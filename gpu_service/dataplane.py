@@ -90,11 +90,14 @@ class DataPlane:
 
     def check_infer(self, name: str) -> None:
         """Refuse an infer request before its body is read: draining, or an unknown model."""
+        self._check_draining()
+        self.registry.entry(name)
+
+    def _check_draining(self) -> None:
         if self.draining:
             raise UnavailableError(
                 "the service is shutting down", retry_after_s=self.settings.retry_after_s
             )
-        self.registry.entry(name)
 
     def server_metadata(self) -> dict[str, Any]:
         extensions = EXTENSIONS + ["model_repository"] * self.control_enabled
@@ -165,8 +168,9 @@ class DataPlane:
     ) -> InferResult:
         """Run one request through the core pipeline, executing on the version's batcher.
 
-        Big bodies are decoded, prepared (tokenised) and encoded on the parse threads."""
-        self.check_infer(name)
+        Big bodies are decoded, prepared (tokenised) and encoded on the parse threads. The
+        model itself is looked up by the lease (the transport checked it before the body)."""
+        self._check_draining()
         arrived = time.perf_counter()
         offload = self._offload if len(body) > self.settings.inline_parse_bytes else None
         decoded = await self._decode(body, header_length)
@@ -208,10 +212,7 @@ class DataPlane:
             marks.append(time.perf_counter())  # computed
             return result
 
-        if offload is None:
-            encoded = await pipeline.run_async(served.model, decoded, submit)
-        else:
-            encoded = await pipeline.run_async(served.model, decoded, submit, offload)
+        encoded = await pipeline.run_async(served.model, decoded, submit, offload)
         done = time.perf_counter()
         stats = served.stats
         stats.compute_input.add(marks[0] - arrived)

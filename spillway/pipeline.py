@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from spillway.codec import (
     binary_outputs_requested,
@@ -64,13 +64,6 @@ class Encoded:
 
 Execute = Callable[[Admitted], Tensors]
 Submit = Callable[[Admitted], Awaitable[Tensors]]
-T = TypeVar("T")
-
-
-async def _inline(function: Callable[..., T], *args: Any) -> T:
-    return function(*args)
-
-
 Offload = Callable[..., Awaitable[Any]]
 """Runs a blocking step (``offload(function, *args)``) off the event loop."""
 
@@ -107,11 +100,14 @@ def run(model: OnnxModel, decoded: Decoded, execute: Execute) -> Encoded:
 
 
 async def run_async(
-    model: OnnxModel, decoded: Decoded, submit: Submit, offload: Offload = _inline
+    model: OnnxModel, decoded: Decoded, submit: Submit, offload: Offload | None = None
 ) -> Encoded:
     """Validate, prepare, execute and encode, awaiting the injected ``submit``; ``offload``
-    runs preparation (e.g. tokenising) and encoding off the event loop when they are big."""
-    admitted: Admitted = await offload(admit, model, decoded)
+    (when given) runs preparation (e.g. tokenising) and encoding off the event loop."""
+    if offload is None:  # the small-request path: no extra awaits
+        admitted = admit(model, decoded)
+        return encode(model, admitted, await submit(admitted))
+    admitted = await offload(admit, model, decoded)
     result = await submit(admitted)
     encoded: Encoded = await offload(encode, model, admitted, result)
     return encoded

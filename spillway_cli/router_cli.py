@@ -98,7 +98,7 @@ def policy_explain(
     busy_for: Annotated[float, typer.Option(help="…sustained for this many seconds.")] = 0.0,
 ) -> None:
     """Print the decision for a request and why each rule before it did not fire."""
-    from functions.router.decide import explain
+    from functions.router.decide import explain, with_allowed_priority
     from functions.router.facts import read_request
     from spillway.errors import SpillwayError
 
@@ -107,7 +107,9 @@ def policy_explain(
         when = datetime.fromisoformat(at) if at else datetime.now(UTC)
         when = when if when.tzinfo else when.replace(tzinfo=UTC)
         call, target = _call_and_target(_request_document(request), path)
-        facts = read_request(call, target).facts
+        # Offline, the request document says who the caller is: its tenant hint counts.
+        facts = read_request(call, target, trust_tenant_hints=True).facts
+        facts = with_allowed_priority(policy, facts)
     except (ValueError, SpillwayError) as exc:
         raise _fail(f"cannot explain: {getattr(exc, 'message', exc)}") from None
     traces = explain(policy, facts, when, _FixedLoad("gpu", gpu_busy, busy_for))

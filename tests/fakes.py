@@ -242,15 +242,21 @@ class SummingRunner:
 
     def run(self, batch: list[Prepared]) -> list[Tensors]:
         self.batches.append([int(p.feeds["id"][0, 0]) for p in batch])
-        x = np.concatenate([p.feeds["x"] for p in batch])
-        if (x < 0).any():
-            raise InferenceError("poison row")
-        out = x.sum(axis=1, keepdims=True)
-        results, start = [], 0
-        for p in batch:
-            results.append({"y": out[start : start + p.rows]})
-            start += p.rows
-        return results
+        return sum_rows(batch)
+
+
+def sum_rows(batch: list[Prepared]) -> list[Tensors]:
+    """One run of a summing model: ``y`` = the sum of each row of ``x``, split back per
+    request; a batch holding a negative value fails whole, as a runtime error would."""
+    x = np.concatenate([p.feeds["x"] for p in batch])
+    if (x < 0).any():
+        raise InferenceError("poison row in batch")
+    out = x.sum(axis=1, keepdims=True)
+    results, start = [], 0
+    for p in batch:
+        results.append({"y": out[start : start + p.rows]})
+        start += p.rows
+    return results
 
 
 # -- a model repository, models and a loader for the registry --------------------------

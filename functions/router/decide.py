@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol
 
@@ -120,6 +120,13 @@ def _context_mismatch(match: Match, now: datetime, load: LoadView) -> str | None
         cond = match.load
         return f"{cond.backend} has not been above {cond.busy_above} busy for {cond.for_s} s"
     return None
+
+
+def with_allowed_priority(policy: Policy, facts: RequestFacts) -> RequestFacts:
+    """The facts with the priority the caller may use: its tenant's tier decides, not the
+    request alone (``tier_priorities``)."""
+    allowed = policy.allowed_priority(facts.tenant, facts.priority)
+    return facts if allowed == facts.priority else replace(facts, priority=allowed)
 
 
 def decide(

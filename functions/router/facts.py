@@ -81,7 +81,7 @@ class Request:
     idempotency_key: str | None = None
 
 
-def read_request(call: Call, target: Target, *, trust_tenant_hints: bool = True) -> Request:
+def read_request(call: Call, target: Target, *, trust_tenant_hints: bool = False) -> Request:
     """Read a call; a malformed one is the client's error (``InvalidInputError``).
 
     The tenant is the authorizer's; the one the request claims counts only when

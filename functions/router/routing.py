@@ -43,7 +43,7 @@ from functions.router.backends import (
     CannotServe,
     ConnectFailed,
 )
-from functions.router.decide import Decision, SpillState, decide
+from functions.router.decide import Decision, SpillState, decide, with_allowed_priority
 from functions.router.facts import Call, Request, read_request, with_timeout
 from functions.router.health import CircuitBreaker, LoadTracker, RetryBudget, parse_load_headers
 from functions.router.policy_store import PolicyStore
@@ -79,7 +79,7 @@ class RouterConfig:
     retry_budget: float = 0.1
     load_halflife_s: float = 10.0
     load_stale_s: float = 30.0
-    trust_tenant_hints: bool = True
+    trust_tenant_hints: bool = False
 
 
 @dataclass
@@ -152,11 +152,9 @@ class Router:
         started = self.clock()
         request = read_request(call, target, trust_tenant_hints=self.config.trust_tenant_hints)
         policy = self.policies.policy
-        # The priority a caller may use comes from its tenant's tier, not the request alone.
-        allowed = policy.allowed_priority(request.facts.tenant, request.facts.priority)
-        if allowed != request.facts.priority:
-            request = replace(request, facts=replace(request.facts, priority=allowed))
-        facts = request.facts
+        facts = with_allowed_priority(policy, request.facts)
+        if facts is not request.facts:
+            request = replace(request, facts=facts)
         decision = decide(policy, facts, self.wall(), self.load, self.spills)
         deadline = self._deadline(started, facts.latency_budget_ms, call.remaining_ms)
         outcome = self._walk(decision, request, deadline)

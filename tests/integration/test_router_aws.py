@@ -9,6 +9,7 @@ import json
 import random
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -186,14 +187,11 @@ class _JobsApi(http.server.BaseHTTPRequestHandler):
         return None
 
 
-def test_batch_mode_stages_the_request_in_s3_and_submits_a_job(
-    aws_env: str, tmp_path: Path
-) -> None:
-    # GIVEN a staging bucket (moto) and a jobs API, and a router configured for both
-    from spillway.codec import decode_request
-
-    s3 = boto3.client("s3")
-    s3.create_bucket(Bucket="staging")
+@contextmanager
+def _batch_router(bucket: str, tmp_path: Path) -> Iterator[Any]:
+    """A router whose batch mode stages in ``s3://<bucket>/router`` (moto) and submits to
+    the jobs API stand-in (submissions land in ``_JobsApi.seen``)."""
+    boto3.client("s3").create_bucket(Bucket=bucket)
     _JobsApi.seen = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _JobsApi)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -201,10 +199,23 @@ def test_batch_mode_stages_the_request_in_s3_and_submits_a_job(
         settings = RouterSettings(
             gpu_url=None,
             jobs_url=f"http://127.0.0.1:{server.server_port}/v1/jobs",
-            jobs_staging="s3://staging/router",
+            jobs_staging=f"s3://{bucket}/router",
             metrics_log=tmp_path / "metrics.log",
         )
-        app = create_app(settings)
+        yield create_app(settings)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_batch_mode_stages_the_request_in_s3_and_submits_a_job(
+    aws_env: str, tmp_path: Path
+) -> None:
+    # GIVEN a staging bucket (moto) and a jobs API, and a router configured for both
+    from spillway.codec import decode_request
+
+    s3 = boto3.client("s3")
+    with _batch_router("staging", tmp_path) as app:
         images = [[float(i % 16)] * 64 for i in range(3)]
         body = {
             "inputs": [{"name": "image", "shape": [3, 8, 8], "datatype": "FP32", "data": images}]
@@ -215,9 +226,6 @@ def test_batch_mode_stages_the_request_in_s3_and_submits_a_job(
             json=body,
             headers={"x-spillway-mode": "batch", "x-request-id": "nightly-42"},
         )
-    finally:
-        server.shutdown()
-        server.server_close()
     # THEN it is accepted with the jobs API's job id
     assert response.status_code == 202
     assert json.loads(response.data) == {
@@ -252,41 +260,23 @@ def test_two_clients_with_one_request_id_each_get_their_own_rows(
     from batch_job.settings import JobsSettings
 
     s3 = boto3.client("s3")
-    s3.create_bucket(Bucket="staging2")
-    _JobsApi.seen = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _JobsApi)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     samples = np.load(models_dir / "digits" / "samples" / "images.npy").astype(np.float32)
     rows = {"alice": samples[:5], "bob": samples[5:12]}
-    try:
-        settings = RouterSettings(
-            gpu_url=None,
-            jobs_url=f"http://127.0.0.1:{server.server_port}/v1/jobs",
-            jobs_staging="s3://staging2/router",
-            metrics_log=tmp_path / "metrics.log",
-        )
-        app = create_app(settings)
+    with _batch_router("staging2", tmp_path) as app:
         for images in rows.values():
-            body = {
-                "inputs": [
-                    {
-                        "name": "image",
-                        "shape": list(images.shape),
-                        "datatype": "FP32",
-                        "data": images.ravel().tolist(),
-                    }
-                ]
+            tensor = {
+                "name": "image",
+                "shape": list(images.shape),
+                "datatype": "FP32",
+                "data": images.ravel().tolist(),
             }
             # WHEN each submits in batch mode
             response = Client(app).post(
                 "/v2/models/digits/infer",
-                json=body,
+                json={"inputs": [tensor]},
                 headers={"x-spillway-mode": "batch", "x-request-id": "same-id"},
             )
             assert response.status_code == 202
-    finally:
-        server.shutdown()
-        server.server_close()
     # AND the jobs run
     jobs = [JobRequest.parse(seen["body"]) for seen in _JobsApi.seen]
     assert len({job.input for job in jobs}) == 2
