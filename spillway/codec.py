@@ -20,7 +20,7 @@ import pydantic_core
 from pydantic import BaseModel, ValidationError
 
 from spillway.datatypes import datatype_of
-from spillway.errors import InferenceError, InvalidInputError, PayloadTooLargeError
+from spillway.errors import InferenceError, InvalidInputError
 from spillway.protocol import InferenceRequest, InferenceResponse, RequestInput, ResponseOutput
 from spillway.tensors import (
     Buffer,
@@ -34,6 +34,7 @@ from spillway.wire import (
     BINARY_CONTENT_TYPE,
     HEADER_LENGTH,
     JSON_CONTENT_TYPE,
+    body_over_limit,
     load_json_object,
     split_body,
 )
@@ -158,9 +159,7 @@ def decode_request(
     ``InvalidInputError`` (or its ``UnsupportedDatatypeError``) for any malformed body.
     """
     if max_body_bytes is not None and len(body) > max_body_bytes:
-        raise PayloadTooLargeError(
-            f"request body of {len(body)} bytes exceeds the limit of {max_body_bytes}"
-        )
+        raise body_over_limit(len(body), max_body_bytes)
     header, binary = split_body(body, header_length)
     request = _validate(InferenceRequest, load_json_object(header), "inference request")
     _check_unique((tensor.name for tensor in request.inputs), "input")

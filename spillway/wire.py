@@ -20,6 +20,7 @@ from typing import Any
 from spillway.errors import (
     InvalidInputError,
     MethodNotAllowedError,
+    PayloadTooLargeError,
     RouteNotFoundError,
     SpillwayError,
 )
@@ -40,7 +41,52 @@ MAX_PRIORITY = 1_000_000
 
 Headers = list[tuple[str, str]]
 
+# --- synchronous payload limits -----------------------------------------------------------
+# A synchronous Lambda invocation takes and returns at most 6 MB (6 MiB) of event JSON.
+# API Gateway (REST with binary media types ``*/*``, and HTTP APIs for non-text bodies)
+# puts the body into that event base64-encoded (4 bytes per 3), next to the headers and
+# the request context; the router's ``lambda:Invoke`` of the CPU fallback does the same.
+# So the largest body that reaches a function whole is about 4.4 MiB, not 6 or 10 MB.
+
+LAMBDA_PAYLOAD_BYTES = 6 * 1024 * 1024
+"""Lambda's limit on a synchronous invocation's request and response payloads."""
+EVENT_ENVELOPE_BYTES = 128 * 1024
+"""Kept for what surrounds the body in an event: headers (REST caps them at 10 KB),
+query, request context, identity (a generous bound)."""
+SYNC_BODY_BYTES = (LAMBDA_PAYLOAD_BYTES - EVENT_ENVELOPE_BYTES) * 3 // 4
+"""The largest request or response body a synchronous call carries (base64 in an event)."""
+LARGE_INPUT_HINT = (
+    "run larger inputs or outputs as an offline job: POST /v1/jobs with an s3:// input "
+    "and output (docs/deploy.md, payload limits)"
+)
+
+
+def body_over_limit(size: int, limit: int, what: str = "request body") -> PayloadTooLargeError:
+    """The 413 of a body over a synchronous limit, naming the way to send a large input."""
+    return PayloadTooLargeError(
+        f"{what} of {size} bytes exceeds the synchronous limit of {limit} bytes; "
+        + LARGE_INPUT_HINT
+    )
+
+
 # --- bodies -----------------------------------------------------------------------------
+
+
+def read_wsgi_body(environ: Mapping[str, Any], limit: int) -> bytes:
+    """A WSGI request's body, never more than ``limit`` bytes read: a declared length over
+    it, or a chunked body that runs past it, is a 413 naming the large-input path."""
+    declared = environ.get("CONTENT_LENGTH") or ""
+    stream = environ["wsgi.input"]
+    if declared.isdigit():
+        if int(declared) > limit:
+            raise body_over_limit(int(declared), limit)
+        return bytes(stream.read(int(declared)))
+    if environ.get("wsgi.input_terminated"):  # chunked: read to the end, within the cap
+        body = bytes(stream.read(limit + 1))
+        if len(body) > limit:
+            raise body_over_limit(len(body), limit, "chunked request body (at least)")
+        return body
+    return b""
 
 
 def parse_header_length(value: str | None) -> int | None:

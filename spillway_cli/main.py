@@ -120,17 +120,22 @@ def serve_gpu(
 def serve_jobs(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8082,
+    function_name: Annotated[
+        str, typer.Option(help="Function name answered on Lambda's invoke API.")
+    ] = "spillway-local-jobs",
 ) -> None:
-    """The jobs API (the jobs Lambda as API Gateway calls it); JOBS_* variables apply.
-    Locally moto accepts the Batch job but runs nothing, so each new job's array children
-    are run here as processes, as `spillway jobs submit --local` does."""
+    """The jobs API (the jobs Lambda as API Gateway calls it, and Lambda's invoke API for
+    it, as the router's batch mode calls it on AWS); JOBS_* variables apply. Locally moto
+    accepts the Batch job but runs nothing, so each new job's array children are run here
+    as processes, as `spillway jobs submit --local` does."""
     from functions.jobs.handler import handler
     from spillway_cli.jobs_cli import run_submitted_locally
     from spillway_cli.lambda_http import wsgi_app
     from spillway_cli.wsgi_server import serve_forever
 
     _logging(False)
-    serve_forever(wsgi_app(run_submitted_locally(handler), health_path="/v1/health"), host, port)
+    served = wsgi_app(run_submitted_locally(handler), "/v1/health", function_name)
+    serve_forever(served, host, port)
 
 
 @app.command("up")

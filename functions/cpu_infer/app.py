@@ -17,7 +17,7 @@ from typing import Any
 
 from functions.cpu_infer.direct import handle_direct
 from functions.cpu_infer.service import CpuService
-from spillway.errors import PayloadTooLargeError, RouteNotFoundError, SpillwayError
+from spillway.errors import RouteNotFoundError, SpillwayError
 from spillway.wire import (
     INTERNAL_ERROR,
     Reply,
@@ -29,6 +29,7 @@ from spillway.wire import (
     load_json_object,
     model_target,
     parse_header_length,
+    read_wsgi_body,
     strip_stage,
 )
 
@@ -103,16 +104,4 @@ class CpuApp:
 
     def _body(self, environ: dict[str, Any]) -> bytes:
         # The invoke API carries base64 of the body, so allow for its growth by 4/3.
-        limit = self.service.settings.max_payload_bytes * 4 // 3 + 4096
-        declared = environ.get("CONTENT_LENGTH") or ""
-        stream = environ["wsgi.input"]
-        if declared.isdigit():
-            if int(declared) > limit:
-                raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
-            return bytes(stream.read(int(declared)))
-        if environ.get("wsgi.input_terminated"):  # chunked: read to the end, within the cap
-            body = bytes(stream.read(limit + 1))
-            if len(body) > limit:
-                raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
-            return body
-        return b""
+        return read_wsgi_body(environ, self.service.settings.max_payload_bytes * 4 // 3 + 4096)

@@ -17,11 +17,12 @@ from typing import Any
 from functions.cpu_infer.settings import CpuSettings
 from spillway import pipeline
 from spillway.engine import OnnxModel
-from spillway.errors import ModelNotFoundError, PayloadTooLargeError
+from spillway.errors import ModelNotFoundError
 from spillway.loader import load_served
 from spillway.names import validate_model_name, validate_version
 from spillway.protocol import server_metadata
 from spillway.repository import ModelRepository, open_repository
+from spillway.wire import body_over_limit
 
 log = logging.getLogger("spillway.cpu_infer")
 
@@ -85,7 +86,5 @@ class CpuService:
         decoded = pipeline.decode(body, header_length, max_body_bytes=limit)
         encoded = pipeline.run(model, decoded, pipeline.direct(model, arrived))
         if len(encoded.body) > limit:
-            raise PayloadTooLargeError(
-                f"response of {len(encoded.body)} bytes exceeds the {limit}-byte payload limit"
-            )
+            raise body_over_limit(len(encoded.body), limit, "response body")
         return encoded

@@ -8,8 +8,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from spillway.engine import CPU, EngineOptions
-
-LAMBDA_PAYLOAD_LIMIT = 6 * 1024 * 1024
+from spillway.wire import SYNC_BODY_BYTES
 
 
 class CpuSettings(BaseSettings):
@@ -23,8 +22,9 @@ class CpuSettings(BaseSettings):
     """Models to load at init (JSON list); unset: every model in the repository."""
     cache_dir: Path = Path("/tmp/spillway-models")  # noqa: S108 - Lambda's writable cache
     """Where versions fetched from S3 are kept (Lambda: under /tmp)."""
-    max_payload_bytes: int = Field(default=LAMBDA_PAYLOAD_LIMIT, ge=1024)
-    """Largest request body (Lambda's synchronous payload limit is 6 MB)."""
+    max_payload_bytes: int = Field(default=SYNC_BODY_BYTES, ge=1024)
+    """Largest request and response body: the invoke event carries it base64 within
+    Lambda's 6 MB synchronous payload, so about 4.4 MiB (docs/deploy.md)."""
     intra_op_threads: int = Field(default=0, ge=0)
     """Threads inside one ONNX Runtime operator (0: ONNX Runtime decides)."""
     max_elements_per_input: int = Field(default=16 * 1024 * 1024, ge=1)

@@ -23,7 +23,7 @@ from typing import Any
 from functions.router.facts import Call
 from functions.router.routing import Router
 from spillway import __version__
-from spillway.errors import PayloadTooLargeError, RouteNotFoundError, SpillwayError
+from spillway.errors import RouteNotFoundError, SpillwayError
 from spillway.wire import (
     INTERNAL_ERROR,
     JSON_CONTENT_TYPE,
@@ -31,6 +31,7 @@ from spillway.wire import (
     allow,
     error_reply,
     json_reply,
+    read_wsgi_body,
     require_model_target,
     strip_stage,
 )
@@ -129,19 +130,7 @@ class RouterApp:
         return self.identity_tenants.get(identity, identity)
 
     def _body(self, environ: dict[str, Any]) -> bytes:
-        limit = self.max_body_bytes
-        declared = environ.get("CONTENT_LENGTH") or ""
-        stream = environ["wsgi.input"]
-        if declared.isdigit():
-            if int(declared) > limit:
-                raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
-            return bytes(stream.read(int(declared)))
-        if environ.get("wsgi.input_terminated"):
-            body = bytes(stream.read(limit + 1))
-            if len(body) > limit:
-                raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
-            return body
-        return b""
+        return read_wsgi_body(environ, self.max_body_bytes)
 
 
 def _phrase(status: int) -> str:

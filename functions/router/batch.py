@@ -7,7 +7,7 @@ sent it (JSON or binary; ``spillway.messages.stage_request``, which the batch jo
 back with the core codec) under ``ROUTER_JOBS_STAGING`` and submits::
 
     PUT  s3://<staging>/<key>/in/request.v2req
-    POST {ROUTER_JOBS_URL}   Idempotency-Key: <key>
+    POST /v1/jobs            Idempotency-Key: <key>   (jobs function, or ROUTER_JOBS_URL)
          {"model": "digits", "version": null,
           "input": "s3://<staging>/<key>/in/", "output": "s3://<staging>/<key>/out/"}
     -> 202 {"job": {"job_id": "...", ...}, "replayed": false}, Location: /v1/jobs/<id>
@@ -18,7 +18,10 @@ is random, so two requests never share a staging place or a job (whatever their
 the client's key and the body's hash: the same caller retrying the same payload replays
 the same job, anyone else or any other payload gets a key of its own (and the jobs API
 answers 409 to a key that comes back with a different job, e.g. another model). Without
-a jobs URL and a staging prefix, batch-mode requests get 503 with a message that says so.
+a jobs function (or URL) and a staging prefix, batch-mode requests get 400
+``mode_unavailable`` with a message that says so. On AWS the router invokes the jobs
+function (``ROUTER_JOBS_FUNCTION``, ``lambda:Invoke`` under its own role) with the same
+``POST /v1/jobs`` as a REST proxy event; no unsigned HTTP call leaves the router.
 """
 
 from __future__ import annotations
@@ -80,8 +83,9 @@ def staging_key(tenant: str | None, client_key: str | None, body: bytes) -> tupl
 
 
 class JobsApiSubmitter:
-    """Stages the request in S3 and submits a job over it to the jobs API (``api``: an
-    ``HttpBackend`` on ``ROUTER_JOBS_URL``)."""
+    """Stages the request in S3 and submits a job over it to the jobs API (``api``: the
+    jobs function through ``lambda:Invoke`` on AWS, or an ``HttpBackend`` on
+    ``ROUTER_JOBS_URL`` locally)."""
 
     def __init__(self, api: Backend, staging: str, *, s3: Any = None) -> None:
         self._api = api
@@ -171,8 +175,8 @@ class BatchBackend:
             # The deployment does not offer the mode the request asked for: a 4xx the
             # client can act on, not a server failure.
             raise ModeUnavailableError(
-                "batch mode is not offered by this deployment "
-                "(the operator sets ROUTER_JOBS_URL and ROUTER_JOBS_STAGING)"
+                "batch mode is not offered by this deployment (the operator sets "
+                "ROUTER_JOBS_STAGING and ROUTER_JOBS_FUNCTION or ROUTER_JOBS_URL)"
             )
         if request.operation != "infer":
             raise ModeUnavailableError("only infer requests can run in batch mode")

@@ -5,6 +5,9 @@ concurrency finds it ready. serverless-wsgi turns API Gateway REST (v1) and HTTP
 events into WSGI calls and the reply back into the event's response shape. The X-Ray
 tracer is created only when ``ROUTER_TRACING`` is true: with tracing off its import never
 happens and the cold start does not pay for it.
+
+A response that would not fit Lambda's 6 MB synchronous payload (API Gateway would turn
+it into a bare 502) is replaced by a 413 that names the offline path for large outputs.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from aws_lambda_powertools.logging import Logger
 
 from functions.router.settings import RouterSettings
 from functions.router.wiring import create_app
+from spillway.wire import EVENT_ENVELOPE_BYTES, LAMBDA_PAYLOAD_BYTES, body_over_limit, error_reply
+
+# The longest body text a proxy response may carry (base64 for a binary body).
+RESPONSE_BODY_LIMIT = LAMBDA_PAYLOAD_BYTES - EVENT_ENVELOPE_BYTES
 
 settings = RouterSettings.from_env()
 logger = Logger(service="spillway.router", level=settings.log_level)
@@ -35,4 +42,21 @@ def _traced(function: Any) -> Any:
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Serve one API Gateway event with the router application."""
     response: dict[str, Any] = serverless_wsgi.handle_request(app, event, context)
-    return response
+    return within_payload_limit(response)
+
+
+def within_payload_limit(response: dict[str, Any]) -> dict[str, Any]:
+    """The response, or a 413 in its place when its body (as sent: base64 for binary)
+    would not fit Lambda's synchronous payload."""
+    sent = len(response.get("body") or "")
+    if sent <= RESPONSE_BODY_LIMIT:
+        return response
+    error = body_over_limit(sent, RESPONSE_BODY_LIMIT, "response body (as sent)")
+    logger.warning("response replaced", extra={"code": error.code, "reason": error.message})
+    reply = error_reply(error)
+    return {
+        "statusCode": reply.status,
+        "headers": dict(reply.headers),
+        "body": reply.body.decode(),
+        "isBase64Encoded": False,
+    }

@@ -20,11 +20,9 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from spillway.errors import InvalidInputError
-from spillway.wire import parse_s3_url
+from spillway.wire import SYNC_BODY_BYTES, parse_s3_url
 
 ENV_PREFIX = "ROUTER_"
-
-MIB = 1024 * 1024
 
 
 def _check_url(value: str | None) -> str | None:
@@ -50,8 +48,12 @@ class RouterSettings(BaseModel):
     cpu_function: str | None = None
     """Name or ARN of the CPU-fallback Lambda, called with ``lambda:Invoke`` (wins over
     ``cpu_url``); the endpoint follows ``AWS_ENDPOINT_URL_LAMBDA`` when that is set."""
+    jobs_function: str | None = None
+    """Name or ARN of the jobs Lambda, called with ``lambda:Invoke`` to submit batch-mode
+    requests (wins over ``jobs_url``); the endpoint follows ``AWS_ENDPOINT_URL_LAMBDA``."""
     jobs_url: str | None = None
-    """The jobs API's submit URL (``.../v1/jobs``); unset: batch-mode requests get 503."""
+    """The jobs API's submit URL (``.../v1/jobs``) for local runs; with neither this nor
+    ``jobs_function``, batch-mode requests get 400 ``mode_unavailable``."""
     jobs_staging: str | None = None
     """``s3://bucket/prefix`` where batch-mode requests are staged as job input."""
     policy_file: Path | None = None
@@ -62,8 +64,9 @@ class RouterSettings(BaseModel):
     """How long a loaded policy is used before its source is checked for a new one."""
     pricing_file: Path | None = None
     """Pricing configuration (YAML or JSON); unset: list prices built into ``cost.py``."""
-    max_body_bytes: int = Field(default=6 * MIB, ge=1024)
-    """Largest request body accepted (Lambda's synchronous payload limit is 6 MB)."""
+    max_body_bytes: int = Field(default=SYNC_BODY_BYTES, ge=1024)
+    """Largest request body accepted: API Gateway hands the body to the router base64 in a
+    6 MB Lambda event, so about 4.4 MiB is all that can arrive (docs/deploy.md)."""
     default_deadline_ms: float = Field(default=5000.0, gt=0)
     """Deadline of a request that sets no latency budget (interactive calls fail fast)."""
     deadline_margin_ms: float = Field(default=150.0, ge=0)
@@ -91,7 +94,8 @@ class RouterSettings(BaseModel):
     spill_seed: int | None = None
     """Seed of the spill draws (tests); unset: seeded from the OS."""
     lambda_timeout_s: float = Field(default=30.0, gt=0)
-    """Read timeout of ``lambda:Invoke`` calls (boto3 cannot set one per call)."""
+    """Longest read timeout of a ``lambda:Invoke`` call; each call waits no longer than
+    what is left of its request's deadline."""
     metrics_log: Path | None = None
     """Append EMF metric lines here instead of stdout (local runs, ``spillway cost report``)."""
     trust_tenant_hints: bool = False
@@ -132,7 +136,7 @@ class RouterSettings(BaseModel):
             return json.loads(value) if value.strip() else {}
         return value
 
-    @field_validator("cpu_function")
+    @field_validator("cpu_function", "jobs_function")
     @classmethod
     def _function_name(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():

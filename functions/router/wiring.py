@@ -18,6 +18,7 @@ from functions.router.app import RouterApp
 from functions.router.backends import Backend, HttpBackend
 from functions.router.batch import BatchBackend, BatchSubmitter, JobsApiSubmitter
 from functions.router.decide import SpillState
+from functions.router.lambda_backend import LambdaBackend, Payload, cpu_payload, jobs_payload
 from functions.router.openapi import document_bytes
 from functions.router.policy_store import FileSource, PolicySource, PolicyStore, SsmSource
 from functions.router.routing import Router, RouterConfig
@@ -51,20 +52,30 @@ def make_backends(settings: RouterSettings, submitter: BatchSubmitter | None) ->
             connect_timeout_s=settings.connect_timeout_ms / 1000,
         )
 
+    def invoked(name: str, function: str, payload: Payload) -> Backend:
+        return LambdaBackend(
+            name,
+            function,
+            payload=payload,
+            read_timeout_s=settings.lambda_timeout_s,
+            connect_timeout_s=settings.connect_timeout_ms / 1000,
+        )
+
     backends: dict[str, Backend] = {}
     if settings.gpu_url:
         backends["gpu"] = http("gpu", settings.gpu_url)
     if settings.cpu_function:
-        from functions.router.lambda_backend import LambdaBackend
-
-        backends["cpu"] = LambdaBackend(
-            "cpu", settings.cpu_function, read_timeout_s=settings.lambda_timeout_s
-        )
+        backends["cpu"] = invoked("cpu", settings.cpu_function, cpu_payload)
     elif settings.cpu_url:
         backends["cpu"] = http("cpu", settings.cpu_url)
-    if submitter is None and settings.jobs_url and settings.jobs_staging:
-        jobs = HttpBackend("jobs", settings.jobs_url, pool_size=4)
-        submitter = JobsApiSubmitter(jobs, settings.jobs_staging)
+    if submitter is None and settings.jobs_staging:
+        jobs: Backend | None = None
+        if settings.jobs_function:
+            jobs = invoked("jobs", settings.jobs_function, jobs_payload)
+        elif settings.jobs_url:
+            jobs = HttpBackend("jobs", settings.jobs_url, pool_size=4)
+        if jobs is not None:
+            submitter = JobsApiSubmitter(jobs, settings.jobs_staging)
     backends["batch"] = BatchBackend(submitter)
     return backends
 

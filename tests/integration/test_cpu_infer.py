@@ -80,13 +80,18 @@ def test_direct_metadata_event(cpu: CpuService) -> None:
     assert meta["parameters"]["execution_provider"] == "CPUExecutionProvider"
 
 
-def test_a_body_over_six_megabytes_is_refused_clearly(cpu: CpuService) -> None:
-    big = {"model": "digits", "body_b64": base64.b64encode(b" " * (6 * 1024 * 1024 + 1)).decode()}
-    answer = handle_direct(cpu, big)
+def test_a_body_over_the_synchronous_limit_is_refused_clearly(cpu: CpuService) -> None:
+    # GIVEN a body one byte over what fits base64 in Lambda's 6 MB invoke payload
+    from spillway.wire import SYNC_BODY_BYTES
+
+    over = b" " * (SYNC_BODY_BYTES + 1)
+    answer = handle_direct(cpu, {"model": "digits", "body_b64": base64.b64encode(over).decode()})
+    # THEN it is a 413 that names the limit and the offline path for large inputs
     assert answer["statusCode"] == 413
     body = json.loads(answer["body"])
     assert body["code"] == "payload_too_large"
-    assert "limit of 6291456" in body["error"]
+    assert f"limit of {SYNC_BODY_BYTES} bytes" in body["error"]
+    assert "/v1/jobs" in body["error"]
 
 
 @pytest.mark.parametrize(

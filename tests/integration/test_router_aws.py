@@ -301,3 +301,113 @@ def test_two_clients_with_one_request_id_each_get_their_own_rows(
         labels = [line["outputs"]["label"] for line in sorted(lines, key=lambda x: int(x["id"]))]
         expected = engine.infer({"image": images})["label"].tolist()
         assert labels == expected, client
+
+
+def test_batch_mode_invokes_the_jobs_function_with_lambda_invoke(
+    aws_env: str, tmp_path: Path, models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN the jobs function (its real handler, on moto's Batch, DynamoDB and S3) behind
+    # Lambda's invoke API, and a router configured as the templates configure it on AWS:
+    # ROUTER_JOBS_FUNCTION and ROUTER_JOBS_STAGING, no jobs URL
+    from functions.jobs import handler as jobs_handler
+    from spillway_cli.lambda_http import wsgi_app
+    from tests.integration.test_jobs_support import jobs_settings, new_bucket
+
+    jobs = jobs_settings(aws_env, models_dir)
+    for name in ("repository", "job_queue", "job_definition", "table"):
+        monkeypatch.setenv(f"JOBS_{name.upper()}", str(getattr(jobs, name)))
+    jobs_handler.service.cache_clear()
+    bucket = new_bucket()
+    function = "arn:aws:lambda:us-east-1:123456789012:function:spillway-jobs"
+    with running(wsgi_app(jobs_handler.handler, "/v1/health", "spillway-jobs")) as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA", url)
+        settings = RouterSettings(
+            gpu_url=None,
+            jobs_function=function,
+            jobs_staging=f"s3://{bucket}/staging",
+            metrics_log=tmp_path / "metrics.log",
+        )
+        app = create_app(settings)
+        body = {"inputs": [{"name": "image", "shape": [1, 8, 8], "datatype": "FP32",
+                            "data": [0.5] * 64}]}  # fmt: skip
+        # WHEN a batch-mode request arrives, twice with one Idempotency-Key
+        headers = {"x-spillway-mode": "batch", "idempotency-key": "retry-1"}
+        first = Client(app).post("/v2/models/digits/infer", json=body, headers=headers)
+        again = Client(app).post("/v2/models/digits/infer", json=body, headers=headers)
+        # AND an unknown model is the client's 404, not a backend failure
+        unknown = Client(app).post(
+            "/v2/models/nope/infer", json=body, headers={"x-spillway-mode": "batch"}
+        )
+    jobs_handler.service.cache_clear()
+    # THEN the jobs function started one job over the staged request
+    assert first.status_code == 202, first.data
+    receipt = json.loads(first.data)
+    assert json.loads(again.data)["job_id"] == receipt["job_id"]
+    assert first.headers["location"] == f"/v1/jobs/{receipt['job_id']}"
+    from batch_job.service import JobService
+
+    status = JobService(jobs).status(receipt["job_id"])
+    assert status.model == "digits"
+    assert status.input.startswith(f"s3://{bucket}/staging/")
+    key = status.input.removeprefix(f"s3://{bucket}/") + f"request{STAGED_SUFFIX}"
+    staged = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert json.loads(read_staged_request(staged)[0]) == body
+    assert unknown.status_code == 404
+    assert json.loads(unknown.data)["code"] == "model_not_found"
+
+
+class _SlowLambda(http.server.BaseHTTPRequestHandler):
+    """A Lambda invoke endpoint that takes ``delay_s`` to answer (a cold, slow function)."""
+
+    protocol_version = "HTTP/1.1"
+    delay_s = 6.0
+    release = threading.Event()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.release.wait(self.delay_s)
+        answer = b'{"statusCode": 200, "headers": {}, "body": "{}"}'
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+        except OSError:  # the caller gave up, as it should
+            pass
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+def test_a_cpu_invoke_waits_no_longer_than_the_request_deadline(
+    aws_env: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # GIVEN a CPU function that answers only after 6 s, and a router whose requests have a
+    # 1 s deadline (the Lambda read timeout left at its 30 s default)
+    import time
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowLambda)
+    _SlowLambda.release.clear()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA", f"http://127.0.0.1:{server.server_port}")
+    try:
+        settings = RouterSettings(
+            gpu_url=None,
+            cpu_function="spillway-cpu-infer",
+            default_deadline_ms=1000,
+            metrics_log=tmp_path / "metrics.log",
+        )
+        app = create_app(settings)
+        # WHEN a request is routed to it
+        started = time.monotonic()
+        response = Client(app).post("/v2/models/digits/infer", json=BODY)
+        waited = time.monotonic() - started
+    finally:
+        _SlowLambda.release.set()
+        server.shutdown()
+        server.server_close()
+    # THEN the router gave up within its deadline (generous bound: well under the 6 s the
+    # function takes, where a fixed 30 s read timeout would have waited for it)
+    assert response.status_code == 504, response.data
+    assert json.loads(response.data)["code"] == "deadline_exceeded"
+    assert waited < 4.0

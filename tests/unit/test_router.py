@@ -791,9 +791,7 @@ class FakeLambda:
 def lambda_backend(client: FakeLambda) -> Any:
     from functions.router.lambda_backend import LambdaBackend
 
-    backend = LambdaBackend("cpu", "spillway-cpu-infer")
-    backend._client = client
-    return backend
+    return LambdaBackend("cpu", "spillway-cpu-infer", new_client=lambda _timeout: client)
 
 
 def test_the_lambda_backend_speaks_the_shared_direct_invoke_schemas() -> None:
