@@ -91,9 +91,9 @@ if [[ ! -s "$OUT/results_json.json" ]]; then cat "$OUT/checkov.log" >&2; exit 1;
     "${TEMPLATES[@]}" "${DOCKERFILES[@]}"
 (( rc == 0 )) || { echo "checkov exited $rc" >&2; exit 1; }
 
-step "parity: template.yaml vs the packaged Serverless template"
+step "parity, IAM ARNs and account defaults: template.yaml vs the packaged Serverless template"
 SPILLWAY_SLS_PACKAGED="$SLS_TEMPLATE" .venv/bin/python -m pytest -q -p no:cacheprovider \
-    tests/unit/test_templates.py
+    tests/unit/test_templates.py tests/unit/test_iam_arns.py tests/unit/test_deploy_traps.py
 
 step "Lambda package sizes"
 "$INFRA/python" - <<'PY'

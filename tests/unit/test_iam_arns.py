@@ -1,0 +1,234 @@
+"""Every role may make the calls its service really makes, on the ARNs it makes them on.
+
+GIVEN every stack resolved as CloudFormation would resolve it (``tests.unit.stacks``:
+``Ref``/``GetAtt``/``Sub``/``ImportValue`` with the documented return values of each
+resource type, account 123456789012, us-east-1)
+WHEN each call a service makes for a role — the awslogs driver and Lambda writing logs,
+the ECS agent pulling an image, the jobs function submitting a Batch job, S3 reading a
+model — is matched against the role's policies with IAM's own wildcard rules
+THEN every call is allowed, and no resource pattern in any policy matches nothing.
+
+ARN forms (AWS service authorization reference and the CloudWatch Logs guide):
+
+* CloudWatch Logs: ``log-group:NAME`` is the group (tagging calls only); IAM policies
+  name a group as ``log-group:NAME:*`` for every other call — which is what a log group's
+  ``GetAtt Arn`` returns — because the ARN IAM evaluates for ``CreateLogStream`` and
+  ``PutLogEvents`` is the stream's, ``log-group:NAME:log-stream:STREAM`` (the form
+  AccessDenied messages name), and ``log-group:NAME:log-stream:`` for group-level reads
+  such as ``DescribeLogStreams``.
+* S3: a bucket is ``arn:aws:s3:::BUCKET``, an object ``arn:aws:s3:::BUCKET/KEY``.
+* DynamoDB: ``table/NAME``; SQS: ``arn:aws:sqs:REGION:ACCOUNT:NAME``; SSM:
+  ``parameter/NAME`` (a name starting with ``/`` keeps it once); Lambda:
+  ``function:NAME[:QUALIFIER]``; Batch: ``job-queue/NAME``,
+  ``job-definition/NAME[:REVISION]``, ``job/ID``; ECR: ``repository/NAME``.
+* Actions without resource-level permissions are evaluated against ``*``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from infra.checks.cfn_eval import Stack, arn
+from infra.checks.iam_eval import allowed, glob_matches, statements, universe
+from tests.unit.stacks import Deployment, deploy
+
+LAMBDA_STREAM = "2026/11/30/[$LATEST]0123456789abcdef0123456789abcdef"
+TASK_ID = "0123456789abcdef0123456789abcdef"
+ANY = "*"  # an action with no resource-level permissions
+
+
+@dataclass(frozen=True)
+class Need:
+    """A call a service makes with ``owner``'s permissions, on a concrete ARN."""
+
+    owner: str
+    action: str
+    resource: str
+
+    def __str__(self) -> str:
+        return f"{self.owner} {self.action} {self.resource.rsplit(':', 2)[-1][-40:]}"
+
+
+def _stream(stack: Stack, group: str, stream: str) -> str:
+    return arn("logs", f"log-group:{stack.physical_name(group)}:log-stream:{stream}")
+
+
+def _writes_logs(owner: str, stack: Stack, group: str, stream: str) -> list[Need]:
+    target = _stream(stack, group, stream)
+    return [Need(owner, "logs:CreateLogStream", target), Need(owner, "logs:PutLogEvents", target)]
+
+
+def _reads_models(owner: str, d: Deployment, key: str = "digits/1/model.onnx") -> list[Need]:
+    bucket = d.storage.get_att("ModelsBucket", "Arn")
+    return [
+        Need(owner, "s3:ListBucket", bucket),
+        Need(owner, "s3:GetObject", f"{bucket}/models/{key}"),
+        Need(owner, "kms:Decrypt", d.storage.get_att("Key", "Arn")),
+    ]
+
+
+def _pulls_gpu_image(owner: str, d: Deployment) -> list[Need]:
+    repository = d.storage.get_att("GpuImageRepository", "Arn")
+    pulls = ["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"]
+    return [Need(owner, "ecr:GetAuthorizationToken", ANY)] + [
+        Need(owner, action, repository) for action in pulls
+    ]
+
+
+def _application(stack: Stack, d: Deployment, cpu_function: str, qualifier: str) -> list[Need]:
+    """The SAM and the Serverless application make the same calls (names differ)."""
+    jobs_bucket, key = d.storage.get_att("JobsBucket", "Arn"), d.storage.get_att("Key", "Arn")
+    definition = d.batch.physical_name("JobDefinition")
+    eni = [
+        arn("ec2", "network-interface/eni-0123456789abcdef0"),
+        arn("ec2", "subnet/subnet-0123456789abcdef0"),
+        arn("ec2", "security-group/sg-0123456789abcdef0"),
+    ]
+    needs = [
+        *_writes_logs("RouterRole", stack, "RouterLogGroup", LAMBDA_STREAM),
+        Need("RouterRole", "ssm:GetParameter", stack.identity("RouterPolicyParameter").arns[0]),
+        Need("RouterRole", "lambda:InvokeFunction", stack.get_att(cpu_function, "Arn") + qualifier),
+        Need("RouterRole", "ec2:DescribeNetworkInterfaces", ANY),
+        *(Need("RouterRole", "ec2:CreateNetworkInterface", target) for target in eni),
+        Need("RouterRole", "ec2:DeleteNetworkInterface", eni[0]),
+        Need("RouterRole", "xray:PutTraceSegments", ANY),
+        *_writes_logs("CpuInferRole", stack, "CpuInferLogGroup", LAMBDA_STREAM),
+        *_reads_models("CpuInferRole", d),
+        *_writes_logs("JobsRole", stack, "JobsLogGroup", LAMBDA_STREAM),
+        *(
+            Need("JobsRole", f"dynamodb:{action}", stack.get_att("JobsTable", "Arn"))
+            for action in ("GetItem", "PutItem", "UpdateItem", "DeleteItem")
+        ),
+        Need("JobsRole", "batch:SubmitJob", d.batch.ref("JobQueue")),
+        Need("JobsRole", "batch:SubmitJob", arn("batch", f"job-definition/{definition}")),
+        Need("JobsRole", "batch:SubmitJob", arn("batch", f"job-definition/{definition}:3")),
+        Need("JobsRole", "batch:TagResource", arn("batch", f"job/{TASK_ID}")),
+        Need("JobsRole", "batch:DescribeJobs", ANY),
+        *_reads_models("JobsRole", d, "digits/config.json"),
+        Need("JobsRole", "s3:ListBucket", jobs_bucket),
+        Need("JobsRole", "s3:GetObject", f"{jobs_bucket}/in/part-0000.jsonl"),
+        Need("JobsRole", "s3:PutObject", f"{jobs_bucket}/out/_spillway/plan.json"),
+        Need("JobsRole", "kms:GenerateDataKey", key),
+        Need("JobsRole", "sqs:SendMessage", stack.get_att("JobsDeadLetterQueue", "Arn")),
+        Need(
+            "ScheduleDeadLetterQueuePolicy",
+            "sqs:SendMessage",
+            stack.get_att("ScheduleDeadLetterQueue", "Arn"),
+        ),
+    ]
+    return needs
+
+
+def needs(d: Deployment) -> Iterator[tuple[Stack, Need]]:
+    """Every (stack, call) pair of the deployment."""
+    gpu, batch, network = d.gpu, d.batch, d.network
+    access_logs = d.storage.get_att("AccessLogsBucket", "Arn")
+    job_data = d.storage.get_att("JobsBucket", "Arn")
+    by_stack: list[tuple[Stack, list[Need]]] = [
+        (network, [
+            *_writes_logs("FlowLogRole", network, "FlowLogGroup", "eni-0123456789abcdef0-all"),
+            Need("FlowLogRole", "logs:DescribeLogStreams",
+                 arn("logs", f"log-group:{network.physical_name('FlowLogGroup')}:log-stream:")),
+        ]),
+        (d.storage, [
+            Need("AccessLogsBucketPolicy", "s3:PutObject",
+                 f"{access_logs}/{prefix}/2026-11-30-01-00-00-0A1B2C3D")
+            for prefix in ("models", "jobs")
+        ]),
+        (gpu, [
+            *_pulls_gpu_image("ExecutionRole", d),
+            *(
+                log
+                for container in ("gpu-service", "metrics")  # prefix/container/task
+                for log in _writes_logs("ExecutionRole", gpu, "ServiceLogGroup",
+                                        f"{container}/{container}/{TASK_ID}")
+            ),
+            Need("ExecutionRole", "secretsmanager:GetSecretValue", gpu.ref("AdminTokenSecret")),
+            *_reads_models("TaskRole", d),
+            *_writes_logs("TaskRole", gpu, "MetricsLogGroup", f"otel-stream-{TASK_ID}"),
+        ]),
+        (batch, [
+            *_pulls_gpu_image("ExecutionRole", d),
+            *_writes_logs("ExecutionRole", batch, "JobLogGroup", f"job/default/{TASK_ID}"),
+            *_reads_models("JobRole", d),
+            Need("JobRole", "s3:ListBucket", job_data),
+            *(
+                Need("JobRole", action, f"{job_data}/out/part-0000.jsonl")
+                for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")
+            ),
+            Need("JobRole", "kms:GenerateDataKey", d.storage.get_att("Key", "Arn")),
+        ]),
+        (d.observability, [
+            Need("AlarmTopicPolicy", "sns:Publish", d.observability.ref("AlarmTopic")),
+        ]),
+        (d.sam, _application(d.sam, d, "CpuInferFunction", ":live")),
+        (d.sls, _application(d.sls, d, "CpuInferLambdaFunction", "")),
+    ]  # fmt: skip
+    if d.packaged is not None:
+        by_stack.append((d.packaged, _application(d.packaged, d, "CpuInferLambdaFunction", "")))
+    for stack, calls in by_stack:
+        for call in calls:
+            yield stack, call
+
+
+DEPLOYMENT = deploy()
+NEEDS = list(needs(DEPLOYMENT))
+
+
+@pytest.mark.parametrize(
+    ("stack", "need"), NEEDS, ids=[f"{s.name}:{n}" for s, n in NEEDS]
+)  # fmt: skip
+def test_the_call_is_allowed(stack: Stack, need: Need) -> None:
+    # WHEN the service makes the call with the role's credentials
+    # THEN the role's policies allow it on that exact ARN
+    found = statements(stack)
+    ok = allowed(found, need.owner, need.action, need.resource)
+    patterns = [s.resources for s in found if s.owner == need.owner]
+    assert ok, f"{need.owner} may not {need.action} on {need.resource}; it has {patterns}"
+
+
+@pytest.mark.parametrize("stack", DEPLOYMENT.all(), ids=[s.name for s in DEPLOYMENT.all()])
+def test_no_resource_pattern_matches_nothing(stack: Stack) -> None:
+    # GIVEN every ARN of every resource of the deployment and every call a role makes
+    known = universe(DEPLOYMENT.all())
+    called = [need.resource for s, need in NEEDS if s is stack]
+    dead = [
+        f"{statement.owner}/{statement.sid}: {pattern}"
+        for statement in statements(stack)
+        if statement.effect == "Allow"
+        for pattern in statement.resources
+        if pattern != "*"
+        and not known.covers(pattern)
+        and not any(glob_matches(pattern, target) for target in called)
+    ]
+    # THEN each pattern a policy allows matches something real
+    assert dead == []
+
+
+def test_a_log_groups_arn_attribute_already_ends_in_a_wildcard() -> None:
+    # GIVEN the batch job's log group, as CloudFormation's GetAtt returns it
+    group = DEPLOYMENT.batch.get_att("JobLogGroup", "Arn")
+    stream = _stream(DEPLOYMENT.batch, "JobLogGroup", f"job/default/{TASK_ID}")
+    # THEN the attribute itself matches the streams; appending ":log-stream:*" matches none
+    assert group.endswith(":*")
+    assert glob_matches(group, stream)
+    assert not glob_matches(f"{group}:log-stream:*", stream)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "value", "expected"),
+    [
+        ("arn:aws:s3:::b/models/*", "arn:aws:s3:::b/models/digits/1/model.onnx", True),
+        ("arn:aws:s3:::b/models/*", "arn:aws:s3:::b/Models/x", False),  # case-sensitive
+        ("arn:aws:s3:::b/models/*", "arn:aws:s3:::b/models", False),
+        ("arn:aws:lambda:*:*:function:f?", "arn:aws:lambda:r:1:function:f1", True),
+        ("arn:aws:lambda:*:*:function:f?", "arn:aws:lambda:r:1:function:f12", False),
+        ("a.b", "axb", False),  # only * and ? are wildcards
+    ],
+)
+def test_iam_wildcards(pattern: str, value: str, expected: bool) -> None:
+    assert glob_matches(pattern, value) is expected
+    assert glob_matches("S3:GetObject", "s3:getobject", case_sensitive=False)
