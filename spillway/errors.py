@@ -64,6 +64,14 @@ class ModelNotFoundError(SpillwayError):
     code = "model_not_found"
 
 
+class SessionNotFoundError(SpillwayError):
+    """No live session state under this id for this caller (absent, expired, or another
+    caller's: the three are one answer, so ids reveal nothing)."""
+
+    status = 404
+    code = "session_not_found"
+
+
 class PayloadTooLargeError(SpillwayError):
     """The body or a tensor exceeds a configured size cap."""
 
@@ -148,6 +156,14 @@ class ControlDisabledError(SpillwayError):
 
     status = 400
     code = "control_disabled"
+
+
+class NotConfiguredError(SpillwayError):
+    """The request needs a feature this deployment has not configured (session state
+    without a state table): the caller's to know, like ``mode_unavailable``, never a 5xx."""
+
+    status = 400
+    code = "not_configured"
 
 
 class UnauthorizedError(SpillwayError):

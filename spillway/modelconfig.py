@@ -8,10 +8,12 @@ Per-version checksums live beside each version in ``<version>/SHA256SUMS``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from spillway.canary import CanarySpec
 from spillway.datatypes import from_triton_type
 from spillway.names import MODEL_NAME_PATTERN
 
@@ -102,6 +104,10 @@ class SpillwayBlock(_Strict):
     idle_ttl_seconds: float | None = Field(default=None, gt=0)
     pinned: bool = False
     description: str = ""
+    canary: CanarySpec | None = None
+    """The model's initial canary (``version``, ``stable``, ``percent``, ``bounds``): routers
+    start it once per version; afterwards ``spillway models canary`` and the automatic
+    rollback change it. Requests that pin no version and bypass the router get ``stable``."""
 
     @model_validator(mode="after")
     def _text_needs_tokenizer(self) -> SpillwayBlock:
@@ -132,6 +138,36 @@ class ModelConfig(_Strict):
         if not MODEL_NAME_PATTERN.fullmatch(value):
             raise ValueError(f"model name must match {MODEL_NAME_PATTERN.pattern}")
         return value
+
+    @model_validator(mode="after")
+    def _canary_versions_served(self) -> ModelConfig:
+        """A canary needs both of its versions loaded wherever the model is served."""
+        canary = self.spillway.canary
+        if canary is None:
+            return self
+        policy = self.version_policy
+        if policy.specific is not None:
+            missing = {canary.version, canary.stable} - set(policy.specific["versions"])
+            if missing:
+                raise ValueError(
+                    f"version_policy.specific must list the canary's versions {sorted(missing)}"
+                )
+        elif policy.all is None and (policy.latest or {}).get("num_versions", 1) < 2:
+            raise ValueError(
+                "a canary needs two versions served: version_policy specific (both), all, "
+                "or latest with num_versions >= 2"
+            )
+        return self
+
+    def default_version(self, ready: Collection[int]) -> int | None:
+        """The version a request that pins none gets among ``ready``: the canary's stable
+        version while a canary is configured, else the newest."""
+        if not ready:
+            return None
+        canary = self.spillway.canary
+        if canary is not None and canary.stable in ready:
+            return canary.stable
+        return max(ready)
 
     def to_json_dict(self) -> dict[str, object]:
         """The JSON form served at ``/v2/models/{m}/config``."""

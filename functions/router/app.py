@@ -20,8 +20,11 @@ from collections.abc import Callable, Iterable, Mapping
 from http import HTTPStatus
 from typing import Any
 
+from functions.router.async_mode import RESULTS_PREFIX
 from functions.router.facts import Call
 from functions.router.routing import Router
+from functions.router.sessions import PREFIX as SESSIONS_PREFIX
+from functions.router.sessions import Sessions
 from spillway import __version__
 from spillway.errors import RouteNotFoundError, SpillwayError
 from spillway.wire import (
@@ -53,11 +56,13 @@ class RouterApp:
         max_body_bytes: int,
         openapi: bytes,
         identity_tenants: Mapping[str, str] | None = None,
+        sessions: Sessions | None = None,
     ) -> None:
         self.router = router
         self.max_body_bytes = max_body_bytes
         self.openapi = openapi
         self.identity_tenants = dict(identity_tenants or {})
+        self.sessions = sessions
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         request_id = _request_id(environ)
@@ -91,7 +96,17 @@ class RouterApp:
             target = require_model_target(path)
             allow(method, path, target.method)
             return self.router.route(self._call(method, environ, request_id), target)
+        if path.startswith(SESSIONS_PREFIX) and self.sessions is not None:
+            call = Call(method, _headers(environ), b"", request_id, None, self._tenant(environ))
+            return self.sessions.handle(path, call, lambda limit: read_wsgi_body(environ, limit))
         allow(method, path, "GET")
+        if path.startswith(RESULTS_PREFIX):
+            if self.router.async_front is None:
+                raise RouteNotFoundError("async mode is not offered by this deployment")
+            tenant = self._tenant(environ)
+            if tenant is None and self.router.config.trust_tenant_hints:
+                tenant = _headers(environ).get("x-spillway-tenant") or None
+            return self.router.async_front.result(path, tenant)
         if path == "/v2/health/live":
             return json_reply(200, {"live": True})
         if path == "/v2/health/ready":

@@ -27,7 +27,7 @@ from spillway.wire import (
     read_json_header,
 )
 
-MODES = ("auto", "realtime", "serverless", "batch")
+MODES = ("auto", "realtime", "serverless", "batch", "async")
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 _BYTES_PER_TOKEN = 4
 # API Gateway and Lambda alone take tens of milliseconds: a smaller budget cannot be met.
@@ -133,8 +133,11 @@ def read_hints(parameters: Mapping[str, Any] | None, headers: Mapping[str, str])
             value = headers.get(f"x-spillway-{key.replace('_', '-')}")
         return value
 
+    mode = _mode(pick("mode"))
+    if mode is None and "respond-async" in headers.get("prefer", "").lower():
+        mode = "async"  # RFC 7240
     return Hints(
-        mode=_mode(pick("mode")),
+        mode=mode,
         latency_budget_ms=_budget(pick("latency_budget_ms")),
         priority=_priority(pick("priority")),
         tenant=_tenant(pick("tenant")),

@@ -28,6 +28,8 @@ _ROUTING_HEADERS = {
     "x-spillway-cost-usd": "Estimated cost of the request in US dollars.",
     "x-spillway-fallback": "<first backend>:<reason>, when a fallback backend answered.",
     "x-spillway-spilled": "true when the rule's spill share moved the request.",
+    "x-spillway-model-version": "The model version that answered (the router chooses it "
+    "for a request that pins none while the model runs a canary).",
 }
 _STATUS_TEXT = {
     400: "Invalid request, model name or version (or, for readiness, not ready).",
@@ -92,6 +94,57 @@ _IDEMPOTENCY_KEY = {
 }
 
 
+_SESSION_ID = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"}
+_SESSION_HEADER = {
+    "name": "x-spillway-session",
+    "in": "header",
+    "schema": _SESSION_ID,
+    "description": "A session: for a model running a canary, every request of the session "
+    "gets the version its first request got (x-spillway-model-version names it).",
+}
+
+
+def _sessions() -> dict[str, Any]:
+    """``/v1/sessions/{id}``: a caller's small JSON state with a renewed TTL."""
+    parameter = {"name": "id", "in": "path", "required": True, "schema": _SESSION_ID}
+    state = {"application/json": {"schema": {"type": "object"}}}
+    expires = {"x-spillway-session-expires-at": {"schema": {"type": "string"}}}
+    errors = {
+        "400": "Invalid session id or body (a JSON object without NaN or Infinity), "
+        "or session state is not configured (ROUTER_STATE_TABLE).",
+        "401": "No authenticated caller to scope the session to.",
+        "404": "No live session of this caller under this id.",
+        "413": "Session state over 65536 bytes.",
+        "503": "The state table cannot be reached; retry after Retry-After.",
+    }
+
+    def answers(ok: str, text: str, *codes: str, body: bool = False) -> dict[str, Any]:
+        first: dict[str, Any] = {"description": text, "headers": expires}
+        if body:
+            first["content"] = state
+        failed = {c: {"description": errors[c], "content": ERROR_CONTENT} for c in codes}
+        return {ok: first, **failed}
+
+    return {
+        "get": {
+            "summary": "Read session state (renews its TTL)",
+            "parameters": [parameter],
+            "responses": answers("200", "The state", "400", "401", "404", "503", body=True),
+        },
+        "put": {
+            "summary": "Store session state (a JSON object of at most 64 KiB)",
+            "parameters": [parameter],
+            "requestBody": {"required": True, "content": state},
+            "responses": answers("204", "Stored", "400", "401", "413", "503"),
+        },
+        "delete": {
+            "summary": "Delete session state",
+            "parameters": [parameter],
+            "responses": answers("204", "Deleted", "400", "401", "404", "503"),
+        },
+    }
+
+
 def _ok(schema: str, description: str) -> dict[str, Any]:
     return {
         "description": description,
@@ -121,6 +174,7 @@ def _infer(versioned: bool) -> dict[str, Any]:
                 *_hint_parameters(),
                 HEADER_LENGTH_PARAMETER,
                 _IDEMPOTENCY_KEY,
+                _SESSION_HEADER,
             ],
             "requestBody": {
                 "required": True,
@@ -169,6 +223,7 @@ def _paths() -> dict[str, Any]:
         paths[f"{base}/config"] = _model_get("ModelConfig", "Model configuration", versioned)
         paths[f"{base}/stats"] = _model_get("ModelStats", "Model statistics", versioned)
         paths[f"{base}/infer"] = _infer(versioned)
+    paths["/v1/sessions/{id}"] = _sessions()
     return paths
 
 

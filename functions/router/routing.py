@@ -33,7 +33,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from functions.router.accounting import EmfSink, Pricing, RouteRecord
+from functions.router.accounting import EmfSink, Pricing, RouteRecord, event_metric
+from functions.router.async_mode import AsyncFront
 from functions.router.backends import (
     RESPONSE_HEADERS,
     Backend,
@@ -43,11 +44,17 @@ from functions.router.backends import (
     CannotServe,
     ConnectFailed,
 )
+from functions.router.canary import CanaryRouter
 from functions.router.decide import Decision, SpillState, decide, with_allowed_priority
 from functions.router.facts import Call, Request, read_request, with_timeout
 from functions.router.health import CircuitBreaker, LoadTracker, RetryBudget, parse_load_headers
 from functions.router.policy_store import PolicyStore
-from spillway.errors import DeadlineExceededError, SpillwayError, UnavailableError
+from spillway.errors import (
+    DeadlineExceededError,
+    ModeUnavailableError,
+    SpillwayError,
+    UnavailableError,
+)
 from spillway.wire import (
     BINARY_CONTENT_TYPE,
     FAULT_HEADER,
@@ -125,8 +132,12 @@ class Router:
         spills: SpillState,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        canaries: CanaryRouter | None = None,
+        async_front: AsyncFront | None = None,
     ) -> None:
         self.backends = dict(backends)
+        self.async_front = async_front
+        self.canaries = canaries
         self.policies = policies
         self.config = config
         self.pricing = pricing
@@ -155,11 +166,30 @@ class Router:
         facts = with_allowed_priority(policy, request.facts)
         if facts is not request.facts:
             request = replace(request, facts=facts)
+        if facts.mode == "async":
+            if self.async_front is None:
+                raise ModeUnavailableError(
+                    "async mode is not offered by this deployment (ASYNC_TABLE, "
+                    "ASYNC_QUEUE_URL and ASYNC_LOCATION are unset)"
+                )
+            reply = self.async_front.submit(request)
+            self.sink.write(event_metric("AsyncAccepted"))
+            return reply
         decision = decide(policy, facts, self.wall(), self.load, self.spills)
+        # The version of a request that pins none, for a model with a canary (a batch job
+        # keeps the version it asked for).
+        pick = None
+        if self.canaries is not None and decision.chain[:1] != ("batch",):
+            pick = self.canaries.pick(request)
+        if pick is not None:
+            request = pick.pinned(request)
         deadline = self._deadline(started, facts.latency_budget_ms, call.remaining_ms)
         outcome = self._walk(decision, request, deadline)
         cost = self._account(outcome, request, started)
-        return _reply(outcome, target, cost)
+        reply = _reply(outcome, request.target, cost)
+        if self.canaries is not None and pick is not None:
+            reply = self.canaries.settle(pick, outcome.response, self.clock() - started, reply)
+        return reply
 
     def ready(self) -> bool:
         """Whether some synchronous backend is configured and its circuit is not open."""

@@ -105,6 +105,19 @@ class RouterSettings(BaseModel):
     """Tenants of authenticated identities, as JSON: ``{"<API key id or IAM principal
     ARN>": "<tenant>"}``; an unmapped identity is its own tenant (list it in the policy's
     ``tenants`` to give it a tier)."""
+    state_table: str | None = None
+    """DynamoDB table shared by every router instance: canary settings, session affinity
+    and session state (TTL attribute ``expires_at``); unset: no canaries, no sessions."""
+    canary_ttl_s: float = Field(default=5.0, ge=0, le=300)
+    """How long a model's canary setting is cached before the table is read again: a
+    change or a rollback another router wrote is followed within this time."""
+    canary_config_check_s: float = Field(default=60.0, gt=0)
+    """How often a model's ``config.json`` is asked (from a backend) for a
+    ``spillway.canary`` to start."""
+    session_ttl_s: float = Field(default=900.0, ge=1, le=86400)
+    """Life of session state and of a session's version affinity, renewed on each use."""
+    canary_seed: int | None = None
+    """Seed of the canary draws (tests); unset: seeded from the OS."""
     tracing: bool = False
     """Create the X-Ray tracer (imported only when true, so cold starts do not pay for it)."""
     host: str = "127.0.0.1"

@@ -12,17 +12,24 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from functions.router.accounting import EmfSink, Pricing, event_metric, load_pricing
 from functions.router.app import RouterApp
+from functions.router.async_mode import AsyncFront
 from functions.router.backends import Backend, HttpBackend
 from functions.router.batch import BatchBackend, BatchSubmitter, JobsApiSubmitter
+from functions.router.canary import Affinity, CanaryRouter, backend_config
 from functions.router.decide import SpillState
 from functions.router.lambda_backend import LambdaBackend, Payload, cpu_payload, jobs_payload
 from functions.router.openapi import document_bytes
 from functions.router.policy_store import FileSource, PolicySource, PolicyStore, SsmSource
 from functions.router.routing import Router, RouterConfig
+from functions.router.sessions import Sessions
 from functions.router.settings import RouterSettings
+from spillway.async_inference import AsyncSettings, AsyncStore
+from spillway.canary import CanaryStore
+from spillway.state_table import DynamoStateStore, StateStore
 
 log = logging.getLogger("spillway.router")
 
@@ -38,6 +45,9 @@ class Overrides:
     submitter: BatchSubmitter | None = None
     sink: EmfSink | None = None
     pricing: Pricing | None = None
+    state: StateStore | None = None
+    epoch: Callable[[], float] | None = None
+    async_store: AsyncStore | None = None
 
 
 def make_backends(settings: RouterSettings, submitter: BatchSubmitter | None) -> dict[str, Backend]:
@@ -104,6 +114,57 @@ def router_config(settings: RouterSettings) -> RouterConfig:
     )
 
 
+def state_store(settings: RouterSettings) -> StateStore | None:
+    """The shared state table the settings name; its client is made on first use, with
+    short timeouts (it is on the request path) and botocore's standard retries."""
+    if not settings.state_table:
+        return None
+
+    def client() -> Any:
+        import boto3
+        from botocore.config import Config
+
+        config = Config(
+            connect_timeout=1, read_timeout=2, retries={"mode": "standard", "max_attempts": 3}
+        )
+        return boto3.client("dynamodb", config=config)
+
+    return DynamoStateStore(settings.state_table, client)
+
+
+def canary_router(
+    settings: RouterSettings,
+    store: StateStore,
+    backends: Mapping[str, Backend],
+    *,
+    clock: Callable[[], float],
+    epoch: Callable[[], float],
+    sink: EmfSink,
+    rng: random.Random,
+) -> CanaryRouter:
+    """Canary versions and session affinity over the shared state table."""
+    return CanaryRouter(
+        CanaryStore(store, epoch),
+        Affinity(store, settings.session_ttl_s),
+        rng=rng,
+        clock=clock,
+        ttl_s=settings.canary_ttl_s,
+        config_check_s=settings.canary_config_check_s,
+        config_source=backend_config(backends, settings.connect_timeout_ms / 1000),
+        sink=sink,
+    )
+
+
+def async_front(store: AsyncStore | None) -> AsyncFront | None:
+    """Async mode over the given store, else over the one ``ASYNC_*`` names (if any)."""
+    if store is None:
+        settings = AsyncSettings.from_env()
+        if not settings.enabled:
+            return None
+        store = AsyncStore(settings)
+    return AsyncFront(store)
+
+
 def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> RouterApp:
     """The router WSGI application for these settings."""
     o = overrides or Overrides()
@@ -112,7 +173,15 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
     sink = o.sink or EmfSink(settings.metrics_log)
     backends = o.backends if o.backends is not None else make_backends(settings, o.submitter)
     spills = SpillState(rng)
-    store = PolicyStore(
+    epoch = o.epoch or time.time
+    store = o.state if o.state is not None else state_store(settings)
+    canaries = None
+    if store is not None:
+        draws = random.Random(settings.canary_seed)  # noqa: S311 - canary draws, not secrets
+        canaries = canary_router(
+            settings, store, backends, clock=clock, epoch=epoch, sink=sink, rng=draws
+        )
+    policies = PolicyStore(
         _policy_source(settings),
         ttl_s=settings.policy_ttl_s,
         clock=clock,
@@ -121,22 +190,32 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
     )
     router = Router(
         backends,
-        store,
+        policies,
         config=router_config(settings),
         pricing=o.pricing or load_pricing(settings.pricing_file),
         sink=sink,
         spills=spills,
         clock=clock,
         wall=o.wall or (lambda: datetime.now(UTC)),
+        canaries=canaries,
+        async_front=async_front(o.async_store),
     )
     log.info(
-        "router up: backends %s, policy from %s",
+        "router up: backends %s, policy from %s, state table %s",
         sorted(backends),
-        store.loaded.source,
+        policies.loaded.source,
+        settings.state_table or "none",
+    )
+    sessions = Sessions(
+        store,
+        ttl_s=settings.session_ttl_s,
+        wall=epoch,
+        trust_tenant_hints=settings.trust_tenant_hints,
     )
     return RouterApp(
         router,
         max_body_bytes=settings.max_body_bytes,
         openapi=document_bytes(),
         identity_tenants=settings.identity_tenants,
+        sessions=sessions,
     )

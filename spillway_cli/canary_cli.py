@@ -1,0 +1,140 @@
+"""``spillway models canary`` and ``spillway models status``: a model's canary in the
+router's shared state table (``ROUTER_STATE_TABLE``), the record every router reads.
+
+Registered by ``spillway_cli.main`` on the ``models`` group.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+
+from spillway.canary import CanaryState, CanaryStore, RollbackBounds
+from spillway.errors import SpillwayError
+
+TableOption = Annotated[
+    str,
+    typer.Option(envvar="ROUTER_STATE_TABLE", help="The routers' state table (DynamoDB)."),
+]
+
+
+def _store(table: str) -> CanaryStore:
+    import time
+
+    from spillway.repository import aws_client
+    from spillway.state_table import DynamoStateStore
+
+    return CanaryStore(DynamoStateStore(table, lambda: aws_client("dynamodb")), time.time)
+
+
+def _run(action: Callable[[], CanaryState | None]) -> CanaryState | None:
+    try:
+        return action()
+    except SpillwayError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(1) from None
+
+
+def models_canary(
+    model: Annotated[str, typer.Option(help="Model name.")],
+    table: TableOption,
+    version: Annotated[int | None, typer.Option(help="The canary version.")] = None,
+    percent: Annotated[
+        float | None, typer.Option(help="Share of unpinned requests for the canary, 0-100.")
+    ] = None,
+    stable: Annotated[
+        int | None, typer.Option(help="The stable version (a model's first canary only).")
+    ] = None,
+    promote: Annotated[
+        bool, typer.Option("--promote", help="Make the running canary the stable version.")
+    ] = False,
+    max_error_increase: Annotated[
+        float | None, typer.Option(help="Rollback bound: fault rate above stable (0.01 = +1 pt).")
+    ] = None,
+    max_p99_ratio: Annotated[
+        float | None, typer.Option(help="Rollback bound: p99 over stable's, as a factor.")
+    ] = None,
+    min_requests: Annotated[
+        int | None, typer.Option(help="Requests per version in the window before judging.")
+    ] = None,
+    window_s: Annotated[float | None, typer.Option(help="The sliding window in seconds.")] = None,
+) -> None:
+    """Start a canary or change its share (--version V --percent P), or --promote it."""
+    store = _store(table)
+    if promote:
+        current = _run(lambda: store.load(model))
+        if version is not None and current is not None and current.canary != version:
+            raise _fail(f"the running canary of {model} is v{current.canary}, not v{version}")
+        typer.echo(describe(_run(lambda: store.promote(model)), model))
+        return
+    if version is None or percent is None:
+        raise _fail("--version and --percent are required (or --promote)")
+    changes = {
+        "max_error_rate_increase": max_error_increase,
+        "max_p99_ratio": max_p99_ratio,
+        "min_requests": min_requests,
+        "window_s": window_s,
+    }
+    bounds = None
+    if any(v is not None for v in changes.values()):
+        current = _run(lambda: store.load(model))
+        base = current.bounds if current is not None else RollbackBounds()
+        given = {k: v for k, v in changes.items() if v is not None}
+        try:
+            bounds = RollbackBounds.model_validate({**base.model_dump(), **given})
+        except ValueError as exc:
+            raise _fail(f"invalid rollback bounds: {exc}") from None
+    state = _run(lambda: store.start(model, version, percent, stable=stable, bounds=bounds))
+    typer.echo(describe(state, model))
+
+
+def models_status(
+    model: Annotated[str, typer.Argument(help="Model name.")],
+    table: TableOption,
+    as_json: Annotated[bool, typer.Option("--json", help="The record as JSON.")] = False,
+) -> None:
+    """A model's canary: stable and canary versions, share, rollback bounds, history."""
+    state = _run(lambda: _store(table).load(model))
+    if as_json:
+        typer.echo(json.dumps(state.model_dump(mode="json") if state else None, indent=2))
+    else:
+        typer.echo(describe(state, model))
+
+
+def describe(state: CanaryState | None, model: str) -> str:
+    """The record as ``spillway models status`` prints it."""
+    if state is None:
+        return f"{model}: no canary record (requests get the backends' default version)"
+    if state.canary is None:
+        head = f"{model}: stable v{state.stable}, no canary"
+    else:
+        head = (
+            f"{model}: stable v{state.stable}, canary v{state.canary} at "
+            f"{state.percent:g}% ({state.status.replace('_', ' ')})"
+        )
+    b = state.bounds
+    lines = [
+        head,
+        f"  rollback when, over {b.window_s:g} s and at least {b.min_requests} requests per "
+        f"version: fault rate > stable + {b.max_error_rate_increase * 100:g} points, or p99 > "
+        f"stable x {b.max_p99_ratio:g} (and + {b.min_p99_increase_ms:g} ms)",
+    ]
+    if state.history:
+        lines.append("  history:")
+    for event in state.history:
+        when = datetime.fromtimestamp(event.at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        reason = f"  {event.reason}" if event.reason else ""
+        lines.append(
+            f"    {when}Z  {event.event:<11}  v{event.version} over v{event.stable}  "
+            f"{event.percent:g}%{reason}"
+        )
+    return "\n".join(lines)
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(1)
