@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpu_service import metrics, openapi
+from gpu_service.async_consumer import AsyncConsumer, start_consumer
 from gpu_service.dataplane import DataPlane
 from spillway.errors import (
     InvalidInputError,
@@ -43,8 +44,10 @@ Headers = list[tuple[bytes, bytes]]
 
 _REPOSITORY_PATH = re.compile(r"^/v2/repository/models/(?P<model>[^/]+)/(?P<op>load|unload)$")
 _JSON = (b"content-type", b"application/json")
+_BINARY = (b"content-type", b"application/octet-stream")
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 _OPENAPI = openapi.document_bytes()
+_MAX_TARGETS = 1024
 
 
 def _json(value: Any) -> bytes:
@@ -56,6 +59,9 @@ class GpuServiceApp:
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
+        self.consumer: AsyncConsumer | None = None
+        # Parsed model paths: a regex and two name checks saved on every request.
+        self._targets: dict[str, Target] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -73,8 +79,11 @@ class GpuServiceApp:
                     log.exception("start-up failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
+                self.consumer = start_consumer(self.plane)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                if self.consumer is not None:  # stop taking async work first
+                    await self.consumer.stop(self.plane.settings.drain_timeout_s)
                 self.plane.draining = True
                 await self.plane.registry.stop(self.plane.settings.drain_timeout_s)
                 self.plane.close()
@@ -106,7 +115,7 @@ class GpuServiceApp:
     async def _route(self, scope: Scope, receive: Receive) -> tuple[int, bytes, Headers]:
         method, path = scope["method"], scope["path"]
         plane = self.plane
-        if path.startswith("/v2/models/") and (target := model_target(path)) is not None:
+        if path.startswith("/v2/models/") and (target := self._target(path)) is not None:
             return await self._model_route(method, target, scope, receive)
         if path.startswith("/v2/repository/"):
             return await self._repository_route(method, path, scope, receive)
@@ -124,6 +133,14 @@ class GpuServiceApp:
             return 200, text, [(b"content-type", b"text/plain; version=0.0.4")]
         raise RouteNotFoundError(f"no route for {path}")
 
+    def _target(self, path: str) -> Target | None:
+        target = self._targets.get(path)
+        if target is None and (target := model_target(path)) is not None:
+            if len(self._targets) >= _MAX_TARGETS:  # clients choose paths: stay bounded
+                self._targets.clear()
+            self._targets[path] = target
+        return target
+
     async def _model_route(
         self, method: str, target: Target, scope: Scope, receive: Receive
     ) -> tuple[int, bytes, Headers]:
@@ -133,30 +150,7 @@ class GpuServiceApp:
         if model is None:  # /v2/models/stats
             return 200, _json(plane.model_stats(None, None)), [_JSON]
         if op == "infer":
-            # Everything that can refuse the request is checked before the body is read.
-            length = parse_header_length(_header(scope, b"inference-header-content-length"))
-            plane.check_infer(model)
-            declared = self._declared_length(scope)
-            with plane.bodies.hold(declared or plane.settings.max_body_bytes):
-                body = await self._body(scope, receive, declared)
-                result = await plane.infer(model, version, body, length)
-            headers: Headers = [
-                (b"x-spillway-model-version", str(result.version).encode()),
-                (b"x-spillway-queue-depth", str(result.queue_depth).encode()),
-                (b"x-spillway-busy", f"{result.busy:.3f}".encode()),
-            ]
-            if result.cold_start_s is not None:
-                headers.append(
-                    (b"x-spillway-cold-start-ms", f"{result.cold_start_s * 1e3:.0f}".encode())
-                )
-            if result.header_length is None:
-                headers.append(_JSON)
-            else:
-                headers += [
-                    (b"content-type", b"application/octet-stream"),
-                    (b"inference-header-content-length", str(result.header_length).encode()),
-                ]
-            return 200, result.body, headers
+            return await self._infer(model, version, scope, receive)
         if op == "ready":
             return self._flag(plane.model_ready(model, version), f"model {model} is not ready")
         if op == "config":
@@ -165,13 +159,48 @@ class GpuServiceApp:
             return 200, _json(plane.model_stats(model, version)), [_JSON]
         return 200, _json(plane.model_metadata(model, version)), [_JSON]
 
+    async def _infer(
+        self, model: str, version: str | None, scope: Scope, receive: Receive
+    ) -> tuple[int, bytes, Headers]:
+        plane = self.plane
+        # Everything that can refuse the request is checked before the body is read.
+        header_length, content_length = _infer_headers(scope)
+        length = parse_header_length(header_length)
+        plane.check_infer(model)
+        declared = self._declared_length(content_length)
+        size = declared or plane.settings.max_body_bytes
+        plane.bodies.reserve(size)
+        try:
+            body = await self._body(receive, declared)
+            result = await plane.infer(model, version, body, length)
+        finally:
+            plane.bodies.release(size)
+        headers: Headers = [
+            (b"x-spillway-model-version", str(result.version).encode()),
+            (b"x-spillway-queue-depth", str(result.queue_depth).encode()),
+            (b"x-spillway-busy", f"{result.busy:.3f}".encode()),
+        ]
+        if result.cold_start_s is not None:
+            headers.append(
+                (b"x-spillway-cold-start-ms", f"{result.cold_start_s * 1e3:.0f}".encode())
+            )
+        if result.header_length is None:
+            headers.append(_JSON)
+        else:
+            headers += [
+                _BINARY,
+                (b"inference-header-content-length", str(result.header_length).encode()),
+            ]
+        return 200, result.body, headers
+
     async def _repository_route(
         self, method: str, path: str, scope: Scope, receive: Receive
     ) -> tuple[int, bytes, Headers]:
         allow(method, path, "POST")
         self._authorize(scope)
         # A load request's body (parameters) is not used.
-        await self._body(scope, receive, self._declared_length(scope))
+        declared = self._declared_length(_header(scope, b"content-length"))
+        await self._body(receive, declared)
         if path == "/v2/repository/index":
             return 200, _json(await self.plane.repository_index()), [_JSON]
         match = _REPOSITORY_PATH.match(path)
@@ -196,17 +225,16 @@ class GpuServiceApp:
         if not hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode()):
             raise UnauthorizedError("repository control needs the admin token")
 
-    def _declared_length(self, scope: Scope) -> int | None:
+    def _declared_length(self, declared: str | None) -> int | None:
         """The declared ``Content-Length`` (``None`` when chunked); 413 past the cap."""
         limit = self.plane.settings.max_body_bytes
-        declared = _header(scope, b"content-length")
         if declared is None or not declared.isdigit():
             return None
         if int(declared) > limit:
             raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
         return int(declared)
 
-    async def _body(self, scope: Scope, receive: Receive, declared: int | None) -> bytes:
+    async def _body(self, receive: Receive, declared: int | None) -> bytes:
         limit = self.plane.settings.max_body_bytes if declared is None else declared
         chunks: list[bytes] = []
         size = 0
@@ -235,6 +263,18 @@ class GpuServiceApp:
 def _encoded(reply: Reply) -> tuple[int, bytes, Headers]:
     headers = [(k.encode(), v.encode()) for k, v in reply.headers]
     return reply.status, reply.body, headers
+
+
+def _infer_headers(scope: Scope) -> tuple[str | None, str | None]:
+    """``Inference-Header-Content-Length`` and ``Content-Length`` (each the first one
+    sent, as ``_header`` reads them), in one pass."""
+    header_length = content_length = None
+    for key, value in scope["headers"]:
+        if key == b"inference-header-content-length" and header_length is None:
+            header_length = value.decode("latin-1")
+        elif key == b"content-length" and content_length is None:
+            content_length = value.decode("latin-1")
+    return header_length, content_length
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -54,6 +54,10 @@ class GpuSettings(BaseSettings):
     """Longest BYTES element (e.g. one text) accepted."""
     adaptive_batching: bool = False
     """Set the batch target from the observed arrival rate (see the README)."""
+    early_dispatch: bool = True
+    """Dispatch a batch before its target or queue delay when waiting cannot gain a row
+    (nothing on its way, nobody left to send, or no arrival expected in the time left), so
+    a lone request never waits out the delay."""
     min_batch_size: int | None = Field(default=None, ge=1)
     """Hold a batch until this many rows wait, but never past the queue delay."""
     priority_aging_ms: float = Field(default=100.0, gt=0)
@@ -64,6 +68,9 @@ class GpuSettings(BaseSettings):
     """The ``Retry-After`` hint sent with 429 when a queue is full."""
     drain_timeout_s: float = Field(default=30.0, gt=0)
     """On SIGTERM: how long in-flight and queued work may take before exit."""
+    async_concurrency: int = Field(default=16, ge=0, le=1024)
+    """Asynchronous requests (``ASYNC_*``) this service runs at once, taken from the queue
+    only while its batchers have room; 0: it does not consume the async queue."""
     model_control_mode: Literal["none", "poll", "explicit"] = "none"
     """Triton's flag: ``none`` loads every model at start and refuses control requests;
     ``poll`` also re-reads the repository every ``repository_poll_secs``; ``explicit``
@@ -84,6 +91,10 @@ class GpuSettings(BaseSettings):
     """Where versions downloaded from S3 are kept."""
     log_level: str = "INFO"
     """Log level of the service."""
+
+    def compute_slots(self) -> int:
+        """Batches of one model version (per length bucket) that may compute at once."""
+        return self.instance_count
 
     def engine_options(self) -> EngineOptions:
         """The engine options these settings describe."""

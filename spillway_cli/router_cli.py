@@ -184,6 +184,7 @@ def serve_cpu(
     from aws_lambda_powertools.logging import Logger
 
     from functions.cpu_infer.app import CpuApp
+    from functions.cpu_infer.async_drain import start_local_drain
     from functions.cpu_infer.service import CpuService
     from functions.cpu_infer.settings import CpuSettings
     from spillway_cli.wsgi_server import serve_forever
@@ -191,4 +192,6 @@ def serve_cpu(
     flags = {"host": host, "port": port, "repository": repository}
     settings = CpuSettings.model_validate({k: v for k, v in flags.items() if v is not None})
     Logger(service="spillway.cpu_infer", level=settings.log_level)
-    serve_forever(CpuApp(CpuService.load(settings)), settings.host, settings.port)
+    service = CpuService.load(settings)
+    start_local_drain(service)  # the async queue's second consumer, when ASYNC_* is set
+    serve_forever(CpuApp(service), settings.host, settings.port)

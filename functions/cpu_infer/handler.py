@@ -2,22 +2,26 @@
 
 Models load at init, from ``CPU_REPOSITORY`` (a folder packaged with the function, or
 ``s3://bucket/prefix`` fetched into /tmp), so provisioned concurrency finds them warm.
-Two event shapes are served: the direct-invoke event of ``functions.cpu_infer.direct``
-(what the router's ``lambda:Invoke`` sends), and API Gateway REST v1 / HTTP API v2
-events (served through the WSGI application with serverless-wsgi).
+Served: the direct-invoke event of ``functions.cpu_infer.direct`` (what the router's
+``lambda:Invoke`` sends), API Gateway REST v1 / HTTP API v2 events (through the WSGI
+application with serverless-wsgi), and the async queue's SQS batches with the scheduled
+drain check (``functions.cpu_infer.async_drain``).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import serverless_wsgi
 from aws_lambda_powertools.logging import Logger
 
 from functions.cpu_infer.app import CpuApp
+from functions.cpu_infer.async_drain import DRAIN_CHECK, drain_check, handle_sqs_event
 from functions.cpu_infer.direct import handle_direct
 from functions.cpu_infer.service import CpuService
 from functions.cpu_infer.settings import CpuSettings
+from spillway.async_inference import AsyncSettings, AsyncStore
 
 settings = CpuSettings()
 logger = Logger(service="spillway.cpu_infer", level=settings.log_level)
@@ -30,9 +34,30 @@ def is_api_gateway(event: dict[str, Any]) -> bool:
     return "requestContext" in event and ("httpMethod" in event or "rawPath" in event)
 
 
+@functools.cache
+def async_store() -> AsyncStore:
+    """The async store ``ASYNC_*`` names (made on the first async event)."""
+    return AsyncStore(AsyncSettings.from_env())
+
+
+def is_sqs(event: dict[str, Any]) -> bool:
+    """Whether the event is a batch from the async queue's event source mapping."""
+    records = event.get("Records")
+    return (
+        isinstance(records, list) and bool(records) and records[0].get("eventSource") == "aws:sqs"
+    )
+
+
 @logger.inject_lambda_context
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """Serve a direct-invoke or an API Gateway event."""
+    """Serve a direct-invoke, an API Gateway, an async queue or a drain-check event."""
+    if is_sqs(event):
+        return handle_sqs_event(service, async_store(), event)
+    if event.get("spillway") == DRAIN_CHECK:
+        from spillway.repository import aws_client
+
+        name = str(getattr(context, "function_name", ""))
+        return {"draining": drain_check(async_store(), name, aws_client("lambda"))}
     if is_api_gateway(event):
         response: dict[str, Any] = serverless_wsgi.handle_request(app, event, context)
         return response

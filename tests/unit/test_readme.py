@@ -11,6 +11,7 @@ from batch_job.settings import JobsSettings
 from functions.cpu_infer.settings import CpuSettings
 from functions.router.settings import RouterSettings
 from gpu_service.settings import GpuSettings
+from spillway.async_inference import AsyncSettings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -22,6 +23,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
         (RouterSettings, "ROUTER_"),
         (CpuSettings, "CPU_"),
         (JobsSettings, "JOBS_"),
+        (AsyncSettings, "ASYNC_"),
     ],
 )
 def test_every_setting_is_documented(settings: type[BaseModel], prefix: str) -> None:

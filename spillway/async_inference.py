@@ -1,0 +1,666 @@
+"""Asynchronous inference: a request is accepted at once and answered later, once.
+
+The router (``submit``) stages the request body in S3, writes its record to DynamoDB
+(``queued``) and sends its id to an SQS queue. A consumer — the GPU service when its
+batchers have room, the CPU fallback when the oldest request has waited too long —
+``receive``\\ s ids, ``claim``\\ s the record (``running``, under a lease as long as the
+message's visibility timeout), runs the request through the ordinary pipeline and
+``settle``\\ s it: the result goes to S3 under a key only that attempt writes, and the
+record flips to ``succeeded`` or ``failed`` with one conditional write, so whatever SQS
+redelivers and whichever consumer crashes, exactly one result is ever visible. A
+request that fails for a reason of the server's is retried until its ``max_attempts``-th
+delivery; then its record says ``failed`` with the error and the message moves to the
+queue's dead-letter queue (its redrive target: SQS's own redrive also catches a message
+whose consumers crash before settling it). A client's error (400) fails at once.
+
+Records and results expire: DynamoDB's TTL (``expires_at``) and an S3 lifecycle rule on
+the results prefix remove them on AWS; readers treat an expired record as gone (TTL
+deletes lazily) and ``purge_expired`` removes them where no TTL runs (the local stack).
+
+No numpy here: the router imports this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from spillway.errors import (
+    InvalidInputError,
+    PayloadTooLargeError,
+    RouteNotFoundError,
+    SpillwayError,
+    UnavailableError,
+)
+from spillway.messages import read_staged_request, stage_request
+from spillway.names import validate_model_name, validate_version
+from spillway.wire import (
+    BINARY_CONTENT_TYPE,
+    HEADER_LENGTH,
+    JSON_CONTENT_TYPE,
+    Reply,
+    json_reply,
+    parse_s3_url,
+)
+
+ENV_PREFIX = "ASYNC_"
+State = Literal["queued", "running", "succeeded", "failed"]
+DONE: frozenset[str] = frozenset({"succeeded", "failed"})
+MAX_INPUT_BYTES = 1024**3
+"""An ``input_location`` object may hold up to 1 GiB (beyond any synchronous limit)."""
+_ID_CHARS = frozenset("0123456789abcdef")
+_PENDING = "1"  # the sparse index's one partition: only pending records carry it
+# Attribute names that are DynamoDB reserved words.
+_NAMES = {"#s": "state", "#st": "status", "#o": "owner"}
+
+
+class AsyncSettings(BaseModel):
+    """Where asynchronous requests live (``ASYNC_<FIELD>`` in the environment); the
+    router, the GPU service and the CPU fallback read the same variables."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    table: str | None = None
+    """DynamoDB table of request records (key ``id``, TTL attribute ``expires_at``, sparse
+    index ``pending`` on ``pending``/``created_at``); unset: async mode is off."""
+    queue_url: str | None = None
+    """SQS queue of request ids (its redrive policy sends a message to the dead-letter
+    queue after ``max_attempts`` deliveries)."""
+    location: str | None = None
+    """``s3://bucket/prefix`` where request bodies and results are kept."""
+    input_prefixes: list[str] = Field(default_factory=list)
+    """``s3://bucket/prefix`` locations a request's ``input_location`` /
+    ``output_location`` may name (besides ``<location>/inputs/``): the consumers read
+    and write there with their own roles, so nothing else may be named."""
+    ttl_s: int = Field(default=86_400, ge=60, le=30 * 86_400)
+    """How long a request's record and result are kept after it is accepted."""
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    """Deliveries before a request that keeps failing is given up (equal to the queue's
+    ``maxReceiveCount``)."""
+    lease_s: int = Field(default=60, ge=1, le=43_200)
+    """How long a claimed request is held by one consumer (the queue's visibility
+    timeout); after it, a redelivery may take it over."""
+    topic_arn: str | None = None
+    """SNS topic told of every finished request (``{"id", "state", "status"}``); unset:
+    none."""
+    drain_age_s: float = Field(default=120.0, ge=0)
+    """Age of the oldest pending request past which the CPU fallback drains the queue."""
+
+    @field_validator("input_prefixes", mode="before")
+    @classmethod
+    def _list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part for part in value.replace(",", " ").split() if part]
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the table, queue and location are all set."""
+        return bool(self.table and self.queue_url and self.location)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AsyncSettings:
+        """Settings from ``ASYNC_*`` variables (empty values count as unset)."""
+        env = os.environ if environ is None else environ
+        values = {
+            name: env[key]
+            for name in cls.model_fields
+            if (key := f"{ENV_PREFIX}{name.upper()}") in env and env[key] != ""
+        }
+        return cls.model_validate(values)
+
+
+class AsyncRecord(BaseModel):
+    """One asynchronous request, as its DynamoDB item holds it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    tenant: str
+    model: str
+    version: str | None = None
+    state: State
+    created_at: float
+    updated_at: float
+    expires_at: int
+    input: str
+    output: str
+    attempts: int = 0
+    lease_until: float = 0.0
+    owner: str | None = None
+    status: int | None = None
+    code: str | None = None
+    error: str | None = None
+    result: str | None = None
+    """The S3 URL of the visible result (set with ``succeeded``)."""
+    content_type: str | None = None
+    header_length: int | None = None
+    result_version: str | None = None
+
+    def view(self) -> dict[str, Any]:
+        """What a client may see of a pending or failed request."""
+        view: dict[str, Any] = {"id": self.id, "state": self.state, "model": self.model}
+        if self.version:
+            view["version"] = self.version
+        view["attempts"] = self.attempts
+        if self.state == "failed":
+            view.update(status=self.status, code=self.code, error=self.error)
+        return view
+
+
+@dataclass(frozen=True)
+class Message:
+    """A delivery of one request id from the queue."""
+
+    id: str
+    receipt: str
+    receive_count: int
+
+
+@dataclass(frozen=True)
+class Job:
+    """A claimed request: its record and the delivery it came with."""
+
+    record: AsyncRecord
+    message: Message
+    token: str
+    """This attempt's own token: its result key is its own."""
+
+
+def _item(record: AsyncRecord) -> dict[str, Any]:
+    values = record.model_dump(exclude_none=True)
+    item: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, bool):
+            item[key] = {"BOOL": value}
+        elif isinstance(value, int | float):
+            item[key] = {"N": repr(value)}
+        else:
+            item[key] = {"S": str(value)}
+    return item
+
+
+def _record(item: Mapping[str, Any]) -> AsyncRecord:
+    values: dict[str, Any] = {}
+    for key, typed in item.items():
+        if "N" in typed:
+            number = float(typed["N"])
+            values[key] = int(number) if number.is_integer() and key != "created_at" else number
+        elif "S" in typed:
+            values[key] = typed["S"]
+    return AsyncRecord.model_validate(values)
+
+
+def request_id(tenant: str | None, client_key: str | None) -> str:
+    """A new request's id: random, or (with an ``Idempotency-Key``) the hash of the caller
+    and its key, so a retried submission finds the request it already made."""
+    if client_key is None:
+        return uuid.uuid4().hex
+    return hashlib.sha256(f"{tenant or 'anonymous'}\0{client_key}".encode()).hexdigest()[:32]
+
+
+def check_id(value: str) -> str:
+    """A request id as ``request_id`` makes them (32 lower-case hex digits), else 404."""
+    if len(value) != 32 or not set(value) <= _ID_CHARS:
+        raise RouteNotFoundError("no such asynchronous request")
+    return value
+
+
+class AsyncStore:
+    """The records (DynamoDB), bodies and results (S3) and the queue (SQS)."""
+
+    def __init__(
+        self,
+        settings: AsyncSettings,
+        *,
+        clients: Callable[[str], Any] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not settings.enabled:
+            raise ValueError("async inference needs ASYNC_TABLE, ASYNC_QUEUE_URL, ASYNC_LOCATION")
+        self.settings = settings
+        self.table = str(settings.table)
+        self.queue_url = str(settings.queue_url)
+        self.location = parse_s3_url(str(settings.location))
+        self._allowed = [self.location.key("inputs") + "/"]
+        self._allowed_buckets = [self.location.bucket]
+        for prefix in settings.input_prefixes:
+            place = parse_s3_url(prefix)
+            self._allowed_buckets.append(place.bucket)
+            self._allowed.append(place.prefix)
+        self._make = clients
+        self._clients: dict[str, Any] = {}
+        self.clock = clock
+
+    def client(self, service: str) -> Any:
+        """The boto3 client of a service (made on first use)."""
+        if service not in self._clients:
+            if self._make is not None:
+                self._clients[service] = self._make(service)
+            else:
+                from spillway.repository import aws_client
+
+                self._clients[service] = aws_client(service)
+        return self._clients[service]
+
+    # --- the router's side ------------------------------------------------------------
+
+    def submit(
+        self,
+        *,
+        tenant: str | None,
+        model: str,
+        version: str | None,
+        body: bytes,
+        header_length: int | None,
+        client_key: str | None = None,
+        input_location: str | None = None,
+        output_location: str | None = None,
+    ) -> tuple[AsyncRecord, bool]:
+        """Accept a request: the record (``queued``) and whether it already existed (an
+        ``Idempotency-Key`` replay; the first body stands)."""
+        validate_model_name(model)
+        if version is not None:
+            validate_version(version)
+        rid = request_id(tenant, client_key)
+        now = self.clock()
+        if input_location is not None:
+            source = self._allowed_place(input_location, "input_location")
+        else:
+            source = f"s3://{self.location.bucket}/{self.location.key(rid, 'request.v2req')}"
+        output = (
+            self._allowed_place(output_location, "output_location")
+            if output_location is not None
+            else f"s3://{self.location.bucket}/{self.location.key(rid, 'result')}"
+        )
+        existing = self.find(rid)
+        if existing is not None:
+            return existing, True
+        if input_location is None:
+            self.client("s3").put_object(
+                Bucket=self.location.bucket,
+                Key=self.location.key(rid, "request.v2req"),
+                Body=stage_request(body, header_length),
+            )
+        record = AsyncRecord(
+            id=rid,
+            tenant=tenant or "anonymous",
+            model=model,
+            version=version,
+            state="queued",
+            created_at=now,
+            updated_at=now,
+            expires_at=int(now + self.settings.ttl_s),
+            input=source,
+            output=output,
+        )
+        item = {**_item(record), "pending": {"S": _PENDING}}
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client("dynamodb").put_item(
+                TableName=self.table,
+                Item=item,
+                ConditionExpression="attribute_not_exists(id)",
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise
+            found = self.find(rid)
+            if found is None:
+                raise UnavailableError("the request record could not be written") from exc
+            return found, True
+        self.client("sqs").send_message(
+            QueueUrl=self.queue_url, MessageBody=json.dumps({"id": rid})
+        )
+        return record, False
+
+    def _allowed_place(self, url: str, field: str) -> str:
+        place = parse_s3_url(url)
+        for bucket, prefix in zip(self._allowed_buckets, self._allowed, strict=True):
+            if place.bucket == bucket and place.prefix.startswith(prefix) and place.prefix:
+                if ".." in place.prefix.split("/"):
+                    break
+                return f"s3://{place.bucket}/{place.prefix}"
+        raise InvalidInputError(
+            f"{field} must name an object under one of the locations the operator allows "
+            f"(s3://{self.location.bucket}/{self._allowed[0]}, ASYNC_INPUT_PREFIXES)"
+        )
+
+    def find(self, rid: str) -> AsyncRecord | None:
+        """The record of a request id, or None (also when it has expired)."""
+        answer = self.client("dynamodb").get_item(
+            TableName=self.table, Key={"id": {"S": rid}}, ConsistentRead=True
+        )
+        item = answer.get("Item")
+        if not item:
+            return None
+        record = _record(item)
+        return None if record.expires_at < self.clock() else record
+
+    def lookup(self, rid: str, tenant: str | None) -> AsyncRecord:
+        """A caller's own request; another caller's, an expired or unknown one is 404."""
+        record = self.find(check_id(rid))
+        if record is None or record.tenant != (tenant or "anonymous"):
+            raise RouteNotFoundError("no such asynchronous request (or it has expired)")
+        return record
+
+    def result_reply(self, rid: str, tenant: str | None) -> Reply:
+        """``GET /v1/results/{id}``: 202 with the state while pending, the V2 response when
+        it succeeded, its error (status and code) when it failed."""
+        record = self.lookup(rid, tenant)
+        if record.state in ("queued", "running"):
+            return json_reply(202, record.view(), [("retry-after", "1")])
+        if record.state == "failed":
+            body = {"error": record.error or "failed", "code": record.code or "failed"}
+            return json_reply(record.status or 500, {**body, "id": record.id})
+        place = parse_s3_url(str(record.result))
+        data = self.client("s3").get_object(Bucket=place.bucket, Key=place.prefix)["Body"].read()
+        headers = [("content-type", record.content_type or JSON_CONTENT_TYPE)]
+        if record.header_length is not None:
+            headers.append((HEADER_LENGTH, str(record.header_length)))
+        if record.result_version:
+            headers.append(("x-spillway-model-version", record.result_version))
+        return Reply(200, headers, data)
+
+    # --- the consumers' side ----------------------------------------------------------
+
+    def receive(self, count: int, wait_s: float) -> list[Message]:
+        """Up to ``count`` (≤ 10) deliveries, long-polling up to ``wait_s`` seconds."""
+        answer = self.client("sqs").receive_message(
+            QueueUrl=self.queue_url,
+            MaxNumberOfMessages=max(1, min(count, 10)),
+            WaitTimeSeconds=int(max(0, min(wait_s, 20))),
+            VisibilityTimeout=self.settings.lease_s,
+            AttributeNames=["ApproximateReceiveCount"],
+        )
+        return [message_of(m) for m in answer.get("Messages", [])]
+
+    def claim(self, message: Message, owner: str) -> Job | None:
+        """Take the request for this delivery: a ``Job``, or None when there is nothing to
+        run (it is done, expired or unknown: the delivery is deleted; or another consumer
+        holds a live lease: the delivery comes back later)."""
+        now = self.clock()
+        record = self.find(message.id) if len(message.id) == 32 else None
+        if record is None or record.state in DONE:
+            self.delete(message)
+            return None
+        token = uuid.uuid4().hex[:12]
+        from botocore.exceptions import ClientError
+
+        try:
+            answer = self.client("dynamodb").update_item(
+                TableName=self.table,
+                Key={"id": {"S": message.id}},
+                UpdateExpression=(
+                    "SET #s = :running, lease_until = :lease, #o = :owner, updated_at = :now "
+                    "ADD attempts :one"
+                ),
+                ConditionExpression="#s = :queued OR (#s = :running AND lease_until < :now)",
+                ExpressionAttributeNames={"#s": "state", "#o": "owner"},
+                ExpressionAttributeValues={
+                    ":running": {"S": "running"},
+                    ":queued": {"S": "queued"},
+                    ":lease": {"N": repr(now + self.settings.lease_s)},
+                    ":owner": {"S": f"{owner}/{token}"},
+                    ":now": {"N": repr(now)},
+                    ":one": {"N": "1"},
+                },
+                ReturnValues="ALL_NEW",
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+                return None  # held by a live lease, or finished meanwhile
+            raise
+        return Job(_record(answer["Attributes"]), message, token)
+
+    def read_input(self, job: Job) -> tuple[bytes, int | None]:
+        """The request body and its header length (a staged ``.v2req``, else a V2 body:
+        binary when the object's metadata names a header length)."""
+        place = parse_s3_url(job.record.input)
+        s3 = self.client("s3")
+        head = s3.head_object(Bucket=place.bucket, Key=place.prefix)
+        if head["ContentLength"] > MAX_INPUT_BYTES:
+            raise PayloadTooLargeError(
+                f"input_location holds {head['ContentLength']} bytes; the limit is "
+                f"{MAX_INPUT_BYTES}"
+            )
+        data = s3.get_object(Bucket=place.bucket, Key=place.prefix)["Body"].read()
+        if place.prefix.endswith(".v2req"):
+            return read_staged_request(data)
+        length = (head.get("Metadata") or {}).get(HEADER_LENGTH)
+        from spillway.wire import parse_header_length
+
+        return data, parse_header_length(length)
+
+    def settle(self, job: Job, reply: Reply) -> State | None:
+        """Record the outcome of a run: success, a client error (final), or a server
+        error (retried until the last delivery, then final). The state it reached, or
+        None when it will be retried (or another attempt had already finished it)."""
+        if reply.status < 300:
+            return self._finish(job, "succeeded", reply)
+        server_fault = reply.status >= 500 or reply.status == 429
+        if not server_fault or job.message.receive_count >= self.settings.max_attempts:
+            state = self._finish(job, "failed", reply)
+            if server_fault and state is not None:  # the last delivery: to the DLQ
+                self._dead_letter(job.message, reply)
+            return state
+        self._release(job, reply)
+        return None
+
+    def _finish(self, job: Job, state: State, reply: Reply) -> State | None:
+        values: dict[str, Any] = {
+            ":done": {"S": state},
+            ":status": {"N": str(reply.status)},
+            ":now": {"N": repr(self.clock())},
+            ":owner": {"S": str(job.record.owner)},
+            ":running": {"S": "running"},
+        }
+        sets = ["#s = :done", "#st = :status", "updated_at = :now"]
+        headers = dict(reply.headers)
+        if state == "succeeded":
+            key = self._write_result(job, reply)
+            names = {"#r": "result"}
+            sets += ["#r = :result", "content_type = :ctype"]
+            values[":result"] = {"S": key}
+            values[":ctype"] = {"S": headers.get("content-type", JSON_CONTENT_TYPE)}
+            if HEADER_LENGTH in headers:
+                sets.append("header_length = :hl")
+                values[":hl"] = {"N": headers[HEADER_LENGTH]}
+            if "x-spillway-model-version" in headers:
+                sets.append("result_version = :rv")
+                values[":rv"] = {"S": headers["x-spillway-model-version"]}
+        else:
+            error = _error_of(reply)
+            names = {"#e": "error"}
+            sets += ["code = :code", "#e = :error"]
+            values[":code"] = {"S": error[0]}
+            values[":error"] = {"S": error[1]}
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client("dynamodb").update_item(
+                TableName=self.table,
+                Key={"id": {"S": job.record.id}},
+                UpdateExpression="SET " + ", ".join(sets) + " REMOVE pending, lease_until",
+                ConditionExpression="#s = :running AND #o = :owner",
+                ExpressionAttributeNames={**_NAMES, **names},
+                ExpressionAttributeValues=values,
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise
+            self.delete(job.message)  # another attempt owns it now, or finished it
+            return None
+        if state == "succeeded" or reply.status < 500:
+            self.delete(job.message)
+        self._notify(job.record.id, state, reply.status)
+        return state
+
+    def _write_result(self, job: Job, reply: Reply) -> str:
+        """The result object of this attempt (its own key: a late attempt never overwrites
+        what the record points at); its S3 URL."""
+        place = parse_s3_url(job.record.output)
+        default = f"s3://{self.location.bucket}/{self.location.key(job.record.id, 'result')}"
+        key = place.prefix if job.record.output != default else f"{place.prefix}-{job.token}"
+        headers = dict(reply.headers)
+        metadata = {}
+        if HEADER_LENGTH in headers:
+            metadata[HEADER_LENGTH] = headers[HEADER_LENGTH]
+        self.client("s3").put_object(
+            Bucket=place.bucket,
+            Key=key,
+            Body=reply.body,
+            ContentType=headers.get("content-type", BINARY_CONTENT_TYPE),
+            Metadata=metadata,
+        )
+        return f"s3://{place.bucket}/{key}"
+
+    def _release(self, job: Job, reply: Reply) -> None:
+        """A failed attempt that will be retried: back to ``queued`` with its error, and
+        the delivery visible again after a short backoff."""
+        code, message = _error_of(reply)
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client("dynamodb").update_item(
+                TableName=self.table,
+                Key={"id": {"S": job.record.id}},
+                UpdateExpression="SET #s = :queued, code = :code, #e = :error, updated_at = :now",
+                ConditionExpression="#s = :running AND #o = :owner",
+                ExpressionAttributeNames={"#s": "state", "#o": "owner", "#e": "error"},
+                ExpressionAttributeValues={
+                    ":queued": {"S": "queued"},
+                    ":running": {"S": "running"},
+                    ":owner": {"S": str(job.record.owner)},
+                    ":code": {"S": code},
+                    ":error": {"S": message},
+                    ":now": {"N": repr(self.clock())},
+                },
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise
+        backoff = min(2**job.message.receive_count, self.settings.lease_s)
+        self.client("sqs").change_message_visibility(
+            QueueUrl=self.queue_url,
+            ReceiptHandle=job.message.receipt,
+            VisibilityTimeout=int(backoff),
+        )
+
+    def _dead_letter(self, message: Message, reply: Reply) -> None:
+        """Move a request given up on to the queue's dead-letter queue (its redrive
+        policy's target) with its error, at once: it does not wait for another receive
+        that may never come (a drained backlog stops the CPU consumer's polling)."""
+        sqs = self.client("sqs")
+        attributes = sqs.get_queue_attributes(
+            QueueUrl=self.queue_url, AttributeNames=["RedrivePolicy"]
+        ).get("Attributes", {})
+        policy = json.loads(attributes.get("RedrivePolicy") or "{}")
+        target = str(policy.get("deadLetterTargetArn", ""))
+        if target:
+            name = target.rsplit(":", 1)[-1]
+            code, error = _error_of(reply)
+            body = json.dumps({"id": message.id, "status": reply.status, "code": code,
+                               "error": error, "deliveries": message.receive_count})  # fmt: skip
+            dlq = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+            sqs.send_message(QueueUrl=dlq, MessageBody=body)
+        self.delete(message)
+
+    def delete(self, message: Message) -> None:
+        """Remove a delivery from the queue (its request needs no more attempts); a
+        receipt that is no longer valid (the message was redelivered) is left alone."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client("sqs").delete_message(
+                QueueUrl=self.queue_url, ReceiptHandle=message.receipt
+            )
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if "ReceiptHandleIsInvalid" not in code and code != "InvalidParameterValue":
+                raise
+
+    def _notify(self, rid: str, state: str, status: int) -> None:
+        if self.settings.topic_arn:
+            message = json.dumps({"id": rid, "state": state, "status": status})
+            self.client("sns").publish(TopicArn=self.settings.topic_arn, Message=message)
+
+    # --- queue age and expiry ---------------------------------------------------------
+
+    def oldest_pending_age(self) -> float | None:
+        """Seconds the oldest queued or running request has waited (None: none), from
+        the sparse ``pending`` index (only pending records carry its key)."""
+        answer = self.client("dynamodb").query(
+            TableName=self.table,
+            IndexName="pending",
+            KeyConditionExpression="pending = :p",
+            ExpressionAttributeValues={":p": {"S": _PENDING}},
+            ScanIndexForward=True,
+            Limit=1,
+        )
+        items = answer.get("Items") or []
+        if not items:
+            return None
+        return max(0.0, self.clock() - float(items[0]["created_at"]["N"]))
+
+    def purge_expired(self, limit: int = 100) -> int:
+        """Delete expired records and their objects (what DynamoDB's TTL and the S3
+        lifecycle rule do on AWS); how many were removed."""
+        now = self.clock()
+        answer = self.client("dynamodb").scan(
+            TableName=self.table,
+            FilterExpression="expires_at < :now",
+            ExpressionAttributeValues={":now": {"N": repr(now)}},
+            Limit=max(limit, 1) * 10,
+        )
+        removed = 0
+        for item in answer.get("Items", [])[:limit]:
+            record = _record(item)
+            for url in {record.input, record.result or ""} - {""}:
+                place = parse_s3_url(url)
+                if place.prefix.startswith(self.location.prefix):  # never a client's object
+                    self.client("s3").delete_object(Bucket=place.bucket, Key=place.prefix)
+            self.client("dynamodb").delete_item(TableName=self.table, Key={"id": {"S": record.id}})
+            removed += 1
+        return removed
+
+
+def message_of(raw: Mapping[str, Any]) -> Message:
+    """A delivery from SQS's ``ReceiveMessage`` or a Lambda SQS event record."""
+    try:
+        rid = str(json.loads(raw.get("Body") or raw.get("body") or "{}").get("id", ""))
+    except (ValueError, AttributeError):
+        rid = ""
+    attributes = raw.get("Attributes") or raw.get("attributes") or {}
+    return Message(
+        id=rid,
+        receipt=str(raw.get("ReceiptHandle") or raw.get("receiptHandle") or ""),
+        receive_count=int(attributes.get("ApproximateReceiveCount", 1)),
+    )
+
+
+def _error_of(reply: Reply) -> tuple[str, str]:
+    try:
+        body = json.loads(reply.body)
+        return str(body.get("code", "failed"))[:64], str(body.get("error", ""))[:1000]
+    except (ValueError, AttributeError):
+        return "failed", f"status {reply.status}"
+
+
+def failure_reply(error: BaseException) -> Reply:
+    """The reply recorded for a run that raised: its own mapping, or 500 for anything
+    unexpected (retried like any server fault)."""
+    from spillway.wire import INTERNAL_ERROR, error_reply
+
+    if isinstance(error, SpillwayError):
+        return error_reply(error)
+    return INTERNAL_ERROR
