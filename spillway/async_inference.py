@@ -306,10 +306,12 @@ class AsyncStore:
         from botocore.exceptions import ClientError
 
         try:
+            # An expired record DynamoDB's TTL has not deleted yet may be replaced.
             self.client("dynamodb").put_item(
                 TableName=self.table,
                 Item=item,
-                ConditionExpression="attribute_not_exists(id)",
+                ConditionExpression="attribute_not_exists(id) OR expires_at < :now",
+                ExpressionAttributeValues={":now": {"N": repr(now)}},
             )
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
@@ -417,9 +419,18 @@ class AsyncStore:
                 ReturnValues="ALL_NEW",
             )
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-                return None  # held by a live lease, or finished meanwhile
-            raise
+            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise
+            # Held by a live lease (or finished meanwhile): come back when the lease ends,
+            # not sooner, so a long run costs one extra delivery per lease, no more.
+            left = int(record.lease_until - now) + 1
+            if record.state == "running" and left > 0:
+                self.client("sqs").change_message_visibility(
+                    QueueUrl=self.queue_url,
+                    ReceiptHandle=message.receipt,
+                    VisibilityTimeout=min(left, 43_200),
+                )
+            return None
         return Job(_record(answer["Attributes"]), message, token)
 
     def read_input(self, job: Job) -> tuple[bytes, int | None]:

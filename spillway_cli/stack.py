@@ -26,15 +26,35 @@ DATA_BUCKET = "spillway-data"
 REPOSITORY = f"s3://{MODELS_BUCKET}/repository"
 ROOT = Path(__file__).resolve().parent.parent
 SERVERLESS = ROOT / "node_modules" / ".bin" / "serverless"
+APP_ZIP = ROOT / "build" / "lambda" / "app.zip"  # serverless.yml's package.artifact
+FALLBACK_WAIT_S = 60.0  # serverless-offline's first Python invocation takes seconds, not this
 LOCAL_API_KEY = "spillway-local-key"  # serverless.yml's key name at stage local; not a secret
+STATE_TABLE = "spillway-local-router-state"  # serverless.yml's stateTable at stage local
+POLICY_PARAMETER = "/spillway-local/router/policy"  # SSM name at serverless.yml's stage local
 
 
 def router_runtime(choice: str) -> str:
-    """``auto``: serverless-offline when Node.js and the Serverless Framework are installed
-    (``make check-infra`` installs them), else the WSGI router."""
+    """``auto``: serverless-offline when it can start — Node.js, the Serverless Framework
+    (``make check-infra`` installs both) and the artefact serverless.yml runs
+    (``build/lambda/app.zip``, built by ``make -f infra/lambda/Makefile serverless``) —
+    else the WSGI router, saying what was missing."""
     if choice != "auto":
         return choice
-    return "serverless-offline" if SERVERLESS.exists() and shutil.which("node") else "wsgi"
+    missing = offline_missing()
+    if missing:
+        log.info("router runtime: wsgi (serverless-offline needs %s)", ", ".join(missing))
+        return "wsgi"
+    return "serverless-offline"
+
+
+def offline_missing() -> list[str]:
+    """What serverless-offline would need to run the router and is not here."""
+    needs = {
+        "Node.js": shutil.which("node") is not None,
+        "the Serverless Framework (node_modules)": SERVERLESS.exists(),
+        f"{APP_ZIP.relative_to(ROOT)}": APP_ZIP.is_file(),
+    }
+    return [what for what, present in needs.items() if not present]
 
 
 @dataclass
@@ -46,12 +66,20 @@ class Ports:
     cpu: int = 0
     jobs: int = 0
     router: int = 0
+    dashboard: int = 0
 
     def resolved(self) -> Ports:
         return Ports(
             *(
                 p or procs.free_port()
-                for p in (self.moto, self.gpu, self.cpu, self.jobs, self.router)
+                for p in (
+                    self.moto,
+                    self.gpu,
+                    self.cpu,
+                    self.jobs,
+                    self.router,
+                    self.dashboard,
+                )
             )
         )
 
@@ -66,8 +94,13 @@ class LocalStack:
     policy: Path = ROOT / "policies" / "example.yaml"
     gpu_settings: dict[str, str] = field(default_factory=dict)
     router_runtime: str = "wsgi"
+    router_fallback: bool = False
+    """``auto`` chose serverless-offline: if the router does not come up under it within
+    ``FALLBACK_WAIT_S``, the WSGI router replaces it (and the log says why)."""
     router_headers: dict[str, str] = field(default_factory=dict)
     children: dict[str, procs.Child] = field(default_factory=dict)
+    async_vars: dict[str, str] = field(default_factory=dict)
+    """The ``ASYNC_*`` variables of the async resources (every process gets them)."""
 
     def url(self, part: str) -> str:
         return f"http://127.0.0.1:{getattr(self.ports, part)}"
@@ -80,6 +113,7 @@ class LocalStack:
             "AWS_SECRET_ACCESS_KEY": "local",
             "AWS_DEFAULT_REGION": REGION,
             "AWS_REGION": REGION,
+            **self.async_vars,
         }
 
     def start(self) -> None:
@@ -90,6 +124,9 @@ class LocalStack:
             self._moto()
             self._upload_models()
             self._jobs_resources()
+            self._state_table()
+            self._async_resources()
+            self._policy_parameter()
             self.start_gpu()
             self._start(
                 "cpu",
@@ -111,18 +148,31 @@ class LocalStack:
                 self.jobs_env(),
                 "/v1/health",
             )
-            if self.router_runtime == "serverless-offline":
-                self._router_offline()
-            else:
+            if self.router_runtime == "serverless-offline" and not self._offline_router():
+                self.router_runtime, self.router_headers = "wsgi", {}
+            if self.router_runtime != "serverless-offline":
                 self._start(
                     "router",
                     [*_spillway(), "serve", "router", "--port", str(self.ports.router)],
                     self._router_env(),
                     "/v2/health/live",
                 )
+            self._dashboard()
+            self.write_sam_env()
         except BaseException:
             self.stop()
             raise
+
+    @property
+    def sam_env_path(self) -> Path:
+        """The ``sam local invoke --env-vars`` file of this stack."""
+        return self.log_dir / "sam-env.json"
+
+    def write_sam_env(self) -> Path:
+        """Write the env-vars file pointing template.yaml's functions at this stack."""
+        from spillway_cli.sam_env import write_env_vars
+
+        return write_env_vars(self, self.sam_env_path)
 
     def start_gpu(self) -> None:
         """(Re)start the GPU service from the S3 repository."""
@@ -171,6 +221,19 @@ class LocalStack:
         configure_moto(self.url("moto"))
         create_resources(JobsSettings())
 
+    def _state_table(self) -> None:
+        """The routers' state table (canaries, session affinity, session state), TTL on."""
+        from spillway.state_table import create_table
+
+        create_table(aws_client("dynamodb", REGION), STATE_TABLE)
+
+    def _async_resources(self) -> None:
+        """Async inference's table, queue, dead-letter queue and bucket prefix on moto."""
+        from spillway_cli.local_async import async_env, create_async_resources
+
+        self.async_vars = async_env(create_async_resources(DATA_BUCKET))
+        os.environ.update(self.async_vars)
+
     def _router_env(self) -> dict[str, str]:
         return {
             "ROUTER_GPU_URL": self.url("gpu"),
@@ -178,21 +241,48 @@ class LocalStack:
             "ROUTER_JOBS_URL": f"{self.url('jobs')}/v1/jobs",
             "ROUTER_JOBS_STAGING": f"s3://{DATA_BUCKET}/staging",
             "ROUTER_POLICY_FILE": str(self.policy),
+            "ROUTER_STATE_TABLE": STATE_TABLE,
             "ROUTER_METRICS_LOG": str(self.log_dir / "router-metrics.jsonl"),
         }
+
+    def _offline_router(self) -> bool:
+        """Start the router under serverless-offline; ``False`` when it did not come up
+        and the WSGI router may replace it."""
+        try:
+            self._router_offline()
+        except (RuntimeError, TimeoutError) as exc:
+            if not self.router_fallback:
+                raise
+            child = self.children.pop("router", None)
+            if child is not None:
+                child.stop()
+            log.warning("the router did not come up under serverless-offline (%s): wsgi", exc)
+            return False
+        return True
+
+    def _dashboard(self) -> None:
+        """The live dashboard over the router's logs and the GPU service's metrics."""
+        argv = [*_spillway(), "dashboard", "--port", str(self.ports.dashboard)]
+        argv += ["--gpu-url", self.url("gpu")]
+        for name in ("router-metrics.jsonl", "router.log"):
+            argv += ["--log", str(self.log_dir / name)]
+        self._start("dashboard", argv, {}, "/api/health")
+
+    def _policy_parameter(self) -> None:
+        """The policy as the deployed router reads it: an SSM parameter (on moto)."""
+        aws_client("ssm", REGION).put_parameter(
+            Name=POLICY_PARAMETER, Value=self.policy.read_text(), Type="String", Overwrite=True
+        )
 
     def _router_offline(self) -> None:
         """The router as serverless.yml describes it, under serverless-offline (stage
         ``local``): its policy from an SSM parameter on moto, the CPU fallback through
         Lambda's invoke API served by ``spillway serve cpu``."""
-        from spillway.repository import aws_client
-
-        aws_client("ssm", REGION).put_parameter(
-            Name="/spillway-local/router/policy",
-            Value=self.policy.read_text(),
-            Type="String",
-            Overwrite=True,
-        )
+        if not APP_ZIP.is_file():
+            raise RuntimeError(
+                f"serverless-offline runs {APP_ZIP}, which is missing: build it with "
+                "`make -f infra/lambda/Makefile serverless`, or use --router-runtime wsgi"
+            )
         argv = [
             str(SERVERLESS),
             "offline",
@@ -208,6 +298,8 @@ class LocalStack:
             "--noPrependStageInUrl",
             f"--param=gpuUrl={self.url('gpu')}",
             "--param=cpuFunction=spillway-cpu-infer",
+            f"--param=awsEndpointUrl={self.url('moto')}",
+            f"--param=lambdaEndpointUrl={self.url('cpu')}",
         ]
         venv = Path(sys.executable).parent.parent
         env = {
@@ -222,7 +314,10 @@ class LocalStack:
         child = procs.start("router", argv, self.log_dir, {**self.aws_env(), **env})
         self.children["router"] = child
         procs.wait_http(
-            f"{self.url('router')}/v2/health/live", 180, child.proc, headers=self.router_headers
+            f"{self.url('router')}/v2/health/live",
+            FALLBACK_WAIT_S if self.router_fallback else 180,
+            child.proc,
+            headers=self.router_headers,
         )
         log.info(
             "router is up under serverless-offline at %s (pid %d)", self.url("router"), child.pid
@@ -238,7 +333,7 @@ class LocalStack:
     def summary(self) -> str:
         """URLs and a first request to try."""
         lines = [
-            f"  {name:<7} {self.url(name)}  (pid {c.pid}, log {c.log_path})"
+            f"  {name:<9} {self.url(name)}  (pid {c.pid}, log {c.log_path})"
             for name, c in self.children.items()
         ]
         body = json.dumps(
@@ -262,6 +357,8 @@ class LocalStack:
             f'  python -c "import tritonclient.http as t; '
             f"print(t.InferenceServerClient('127.0.0.1:{self.ports.router}')"
             f".get_model_metadata('digits', headers={self.router_headers!r}))\"",
+            f"  sam local invoke <Function> -e events/... --env-vars {self.sam_env_path} "
+            '(README.md, "sam local invoke")',
         ]
         return "\n".join(lines)
 

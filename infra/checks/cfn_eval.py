@@ -155,6 +155,10 @@ _IDENTITIES: dict[str, Callable[[str, str], Identity]] = {
     "AWS::Serverless::Api": lambda name, logical: _rest_api(logical),
     "AWS::Lambda::Function": lambda name, logical: _function(name),
     "AWS::Serverless::Function": lambda name, logical: _function(name),
+    # Ref is the mapping's UUID; IAM names it event-source-mapping:UUID.
+    "AWS::Lambda::EventSourceMapping": lambda name, logical: Identity(
+        _key_id(name), arns=(arn("lambda", f"event-source-mapping:{_key_id(name)}"),)
+    ),
     "AWS::KMS::Key": lambda name, logical: Identity(
         _key_id(logical),
         {"Arn": arn("kms", f"key/{_key_id(logical)}"), "KeyId": _key_id(logical)},
@@ -396,6 +400,9 @@ class Stack:
         if key == "Fn::If":
             condition, yes, no = args
             return self.resolve(yes if self.condition(condition) else no)
+        if key == "Fn::FindInMap":
+            mapping, top, second = (str(self.resolve(arg)) for arg in args)
+            return self.template["Mappings"][mapping][top][second]
         if key == "Fn::GetAZs":
             return [f"{REGION}a", f"{REGION}b", f"{REGION}c"]
         if key == "Fn::Base64":

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from werkzeug.test import Client
+from werkzeug.test import Client, TestResponse
 
 from functions.cpu_infer.async_drain import drain_forever
 from functions.cpu_infer.service import CpuService
@@ -146,11 +146,12 @@ def test_a_poison_request_is_dead_lettered_with_its_error(
     drain = threading.Thread(target=drain_forever, args=(cpu, store, stop, 0.1))
     drain.start()
     try:
-        reply = eventually(
-            lambda: (r := router.get(f"/v1/results/{rid}")).status_code != 202 and r,
-            "the request to fail",
-            timeout_s=60,
-        )
+
+        def failed() -> TestResponse | None:
+            answer = router.get(f"/v1/results/{rid}")
+            return answer if answer.status_code != 202 else None
+
+        reply = eventually(failed, "the request to fail", timeout_s=60)
         dlq = str(settings.queue_url).replace(f"q-{suffix}", f"dlq-{suffix}")
         eventually(
             lambda: (
@@ -166,5 +167,6 @@ def test_a_poison_request_is_dead_lettered_with_its_error(
     assert reply.status_code == 500
     body = json.loads(reply.data)
     assert body["code"] == "internal"
-    assert store.find(rid) is not None
-    assert store.find(rid).attempts == 2  # type: ignore[union-attr]
+    record = store.find(rid)
+    assert record is not None
+    assert (record.attempts, record.code) == (2, "internal")

@@ -74,15 +74,16 @@ def test_a_request_has_one_result_whatever_is_redelivered(store: AsyncStore, clo
     # WHEN the delivery comes back while the lease holds, nobody else takes it
     redelivered = Message(rid, first.message.receipt, 2)
     assert store.claim(redelivered, "cpu") is None
+    assert store.receive(10, 0) == []  # hidden until the lease ends
     # AND after the lease another consumer takes it over and finishes
     clock.now += 31
     second = store.claim(redelivered, "cpu")
     assert second is not None
     assert second.record.attempts == 2
-    done = infer_reply(b'{"outputs":[{"name":"y","data":[2]}]}', None, "1")
+    done = infer_reply(b'{"outputs":[{"name":"y","data":[2]}]}', None, 1)
     assert store.settle(second, done) == "succeeded"
     # THEN the stalled first consumer's late answer changes nothing
-    late = infer_reply(b'{"outputs":[{"name":"y","data":[999]}]}', None, "1")
+    late = infer_reply(b'{"outputs":[{"name":"y","data":[999]}]}', None, 1)
     assert store.settle(first, late) is None
     reply = store.result_reply(rid, "alice")
     assert reply.status == 200
@@ -159,6 +160,10 @@ def test_an_idempotency_key_finds_the_request_already_made(store: AsyncStore) ->
     assert (replayed, replayed_again) == (False, True)
     assert again.id == first.id != other.id
     assert len(store.receive(10, 0)) == 2  # one message per request, none for the replay
+    # AND once the record has expired (before DynamoDB's TTL removes it) the key is free
+    store.clock.now += store.settings.ttl_s + 1  # type: ignore[attr-defined]
+    renewed, replayed_late = submit("alice", BODY.encode())
+    assert (renewed.id, replayed_late) == (first.id, False)
 
 
 def test_input_locations_are_limited_to_allowed_places(store: AsyncStore) -> None:

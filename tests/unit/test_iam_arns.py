@@ -5,7 +5,9 @@ GIVEN every stack resolved as CloudFormation would resolve it (``tests.unit.stac
 resource type, account 123456789012, us-east-1)
 WHEN each call a service makes for a role — the awslogs driver and Lambda writing logs,
 the ECS agent pulling an image, the jobs function submitting a Batch job, S3 reading a
-model — is matched against the role's policies with IAM's own wildcard rules
+model, and every call the async-inference code makes, recorded by running it with each
+component's deployed environment (``tests.unit.async_calls``) — is matched against the
+role's policies with IAM's own wildcard rules
 THEN every call is allowed, and no resource pattern in any policy matches nothing.
 
 ARN forms (AWS service authorization reference and the CloudWatch Logs guide):
@@ -33,7 +35,23 @@ import pytest
 
 from infra.checks.cfn_eval import Stack, arn
 from infra.checks.iam_eval import allowed, glob_matches, statements, universe
-from tests.unit.stacks import Deployment, deploy
+from tests.unit.async_calls import (
+    Application,
+    applications,
+    event_source_polling,
+    gpu_task_env,
+    lambda_api_of,
+    record_calls,
+    sam_application,
+    sls_application,
+)
+from tests.unit.stacks import (
+    SLS_STACK,
+    Deployment,
+    deploy,
+    serverless_config,
+    serverless_template,
+)
 
 LAMBDA_STREAM = "2026/11/30/[$LATEST]0123456789abcdef0123456789abcdef"
 TASK_ID = "0123456789abcdef0123456789abcdef"
@@ -122,9 +140,28 @@ def _application(stack: Stack, d: Deployment, cpu_function: str, qualifier: str)
     return needs
 
 
+def _async_calls(app: Application, gpu: Stack, d: Deployment) -> dict[str, list[Need]]:
+    """The async code's calls with this application's and the GPU task's environment:
+    the router's and CPU function's (their roles in ``app``), the GPU task's."""
+    envs = {"router": app.router_env, "cpu": app.cpu_env, "gpu": gpu_task_env(gpu)}
+    function = app.stack.ref(app.cpu_function)
+    calls = record_calls(d.storage, envs, function, lambda_api_of(app.stack))
+    queue = d.storage.get_att("AsyncQueue", "Arn")
+    calls["cpu"] |= event_source_polling(queue, d.storage.get_att("Key", "Arn"))
+    owners = {"router": "RouterRole", "cpu": "CpuInferRole", "gpu": "TaskRole"}
+    return {
+        name: [
+            Need(owners[name], c.action, c.resource)
+            for c in sorted(found, key=lambda c: (c.action, c.resource))
+        ]
+        for name, found in calls.items()
+    }
+
+
 def needs(d: Deployment) -> Iterator[tuple[Stack, Need]]:
     """Every (stack, call) pair of the deployment."""
     gpu, batch, network = d.gpu, d.batch, d.network
+    async_calls = [(app.stack, _async_calls(app, gpu, d)) for app in applications(d)]
     access_logs = d.storage.get_att("AccessLogsBucket", "Arn")
     job_data = d.storage.get_att("JobsBucket", "Arn")
     by_stack: list[tuple[Stack, list[Need]]] = [
@@ -149,6 +186,7 @@ def needs(d: Deployment) -> Iterator[tuple[Stack, Need]]:
             Need("ExecutionRole", "secretsmanager:GetSecretValue", gpu.ref("AdminTokenSecret")),
             *_reads_models("TaskRole", d),
             *_writes_logs("TaskRole", gpu, "MetricsLogGroup", f"otel-stream-{TASK_ID}"),
+            *async_calls[0][1]["gpu"],
         ]),
         (batch, [
             *_pulls_gpu_image("ExecutionRole", d),
@@ -169,6 +207,8 @@ def needs(d: Deployment) -> Iterator[tuple[Stack, Need]]:
     ]  # fmt: skip
     if d.packaged is not None:
         by_stack.append((d.packaged, _application(d.packaged, d, "CpuInferLambdaFunction", "")))
+    for app_stack, made in async_calls:
+        by_stack.append((app_stack, [*made["router"], *made["cpu"]]))
     for stack, calls in by_stack:
         for call in calls:
             yield stack, call
@@ -206,6 +246,36 @@ def test_no_resource_pattern_matches_nothing(stack: Stack) -> None:
     ]
     # THEN each pattern a policy allows matches something real
     assert dead == []
+
+
+TOPIC = arn("sns", "spillway-async-done")
+
+
+def _with_topic(d: Deployment) -> list[tuple[Application, Stack]]:
+    """(application, GPU stack) pairs deployed with ``AsyncTopicArn``/``asyncTopicArn``."""
+    gpu = d.gpu.with_parameters(AsyncTopicArn=TOPIC)
+    cli = {"asyncTopicArn": TOPIC}
+    sls = Stack(SLS_STACK, serverless_template(serverless_config(cli)), {}, d.sls.exports)
+    return [(sam_application(d.sam.with_parameters(AsyncTopicArn=TOPIC)), gpu),
+            (sls_application(sls, cli), gpu)]  # fmt: skip
+
+
+def test_async_notifications_are_allowed_on_the_given_topic_only() -> None:
+    # GIVEN the default deployment (no topic): nobody may publish
+    for stack, owner in ((DEPLOYMENT.sam, "CpuInferRole"), (DEPLOYMENT.gpu, "TaskRole")):
+        assert not any("sns:Publish" in s.actions for s in statements(stack) if s.owner == owner)
+    # WHEN the application and the GPU stack are given a topic
+    for app, gpu in _with_topic(DEPLOYMENT):
+        calls = _async_calls(app, gpu, DEPLOYMENT)
+        # THEN both consumers publish to it (the code does, with that environment) …
+        published = [n for n in calls["cpu"] + calls["gpu"] if n.action == "sns:Publish"]
+        assert {(n.owner, n.resource) for n in published} == {("CpuInferRole", TOPIC),
+                                                             ("TaskRole", TOPIC)}  # fmt: skip
+        # … and their roles allow exactly that, the router's nothing
+        for need in published:
+            stack = gpu if need.owner == "TaskRole" else app.stack
+            assert allowed(statements(stack), need.owner, need.action, need.resource), need
+        assert not allowed(statements(app.stack), "RouterRole", "sns:Publish", TOPIC)
 
 
 def test_a_log_groups_arn_attribute_already_ends_in_a_wildcard() -> None:

@@ -50,10 +50,12 @@ STAR_RESOURCE_ACTIONS = {
     "xray:PutTelemetryRecords",
     "ecr:GetAuthorizationToken",
     "batch:DescribeJobs",
+    "lambda:ListEventSourceMappings",
 }
 
 
 _VAR = re.compile(r"\$\{([^{}]+)\}")
+_BARE = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 
 
 class SlsResolver:
@@ -69,7 +71,9 @@ class SlsResolver:
         self.params = {**params.get("default", {}), **params.get(stage, {}), **(cli or {})}
 
     def _source(self, expression: str) -> Any:
-        if expression.startswith("AWS::"):  # CloudFormation's own, in a Fn::Sub
+        # CloudFormation's own (in a Fn::Sub), or a bare name (a state machine's
+        # DefinitionSubstitutions placeholder): the framework leaves both as they are.
+        if expression.startswith("AWS::") or _BARE.fullmatch(expression):
             return f"${{{expression}}}"
         expression, _, fallback = expression.partition(",")
         kind, _, name = expression.strip().partition(":")
