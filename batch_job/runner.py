@@ -60,15 +60,24 @@ last call (local runs and tests inject faults here)."""
 
 def load_model(repository: ModelRepository, settings: JobsSettings, plan: Plan) -> JobModel:
     """The plan's pinned model version (not whatever ``version_policy`` serves today),
-    fetched with checksum verification, opened and warmed by the core's loader."""
+    fetched with checksum verification, opened and warmed by the core's loader. A
+    pipeline runs each step once per batch of records over its step models."""
     # onnxruntime only in the container: the submission side never imports these.
     from spillway.engine import EngineOptions
+    from spillway.ensemble_serve import load_pipeline_version
     from spillway.loader import load_version
 
     options = EngineOptions(
         providers=settings.providers, intra_op_threads=settings.intra_op_threads
     )
     config = repository.read_config(plan.model)
+    if config.is_pipeline:
+        from spillway.stepcache import CacheSettings, open_cache
+
+        cache = open_cache(CacheSettings.from_env())
+        return load_pipeline_version(
+            repository, config, plan.model_version, settings.cache_dir, options, cache
+        )
     return load_version(repository, config, plan.model_version, settings.cache_dir, options)
 
 

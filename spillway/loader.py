@@ -88,10 +88,13 @@ def load_served(
     cache_dir: Path,
     options: EngineOptions,
 ) -> dict[str, dict[int, OnnxModel]]:
-    """Every version each model's policy serves (all models when ``names`` is ``None``)."""
+    """Every version each model's policy serves (all models when ``names`` is ``None``);
+    pipelines are not models to load (``spillway.ensemble`` serves them over these)."""
     loaded: dict[str, dict[int, OnnxModel]] = {}
     for name in repository.list_models() if names is None else names:
         config, versions = served_versions(repository, name)
+        if config.is_pipeline:
+            continue
         loaded[name] = {
             v: load_version(repository, config, v, cache_dir, options) for v in versions
         }

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from spillway.canary import CanarySpec
 from spillway.datatypes import from_triton_type
+from spillway.ensemble_schema import EnsembleScheduling
 from spillway.names import MODEL_NAME_PATTERN
 
 CHECKSUM_FILE = "SHA256SUMS"
@@ -124,13 +125,15 @@ class ModelConfig(_Strict):
     """A model's configuration, as stored in ``config.json``."""
 
     name: str
-    platform: Literal["onnxruntime_onnx"] = "onnxruntime_onnx"
+    platform: Literal["onnxruntime_onnx", "ensemble"] = "onnxruntime_onnx"
     max_batch_size: int = Field(default=0, ge=0)
     input: tuple[TensorConfig, ...] = Field(min_length=1)
     output: tuple[TensorConfig, ...] = Field(min_length=1)
     dynamic_batching: DynamicBatching | None = None
     version_policy: VersionPolicy = VersionPolicy(latest={"num_versions": 1})
     spillway: SpillwayBlock = SpillwayBlock()
+    ensemble_scheduling: EnsembleScheduling | None = None
+    """The steps of a pipeline (``platform: "ensemble"``; see ``spillway.ensemble``)."""
 
     @field_validator("name")
     @classmethod
@@ -138,6 +141,17 @@ class ModelConfig(_Strict):
         if not MODEL_NAME_PATTERN.fullmatch(value):
             raise ValueError(f"model name must match {MODEL_NAME_PATTERN.pattern}")
         return value
+
+    @model_validator(mode="after")
+    def _ensemble_has_steps(self) -> ModelConfig:
+        if (self.platform == "ensemble") != (self.ensemble_scheduling is not None):
+            raise ValueError('ensemble_scheduling goes with platform "ensemble", and only with it')
+        return self
+
+    @property
+    def is_pipeline(self) -> bool:
+        """Whether this is a pipeline of other models rather than an ONNX model."""
+        return self.ensemble_scheduling is not None
 
     @model_validator(mode="after")
     def _canary_versions_served(self) -> ModelConfig:

@@ -71,7 +71,10 @@ def verify_version_dir(version_dir: Path, required: tuple[str, ...]) -> None:
 
 
 def required_files(config: ModelConfig) -> tuple[str, ...]:
-    """Files a version of this model cannot serve without."""
+    """Files a version of this model cannot serve without (a pipeline's version folder
+    holds no model of its own)."""
+    if config.is_pipeline:
+        return ()
     block = config.spillway
     return (block.onnx_file,) + ((block.tokenizer_file,) if block.tokenizer_file else ())
 

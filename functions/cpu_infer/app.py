@@ -88,7 +88,7 @@ class CpuApp:
             answer = self.service.infer(model, version, self._body(environ), length)
             return infer_reply(answer.body, answer.header_length, answer.version)
         if op == "ready":
-            self.service.get(model, version)
+            self.service.check_ready(model, version)
             return json_reply(200, {"ready": True})
         if op == "config":
             return json_reply(200, self.service.config(model, version))

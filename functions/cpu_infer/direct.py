@@ -45,7 +45,7 @@ def serve_event(service: CpuService, event: DirectInvokeEvent, arrived: float) -
     if event.operation == "config":
         return json_reply(200, service.config(event.model, event.version))
     if event.operation == "ready":
-        service.get(event.model, event.version)
+        service.check_ready(event.model, event.version)
         return json_reply(200, {"ready": True})
     body, length = event.raw_body(), event.header_length()
     result = service.infer(event.model, event.version, body, length, arrived=arrived)

@@ -4,8 +4,9 @@ Models load at init, from ``CPU_REPOSITORY`` (a folder packaged with the functio
 ``s3://bucket/prefix`` fetched into /tmp), so provisioned concurrency finds them warm.
 Served: the direct-invoke event of ``functions.cpu_infer.direct`` (what the router's
 ``lambda:Invoke`` sends), API Gateway REST v1 / HTTP API v2 events (through the WSGI
-application with serverless-wsgi), and the async queue's SQS batches with the scheduled
-drain check (``functions.cpu_infer.async_drain``).
+application with serverless-wsgi), the async queue's SQS batches with the scheduled
+drain check (``functions.cpu_infer.async_drain``), and the states of a pipeline's state
+machine (``functions.cpu_infer.chain``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from aws_lambda_powertools.logging import Logger
 
 from functions.cpu_infer.app import CpuApp
 from functions.cpu_infer.async_drain import DRAIN_CHECK, drain_check, handle_sqs_event
+from functions.cpu_infer.chain import handle_chain_event, is_chain_event
 from functions.cpu_infer.direct import handle_direct
 from functions.cpu_infer.service import CpuService
 from functions.cpu_infer.settings import CpuSettings
@@ -58,6 +60,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
         name = str(getattr(context, "function_name", ""))
         return {"draining": drain_check(async_store(), name, aws_client("lambda"))}
+    if is_chain_event(event):  # a state of a pipeline's state machine
+        return handle_chain_event(service, event)
     if is_api_gateway(event):
         response: dict[str, Any] = serverless_wsgi.handle_request(app, event, context)
         return response

@@ -5,7 +5,9 @@ Every version each model's ``version_policy`` serves is loaded through the core 
 answers its first request without a load, and the fallback serves the same versions as
 the GPU service. A request runs alone, unbatched, through the core pipeline with the
 engine run directly; a ``timeout`` (microseconds, set by the router) that has passed by
-the time the request would run fails it with 504 instead of computing it.
+the time the request would run fails it with 504 instead of computing it. Pipelines are
+checked at init and run their steps over these models through the core step runner
+(``spillway.ensemble_serve``).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from typing import Any
 from functions.cpu_infer.settings import CpuSettings
 from spillway import pipeline
 from spillway.engine import OnnxModel
+from spillway.ensemble_serve import PipelineSet
 from spillway.errors import ModelNotFoundError
 from spillway.loader import load_served
 from spillway.names import validate_model_name, validate_version
 from spillway.protocol import server_metadata
 from spillway.repository import ModelRepository, open_repository
+from spillway.stepcache import CacheSettings, open_cache
 from spillway.wire import body_over_limit
 
 log = logging.getLogger("spillway.cpu_infer")
@@ -32,24 +36,35 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 class CpuService:
     """Loaded model versions and the Open Inference Protocol operations over them."""
 
-    def __init__(self, models: dict[str, dict[int, OnnxModel]], settings: CpuSettings) -> None:
+    def __init__(
+        self,
+        models: dict[str, dict[int, OnnxModel]],
+        settings: CpuSettings,
+        pipelines: PipelineSet | None = None,
+    ) -> None:
         self.models = models
         self.settings = settings
+        self.pipelines = pipelines or PipelineSet()
 
     @classmethod
     def load(cls, settings: CpuSettings, repository: ModelRepository | None = None) -> CpuService:
         """Load (and warm) the configured models: the versions each one's policy serves."""
         repo = repository or open_repository(settings.repository)
-        models = load_served(repo, settings.models, settings.cache_dir, settings.engine_options())
-        return cls(models, settings)
+        cache = open_cache(CacheSettings.from_env())
+        pipelines = PipelineSet.read(repo, settings.models, cache)
+        names = pipelines.models(settings.models)
+        models = load_served(repo, names, settings.cache_dir, settings.engine_options())
+        return cls(models, settings, pipelines)
 
     def get(self, name: str, version: str | None) -> OnnxModel:
-        """A loaded version: the one asked for, else the newest the policy serves."""
+        """A loaded version: the one asked for, else the newest the policy serves (the
+        stable one while the model's configuration names a canary)."""
         versions = self.models.get(validate_model_name(name))
         if not versions:
             raise ModelNotFoundError(f"model {name!r} is not served by the CPU fallback")
         if version is None:
-            return versions[max(versions)]
+            newest = versions[max(versions)]
+            return versions[newest.config.default_version(versions) or newest.version]
         model = versions.get(validate_version(version))
         if model is None:
             raise ModelNotFoundError(f"model {name!r} has no version {version} served here")
@@ -59,8 +74,15 @@ class CpuService:
         """``GET /v2``."""
         return server_metadata("spillway-cpu", EXTENSIONS)
 
+    def check_ready(self, name: str, version: str | None) -> None:
+        """Raise unless the model (or pipeline) serves ``version`` (or its default one)."""
+        if self.pipelines.find(name, version) is None:
+            self.get(name, version)
+
     def metadata(self, name: str, version: str | None) -> dict[str, Any]:
         """``GET /v2/models/{m}[/versions/{v}]``: every served version is listed."""
+        if (served := self.pipelines.find(name, version)) is not None:
+            return served.metadata()
         document = self.get(name, version).metadata()
         if version is None:
             document["versions"] = [str(v) for v in sorted(self.models[name])]
@@ -68,6 +90,8 @@ class CpuService:
 
     def config(self, name: str, version: str | None) -> dict[str, Any]:
         """``GET /v2/models/{m}[/versions/{v}]/config``."""
+        if (served := self.pipelines.find(name, version)) is not None:
+            return served.config.to_json_dict()
         return self.get(name, version).config.to_json_dict()
 
     def infer(
@@ -81,10 +105,14 @@ class CpuService:
     ) -> pipeline.Encoded:
         """Run one request through the core pipeline, computing it on this thread."""
         arrived = time.monotonic() if arrived is None else arrived
-        model = self.get(name, version)
         limit = self.settings.max_payload_bytes
-        decoded = pipeline.decode(body, header_length, max_body_bytes=limit)
-        encoded = pipeline.run(model, decoded, pipeline.direct(model, arrived))
+        if (served := self.pipelines.find(name, version)) is not None:
+            decoded = pipeline.decode(body, header_length, max_body_bytes=limit)
+            encoded = self.pipelines.serve(served, version, decoded, self.get, arrived)
+        else:
+            model = self.get(name, version)
+            decoded = pipeline.decode(body, header_length, max_body_bytes=limit)
+            encoded = pipeline.run(model, decoded, pipeline.direct(model, arrived))
         if len(encoded.body) > limit:
             raise body_over_limit(len(encoded.body), limit, "response body")
         return encoded

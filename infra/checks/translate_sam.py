@@ -7,7 +7,8 @@ Runs in the SAM CLI's virtual environment (it brings ``aws-sam-translator``)::
     .venv-sam/bin/python -m infra.checks.translate_sam template.yaml OUT.json
 
 Local artefact paths (``CodeUri: .``, the nested application's ``Location``, the image
-function's missing ``ImageUri``) are replaced by placeholders, as ``sam package`` would
+function's missing ``ImageUri``) are replaced by placeholders (a state machine's local
+``DefinitionUri`` by the definition itself), as ``sam package`` would
 replace them by S3 and ECR addresses. The checkov skips written on a SAM resource (its
 ``Metadata``) are copied to every resource generated from it (same logical-ID prefix), so
 a skip and its reason are written once, in template.yaml.
@@ -45,6 +46,9 @@ def packaged(template: dict[str, Any]) -> dict[str, Any]:
             props["ContentUri"] = PLACEHOLDER_CODE
         elif kind == "AWS::Serverless::Application":
             props["Location"] = PLACEHOLDER_TEMPLATE
+        elif kind == "AWS::Serverless::StateMachine" and "DefinitionUri" in props:
+            # Inlined rather than uploaded, so checkov sees the definition.
+            props["Definition"] = json.loads(Path(props.pop("DefinitionUri")).read_text())
     return result
 
 

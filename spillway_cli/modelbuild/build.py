@@ -1,4 +1,5 @@
-"""Build the demo model repository: ``digits``, ``mlp-bench`` and ``minilm``.
+"""Build the demo model repository: ``digits``, ``mlp-bench``, ``minilm`` and the ``topics``
+pipeline (with its ``topics-head``).
 
 ``python -m spillway_cli.modelbuild.build --out models [MODEL ...]`` builds all of them
 (or the named ones) and logs one line per model.
@@ -15,6 +16,7 @@ from spillway_cli.modelbuild.common import BuildReport
 from spillway_cli.modelbuild.digits import build_digits
 from spillway_cli.modelbuild.minilm import build_minilm
 from spillway_cli.modelbuild.mlp import build_mlp
+from spillway_cli.modelbuild.topics import build_topics
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +25,7 @@ BUILDERS: dict[str, Callable[[Path], BuildReport]] = {
     "digits": build_digits,
     "mlp-bench": build_mlp,
     "minilm": build_minilm,
+    "topics": build_topics,  # after minilm: its head is built from minilm's embeddings
 }
 
 

@@ -1,0 +1,293 @@
+"""Pipelines in the GPU service: each step runs through its step model's own batcher.
+
+A pipeline is a registry entry whose configuration is an ensemble. ``sync`` checks it
+against the repository (``spillway.ensemble.read_pipeline``) and records each of its
+versions as READY, or UNAVAILABLE with the reason, in the entry's states, so a bad
+pipeline shows why in the repository index. A request runs the core step runner
+(``spillway.ensemble_run``); each step leases a version of its model from the registry
+(loading it if it was scaled to zero), prepares the inputs the way that model's own
+requests are prepared (tokenising off the event loop, announced to the batcher), and
+awaits a place in that version's batcher. Concurrent pipeline requests therefore batch
+per step, and pipelines sharing a model batch with each other and with the model's
+direct requests. The step model's own statistics count what the pipeline sent it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gpu_service.versions import ServedVersion, State
+from spillway import pipeline
+from spillway.ensemble import read_pipeline
+from spillway.ensemble_run import Compute, Effect, Resolve
+from spillway.ensemble_serve import ServedPipeline, serve_async
+from spillway.errors import (
+    DeadlineExceededError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    SpillwayError,
+)
+from spillway.loader import chosen_versions
+from spillway.modelconfig import ModelConfig
+from spillway.processing import Tensors
+from spillway.stepcache import CacheSettings, StepCache, open_cache
+from spillway.wire import InferParameters
+
+if TYPE_CHECKING:
+    from gpu_service.registry import ModelEntry, ModelRegistry
+
+Offload = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class PipelineAnswer:
+    """An encoded pipeline response and the load signals of its step versions."""
+
+    encoded: pipeline.Encoded
+    queue_depth: int
+    busy: float
+
+
+class _BatcherSteps:
+    """Answers the step runner's effects for one request with the registry's versions."""
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        parameters: InferParameters,
+        arrived: float,
+        offload: Offload,
+    ) -> None:
+        self.registry = registry
+        self.priority = parameters.priority or 0
+        timeout = parameters.timeout_s
+        self.deadline = None if timeout is None else arrived + timeout
+        self.offload = offload
+        self.leases: dict[int, ServedVersion] = {}
+
+    def remaining(self) -> float | None:
+        """Seconds left of the request's timeout (504 once it has passed)."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.perf_counter()
+        if left <= 0:
+            raise DeadlineExceededError("the request's timeout passed before a step ran")
+        return left
+
+    async def __call__(self, effect: Effect) -> Any:
+        if isinstance(effect, Resolve):
+            return await self._resolve(effect)
+        if isinstance(effect, Compute):
+            served = self.leases[effect.step.index]
+            return await asyncio.gather(*(self._compute(served, x) for x in effect.inputs))
+        return await self.offload(effect.call) if effect.blocking else effect.call()
+
+    async def _resolve(self, effect: Resolve) -> int:
+        step = effect.step
+        pinned = None if step.version is None else str(step.version)
+        try:
+            served, _ = await self.registry.acquire(step.model, pinned, self.remaining())
+        except ModelNotFoundError as error:  # the step model went away: the pipeline's fault
+            raise ModelNotReadyError(f"step {step.label}: {error.message}") from error
+        self.leases[step.index] = served
+        return served.model.version
+
+    async def _compute(self, served: ServedVersion, inputs: Tensors) -> Tensors:
+        batcher, model = served.batcher, served.model
+        started = time.perf_counter()
+        try:
+            if model.batched_prepare:  # tokenising: off the loop, and announced
+                with batcher.incoming():
+                    prepared = await self.offload(model.prepare, inputs)
+            else:
+                prepared = model.prepare(inputs)
+            # The request's priority, within the levels this step model has.
+            priority = min(self.priority, batcher.policy.priority_levels)
+            result = await batcher.submit(prepared, priority=priority, timeout_s=self.remaining())
+        except SpillwayError:
+            served.stats.fail.add(time.perf_counter() - started)
+            raise
+        served.stats.success.add(time.perf_counter() - started)
+        return result
+
+    def release(self) -> None:
+        for served in self.leases.values():
+            served.release()
+
+
+class ServedPipelines:
+    """The registry's pipelines: checked definitions, statistics and the step cache."""
+
+    def __init__(self, registry: ModelRegistry, cache: StepCache | None = None) -> None:
+        self.registry = registry
+        self.cache = cache
+        self._served: dict[str, ServedPipeline] = {}
+
+    @classmethod
+    def from_env(cls, registry: ModelRegistry) -> ServedPipelines:
+        """With the step cache ``PIPELINE_CACHE_*`` describes."""
+        return cls(registry, open_cache(CacheSettings.from_env()))
+
+    def serves(self, name: str) -> bool:
+        """Whether ``name`` is a pipeline of the registry (valid or not)."""
+        entry = self.registry.models.get(name)
+        return entry is not None and entry.config is not None and entry.config.is_pipeline
+
+    def ready(self, name: str, version: str | None = None) -> bool:
+        """Checked, serving ``version`` (if named), and every step model can serve (ready,
+        or loadable on first use)."""
+        served = self._served.get(name)
+        if served is None or (version is not None and version not in map(str, served.versions)):
+            return False
+        entries = [self.registry.models.get(m) for m in served.pipeline.models]
+        return all(e is not None and e.last_error is None for e in entries)
+
+    async def sync(
+        self, entry: ModelEntry, config: ModelConfig, available: list[int]
+    ) -> list[SpillwayError]:
+        """Check the pipeline ``config`` describes (the entry's) and record each version's
+        state; the failures."""
+        wanted = chosen_versions(config.version_policy, available)
+        try:
+            if not wanted:
+                raise ModelNotFoundError(f"pipeline {entry.name!r} has no version to serve")
+            checked = await asyncio.to_thread(read_pipeline, self.registry.repository, config)
+        except SpillwayError as error:
+            self._served.pop(entry.name, None)
+            entry.load_failures += 1
+            entry.last_error = error.message
+            for number in wanted:  # with none, the index shows the reason on the model
+                entry.set_state(number, State.UNAVAILABLE, error.message)
+            return [error]
+        for number in set(entry.states) - set(wanted):
+            entry.set_state(number, State.UNAVAILABLE, "unloaded: not served by the policy")
+        old = self._served.get(entry.name)
+        if old is not None and old.pipeline.steps == checked.steps:
+            old.pipeline, old.versions = checked, wanted  # a re-check: keep its statistics
+        else:
+            self._served[entry.name] = ServedPipeline(checked, wanted)
+            entry.loads += 1
+        for number in wanted:
+            entry.set_state(number, State.READY)
+        entry.last_error = None
+        return []
+
+    def unload(self, entry: ModelEntry, reason: str) -> None:
+        """Stop serving the pipeline (a later request checks it again, as a model
+        scaled to zero loads again)."""
+        if self._served.pop(entry.name, None) is not None:
+            for number in list(entry.states):
+                entry.set_state(number, State.UNAVAILABLE, f"unloaded: {reason}")
+
+    async def get(self, name: str) -> ServedPipeline:
+        """The checked pipeline (checked now if it was never synced: a lazy start)."""
+        served = self._served.get(name)
+        if served is None:
+            failures = await self.registry.sync(name)
+            if failures:
+                raise ModelNotReadyError(f"pipeline {name!r}: {failures[0].message}")
+            served = self._served[name]
+        return served
+
+    async def infer(
+        self,
+        name: str,
+        version: str | None,
+        decoded: pipeline.Decoded,
+        arrived: float,
+        offload: Offload,
+    ) -> PipelineAnswer:
+        """Run one request; ``arrived`` is its ``time.perf_counter()`` arrival."""
+        served = await self.get(name)
+        number = served.version(version)
+        steps = _BatcherSteps(self.registry, decoded.parameters, arrived, offload)
+        try:
+            encoded = await serve_async(served, number, decoded, steps, self.cache)
+        finally:
+            steps.release()
+        batchers = [s.batcher for s in steps.leases.values()]
+        return PipelineAnswer(
+            encoded,
+            max((b.queue_depth for b in batchers), default=0),
+            max((b.busy_fraction() for b in batchers), default=0.0),
+        )
+
+    def served(self, name: str, version: str | None = None) -> ServedPipeline:
+        """A checked pipeline serving ``version`` (if named); 503 with the reason when it
+        did not check out, 404 for a version it does not serve."""
+        served = self._served.get(name)
+        if served is None:
+            entry = self.registry.entry(name)
+            raise ModelNotReadyError(f"pipeline {name!r}: {entry.last_error or 'not loaded'}")
+        served.version(version)
+        return served
+
+    def metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        return self.served(name, version).metadata()
+
+    def stats(self, name: str | None, version: str | None = None) -> list[dict[str, Any]]:
+        """Triton-shaped ``model_stats`` entries of one pipeline (or all of them)."""
+        names = sorted(self._served) if name is None else [name]
+        entries = []
+        for each in names:
+            served = self.served(each)
+            number = served.version(version)
+            entries.append(served.stats.to_triton(served.pipeline, str(number)))
+        return entries
+
+    def metric_lines(self) -> list[str]:
+        """Prometheus lines per pipeline and per step."""
+        lines: list[str] = []
+        for name, help_text, read in _PIPELINE_METRICS:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+            lines += [
+                f'{name}{{pipeline="{n}"}} {read(s)}' for n, s in sorted(self._served.items())
+            ]
+        for name, help_text, field in _STEP_METRICS:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+            for pipeline_name, served in sorted(self._served.items()):
+                for step in served.pipeline.steps:
+                    value = getattr(served.stats.step(step.index), field)
+                    if field == "compute_ns":
+                        value //= 1000
+                    labels = f'pipeline="{pipeline_name}",step="{step.index}",model="{step.model}"'
+                    lines.append(f"{name}{{{labels}}} {value}")
+        return lines
+
+
+_PIPELINE_METRICS: tuple[tuple[str, str, Callable[[ServedPipeline], int]], ...] = (
+    (
+        "spillway_pipeline_request_success_total",
+        "Successful pipeline requests",
+        lambda s: s.stats.success,
+    ),
+    (
+        "spillway_pipeline_request_failure_total",
+        "Failed pipeline requests",
+        lambda s: s.stats.failure,
+    ),
+    (
+        "spillway_pipeline_request_duration_us",
+        "Cumulative end-to-end time of successful pipeline requests",
+        lambda s: s.stats.success_ns // 1000,
+    ),
+)
+_STEP_METRICS = (
+    ("spillway_pipeline_step_runs_total", "Requests a step ran for (computed or cached)", "runs"),
+    ("spillway_pipeline_step_skipped_total", "Requests a step was skipped for", "skipped"),
+    ("spillway_pipeline_cache_hits_total", "Step results taken from the cache", "cache_hits"),
+    (
+        "spillway_pipeline_cache_misses_total",
+        "Step results computed after a cache miss",
+        "cache_misses",
+    ),
+    (
+        "spillway_pipeline_step_duration_us",
+        "Cumulative time requests spent in a step",
+        "compute_ns",
+    ),
+)

@@ -1,0 +1,23 @@
+"""Settings the core shares across deployables, read from one environment prefix.
+
+A deployable's own settings are pydantic-settings classes; a block that several
+deployables read alike (the pipeline step cache, say) is a plain pydantic model in the
+core, filled from ``<PREFIX><FIELD>`` variables by the deployable that uses it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from pydantic import BaseModel
+
+
+def prefixed_values(
+    model: type[BaseModel], prefix: str, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """``{field: value}`` for each of ``model``'s fields set as ``<prefix><FIELD>`` (an
+    empty value counts as unset); ``environ`` defaults to the process environment."""
+    env = os.environ if environ is None else environ
+    names = {f"{prefix}{name.upper()}": name for name in model.model_fields}
+    return {names[key]: value for key, value in env.items() if key in names and value != ""}

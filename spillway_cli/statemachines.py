@@ -1,0 +1,123 @@
+"""The Step Functions form of a pipeline: one Task state per step, written from its
+configuration, so the definition never drifts from the pipeline it runs.
+
+``python -m spillway_cli.statemachines --models models topics`` prints the definition
+``infra/statemachines/topics.asl.json`` holds; both templates deploy that file (SAM's
+``DefinitionUri``, Serverless' ``${file()}``) with two substitutions:
+``${CpuInferFunctionArn}`` (the CPU fallback, which runs each state's work:
+``functions.cpu_infer.chain``) and ``${ResultsBucket}`` (the bucket of ``ASYNC_LOCATION``).
+
+An execution's input is ``{"id": "<request id>"}``: the request staged at
+``async/<id>/request.v2req``, as the async path stages it. Each step state runs that step
+(``pipeline-step``), ``Respond`` writes the V2 response to ``async/<id>/result``. A step
+that fails for the service's reasons (``ServerFault``, Lambda throttling or service
+errors) is retried with backoff; any failure left is caught, written to
+``async/<id>/error.json`` (``{"Error", "Cause"}``, the cause holding the error body) and
+ends the execution as ``PipelineFailed``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from spillway.ensemble import Pipeline, read_pipeline
+from spillway.ensemble_chain import RESPOND, STEP
+from spillway.repository import LocalRepository
+
+ROOT = Path(__file__).resolve().parents[1]
+FUNCTION = "${CpuInferFunctionArn}"
+BUCKET = "${ResultsBucket}"
+PREFIX = "async"
+"""Where ``ASYNC_LOCATION`` points in ``${ResultsBucket}``."""
+SUBSTITUTIONS = ("CpuInferFunctionArn", "ResultsBucket")
+RETRIED = [
+    "ServerFault",
+    "Lambda.ServiceException",
+    "Lambda.AWSLambdaException",
+    "Lambda.SdkClientException",
+    "Lambda.TooManyRequestsException",
+]
+_RETRY = {"ErrorEquals": RETRIED, "IntervalSeconds": 2, "MaxAttempts": 3, "BackoffRate": 2.0}
+_CATCH = [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "RecordError"}]
+
+
+def definition_path(name: str) -> Path:
+    """Where a pipeline's definition is kept in the repository."""
+    return ROOT / "infra" / "statemachines" / f"{name}.asl.json"
+
+
+def _invoke(
+    payload: dict[str, Any], selector: dict[str, str], result: str, then: str
+) -> dict[str, Any]:
+    return {
+        "Type": "Task",
+        "Resource": "arn:aws:states:::lambda:invoke",
+        "Parameters": {"FunctionName": FUNCTION, "Payload": payload},
+        "ResultSelector": selector,
+        "ResultPath": result,
+        "Retry": [_RETRY],
+        "Catch": _CATCH,
+        "Next": then,
+    }
+
+
+def chain_definition(pipeline: Pipeline) -> dict[str, Any]:
+    """The Amazon States Language definition of ``pipeline``'s Step Functions form."""
+    names = [f"Step{k}-{step.model}" for k, step in enumerate(pipeline.steps)]
+    states: dict[str, Any] = {}
+    for k, name in enumerate(names):
+        payload = {"spillway": STEP, "pipeline": pipeline.name, "step": k, "id.$": "$.id"}
+        selector = {"state.$": "$.Payload.state", "skipped.$": "$.Payload.skipped"}
+        then = names[k + 1] if k + 1 < len(names) else "Respond"
+        states[name] = _invoke(payload, selector, f"$.step{k}", then)
+    respond = {"spillway": RESPOND, "pipeline": pipeline.name, "id.$": "$.id"}
+    selector = {"result.$": "$.Payload.result", "version.$": "$.Payload.version"}
+    states["Respond"] = _invoke(respond, selector, "$.response", "Done")
+    states["Done"] = {"Type": "Succeed"}
+    states["RecordError"] = {
+        "Type": "Task",
+        "Resource": "arn:aws:states:::aws-sdk:s3:putObject",
+        "Parameters": {
+            "Bucket": BUCKET,
+            "Key.$": f"States.Format('{PREFIX}/{{}}/error.json', $.id)",
+            "Body.$": "States.JsonToString($.error)",
+            "ContentType": "application/json",
+        },
+        "ResultPath": None,
+        "Retry": [{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 1, "MaxAttempts": 2}],
+        "Next": "Failed",
+    }
+    states["Failed"] = {
+        "Type": "Fail",
+        "Error": "PipelineFailed",
+        "Cause": f"the error is in {PREFIX}/<id>/error.json",
+    }
+    return {
+        "Comment": f"The {pipeline.name} pipeline, one state per step (spillway_cli.statemachines)",
+        "StartAt": names[0],
+        "States": states,
+    }
+
+
+def render(definition: dict[str, Any]) -> str:
+    """The definition as the file holds it."""
+    return json.dumps(definition, indent=2) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--models", type=Path, default=Path("models"), help="repository")
+    parser.add_argument("pipeline", help="a pipeline of the repository (e.g. topics)")
+    args = parser.parse_args(argv)
+    repository = LocalRepository(args.models)
+    pipeline = read_pipeline(repository, repository.read_config(args.pipeline))
+    print(render(chain_definition(pipeline)), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
