@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -33,6 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from spillway.envsettings import prefixed_values
 from spillway.errors import (
     InvalidInputError,
     PayloadTooLargeError,
@@ -109,13 +109,7 @@ class AsyncSettings(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AsyncSettings:
         """Settings from ``ASYNC_*`` variables (empty values count as unset)."""
-        env = os.environ if environ is None else environ
-        values = {
-            name: env[key]
-            for name in cls.model_fields
-            if (key := f"{ENV_PREFIX}{name.upper()}") in env and env[key] != ""
-        }
-        return cls.model_validate(values)
+        return cls.model_validate(prefixed_values(cls, ENV_PREFIX, environ))
 
 
 class AsyncRecord(BaseModel):
