@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from functions.router.accounting import NAMESPACE
 
@@ -35,10 +36,16 @@ class RouteSummary:
 
     def latency_ms(self, quantile: float) -> float:
         """A latency quantile (nearest rank), 0 when there are none."""
-        if not self.latencies_ms:
-            return 0.0
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, max(0, math.ceil(quantile * len(ordered)) - 1))]
+        return nearest_rank(self.latencies_ms, quantile)
+
+
+def nearest_rank(values: Iterable[float], quantile: float) -> float:
+    """The nearest-rank ``quantile`` of ``values`` (0 when there are none): the figure the
+    cost report and the dashboard both print, so the two agree to the digit."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(quantile * len(ordered)) - 1))]
 
 
 def _values(value: object) -> list[float]:
@@ -57,27 +64,73 @@ def _is_route_document(document: object) -> bool:
     )
 
 
+def route_document(line: str) -> dict[str, Any] | None:
+    """The router's EMF document of one request on ``line``, or ``None`` for any other
+    line (plain logs, other namespaces, broken JSON)."""
+    text = line.strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return None
+    return document if _is_route_document(document) else None
+
+
+@dataclass(frozen=True)
+class RouteEvent:
+    """One request as the router's metric line records it."""
+
+    at: float
+    """Seconds since the epoch (the EMF timestamp)."""
+    rule: str
+    backend: str
+    model: str
+    requests: int
+    errors: int
+    fallbacks: int
+    spills: int
+    cost_usd: float
+    latencies_ms: tuple[float, ...]
+
+    @classmethod
+    def of(cls, document: dict[str, Any]) -> RouteEvent:
+        """The event of a document ``route_document`` accepted."""
+        stamp = document.get("_aws", {}).get("Timestamp", 0)
+        return cls(
+            at=float(stamp) / 1000 if isinstance(stamp, int | float) else 0.0,
+            rule=document["rule"],
+            backend=document["backend"],
+            model=str(document.get("model", "-")),
+            requests=int(sum(_values(document.get("Requests", 0)))),
+            errors=int(sum(_values(document.get("Errors", 0)))),
+            fallbacks=int(sum(_values(document.get("Fallbacks", 0)))),
+            spills=int(sum(_values(document.get("Spills", 0)))),
+            cost_usd=sum(_values(document.get("CostUSD", 0))),
+            latencies_ms=tuple(_values(document.get("LatencyMs", []))),
+        )
+
+
+def route_events(lines: Iterable[str]) -> Iterator[RouteEvent]:
+    """The request events among ``lines``, in order."""
+    for line in lines:
+        document = route_document(line)
+        if document is not None:
+            yield RouteEvent.of(document)
+
+
 def summarise(lines: Iterable[str]) -> list[RouteSummary]:
     """Routes found in the lines, most expensive first."""
     routes: dict[tuple[str, str], RouteSummary] = {}
-    for line in lines:
-        text = line.strip()
-        if not text.startswith("{"):
-            continue
-        try:
-            document = json.loads(text)
-        except ValueError:
-            continue
-        if not _is_route_document(document):
-            continue
-        key = (document["rule"], document["backend"])
+    for event in route_events(lines):
+        key = (event.rule, event.backend)
         summary = routes.setdefault(key, RouteSummary(*key))
-        summary.requests += int(sum(_values(document.get("Requests", 0))))
-        summary.errors += int(sum(_values(document.get("Errors", 0))))
-        summary.fallbacks += int(sum(_values(document.get("Fallbacks", 0))))
-        summary.spills += int(sum(_values(document.get("Spills", 0))))
-        summary.cost_usd += sum(_values(document.get("CostUSD", 0)))
-        summary.latencies_ms += _values(document.get("LatencyMs", []))
+        summary.requests += event.requests
+        summary.errors += event.errors
+        summary.fallbacks += event.fallbacks
+        summary.spills += event.spills
+        summary.cost_usd += event.cost_usd
+        summary.latencies_ms += event.latencies_ms
     return sorted(routes.values(), key=lambda r: (-r.cost_usd, r.rule, r.backend))
 
 

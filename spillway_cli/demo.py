@@ -4,6 +4,10 @@ Scenarios, in order: digits on the GPU tier (accuracy), minilm similarity, a req
 policy sends to the CPU fallback, an offline batch job over S3, the GPU service killed
 under load (nothing fails: the router falls back), a hot swap under load (nothing fails),
 then a summary per backend and a chart of latency and routing over time.
+
+The terminal gets the report only: every log line (the stack's, boto's, the batch job's)
+goes to ``<out>/demo.log`` and each service's own log file; ``--verbose`` also shows the
+log lines in the terminal.
 """
 
 from __future__ import annotations
@@ -11,8 +15,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,8 +27,12 @@ import numpy as np
 import typer
 
 from spillway.codec import decode_response, encode_request
+from spillway.messages import JobStatus
 from spillway.wire import parse_header_length
-from spillway_cli.stack import DATA_BUCKET, REGION, LocalStack
+from spillway_cli.demo_async import scenario_async
+from spillway_cli.demo_canary import scenario_canary
+from spillway_cli.demo_pipelines import scenario_topics
+from spillway_cli.stack import DATA_BUCKET, REGION, LocalStack, offline_missing
 
 SENTENCES = (
     "A cat sits on the mat.",
@@ -192,7 +198,7 @@ def scenario_serverless(client: Client) -> None:
     )
 
 
-def scenario_batch(stack: LocalStack, models: Path) -> None:
+def scenario_batch(stack: LocalStack, models: Path, out: Path) -> None:
     from spillway.repository import aws_client
 
     images = np.load(models / "digits/samples/images.npy", allow_pickle=False)[:300]
@@ -208,23 +214,13 @@ def scenario_batch(stack: LocalStack, models: Path) -> None:
             Body="\n".join(lines).encode(),
         )
     say("\n4. an offline batch job over s3://spillway-data/inputs/digits/ (3 files, 300 records):")
-    argv = [
-        sys.executable,
-        "-m",
-        "spillway_cli.main",
-        "jobs",
-        "submit",
-        "--model",
-        "digits",
-        "--input",
-        f"s3://{DATA_BUCKET}/inputs/digits/",
-        "--output",
-        f"s3://{DATA_BUCKET}/outputs/digits/",
-        "--local",
-        "--wait",
-    ]
-    env = {**stack.aws_env(), **stack.jobs_env()}
-    subprocess.run(argv, check=True, env={**os.environ, **env})  # noqa: S603
+    status = run_batch_job(stack, "digits", "inputs/digits/", "outputs/digits/", out / "jobs")
+    say(
+        f"   job {status.job_id[:8]} {status.state}: {status.shards_done}/{status.shards_total} "
+        f"shards, {status.records} records, {status.errors} errors (logs: {out / 'jobs'})"
+    )
+    if status.state != "SUCCEEDED":
+        raise RuntimeError(f"the batch job ended {status.state}")
     listing = s3.list_objects_v2(Bucket=DATA_BUCKET, Prefix="outputs/digits/")
     keys = [o["Key"] for o in listing.get("Contents", [])]
     outputs = [k for k in keys if k.endswith(".jsonl") and not k.endswith(".errors.jsonl")]
@@ -237,6 +233,45 @@ def scenario_batch(stack: LocalStack, models: Path) -> None:
             correct += int(np.ravel(record["outputs"]["label"])[0] == truth[shard * 100 + index])
             total += 1
     say(f"   {total} output records in {len(outputs)} files; accuracy {correct / total:.4f}")
+
+
+def run_batch_job(
+    stack: LocalStack, model: str, inputs: str, outputs: str, log_dir: Path
+) -> JobStatus:
+    """Submit a job as the jobs API does, run its array children here (moto records Batch
+    jobs but runs none) and show its shards as a progress bar until it ends."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from batch_job.service import JobService
+    from batch_job.settings import JobsSettings
+    from spillway.messages import JobRequest
+    from spillway_cli.jobs_cli import LAUNCHER
+    from spillway_cli.local_batch import run_local
+
+    os.environ.update(stack.jobs_env())  # the children inherit it, as the jobs API's do
+    settings = JobsSettings()
+    service = JobService(settings)
+    fields = {"model": model, "input": f"s3://{DATA_BUCKET}/{inputs}"}
+    request = JobRequest.parse(json.dumps({**fields, "output": f"s3://{DATA_BUCKET}/{outputs}"}))
+    job = service.submit(request).job
+    if job.batch_job_id is None:
+        raise RuntimeError(f"job {job.job_id} reached no Batch queue")
+    children = threading.Thread(
+        target=run_local, args=(settings, job.batch_job_id, LAUNCHER, log_dir), daemon=True
+    )
+    children.start()
+    columns = (TextColumn("   {task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns) as bar:
+        task = bar.add_task(f"job {job.job_id[:8]}", total=job.shards_total)
+        # Batch's own state is no guide here (moto settles a job it never ran): the job
+        # is over when its children are, and its status then reads the shard markers.
+        while True:
+            ended = not children.is_alive()
+            status = service.status(job.job_id)
+            bar.update(task, completed=status.shards_done)
+            if ended:
+                return status
+            time.sleep(0.5)
 
 
 def scenario_kill_gpu(client: Client, stack: LocalStack) -> None:
@@ -332,25 +367,38 @@ def chart(client: Client, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def run_demo(models: Path, out: Path, router_runtime: str = "wsgi") -> None:
+def run_demo(
+    models: Path, out: Path, router_runtime: str = "wsgi", router_fallback: bool = False
+) -> None:
     """Bring the stack up, run every scenario through the router, stop everything."""
-    stack = LocalStack(models, out / "stack", router_runtime=router_runtime)
+    say(f"Starting the platform on 127.0.0.1 (logs: {out / 'demo.log'}, {out / 'stack'}) ...")
+    stack = LocalStack(
+        models, out / "stack", router_runtime=router_runtime, router_fallback=router_fallback
+    )
     stack.start()
     try:
         say("Spillway is up:\n" + stack.summary() + "\n")
-        say(f"The router runs as {stack.router_runtime}.\n")
+        missing = offline_missing() if stack.router_runtime == "wsgi" else []
+        why = f" (serverless-offline needs {', '.join(missing)})" if missing else ""
+        if router_runtime != stack.router_runtime:
+            why = f" (it did not come up under {router_runtime}: see {stack.log_dir}/router.log)"
+        say(f"The router runs as {stack.router_runtime}{why}.")
+        say(f"Live dashboard: {stack.url('dashboard')}/\n")
         client = Client(stack.ports.router, dict(stack.router_headers))
         scenario_digits(client, models)
         scenario_minilm(client)
         scenario_serverless(client)
-        scenario_batch(stack, models)
+        scenario_batch(stack, models, out)
         scenario_kill_gpu(client, stack)
         scenario_hot_swap(client, stack, models)
+        canary = scenario_canary(stack, models, say)
+        asynchronous = scenario_async(stack.ports.router, dict(stack.router_headers), models, say)
+        topics = scenario_topics(stack.ports.router, dict(stack.router_headers), say)
         say("\nSummary per backend:\n" + summary(client))
         chart(client, out / "demo.png")
         say(f"\nChart: {out / 'demo.png'}")
         failures = [r for r in client.records if r.status != 200]
-        if failures:
+        if failures or not asynchronous.ok or not canary.ok or not topics.ok:
             raise typer.Exit(1)
     finally:
         stack.stop()

@@ -11,12 +11,14 @@ from typing import Annotated
 
 import typer
 
+from spillway_cli.canary_cli import models_canary, models_status
 from spillway_cli.jobs_cli import jobs_app
+from spillway_cli.ops_cli import dashboard, plan, policy_apply, tune
 from spillway_cli.router_cli import cost_app, policy_app, serve_cpu, serve_router
 
 app = typer.Typer(help="Spillway: AI inference as a service.", no_args_is_help=True)
-models_app = typer.Typer(help="Build and publish models.", no_args_is_help=True)
-RUNTIME_HELP = "wsgi | serverless-offline | auto (serverless-offline when installed)"
+models_app = typer.Typer(help="Build, publish and canary models.", no_args_is_help=True)
+RUNTIME_HELP = "wsgi | serverless-offline | auto (serverless-offline when it can start)"
 serve_app = typer.Typer(help="Start a service in the foreground.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(serve_app, name="serve")
@@ -24,7 +26,13 @@ app.add_typer(policy_app, name="policy")
 app.add_typer(cost_app, name="cost")
 app.add_typer(jobs_app, name="jobs")
 serve_app.command("router")(serve_router)
+models_app.command("canary")(models_canary)
+models_app.command("status")(models_status)
 serve_app.command("cpu")(serve_cpu)
+app.command("dashboard")(dashboard)
+app.command("plan")(plan)
+app.command("tune")(tune)
+policy_app.command("apply")(policy_apply)
 
 
 def _logging(verbose: bool) -> None:
@@ -80,14 +88,15 @@ def demo(
     models: Annotated[Path, typer.Option(help="Built model repository.")] = Path("models"),
     out: Annotated[Path, typer.Option(help="Logs, summary and chart.")] = Path("out/demo"),
     router_runtime: Annotated[str, typer.Option(help=RUNTIME_HELP)] = "auto",
+    verbose: Annotated[bool, typer.Option(help="Also show log lines in the terminal.")] = False,
 ) -> None:
     """The whole platform on 127.0.0.1 with real traffic through the router."""
+    from spillway_cli.console import report_logging
     from spillway_cli.demo import run_demo
     from spillway_cli.stack import router_runtime as resolve
 
-    _logging(False)
-    logging.getLogger("botocore").setLevel(logging.WARNING)
-    run_demo(models, out, resolve(router_runtime))
+    report_logging(out / "demo.log", verbose)
+    run_demo(models, out, resolve(router_runtime), router_runtime == "auto")
 
 
 @serve_app.command("gpu")
@@ -151,20 +160,24 @@ def up(
     cpu_port: Annotated[int, typer.Option(help="CPU fallback port (0: free).")] = 8081,
     jobs_port: Annotated[int, typer.Option(help="Jobs API port (0: free).")] = 8082,
     moto_port: Annotated[int, typer.Option(help="Moto (AWS) port (0: free).")] = 5000,
+    dashboard_port: Annotated[int, typer.Option(help="Dashboard port (0: free).")] = 8090,
     router_runtime: Annotated[str, typer.Option(help=RUNTIME_HELP)] = "auto",
+    verbose: Annotated[bool, typer.Option(help="Also show log lines in the terminal.")] = False,
 ) -> None:
     """The whole platform on 127.0.0.1 until Ctrl-C or SIGTERM."""
     import signal
 
+    from spillway_cli.console import report_logging
     from spillway_cli.stack import LocalStack, Ports
     from spillway_cli.stack import router_runtime as resolve
 
-    _logging(False)
+    report_logging(log_dir / "up.log", verbose)
     stack = LocalStack(
         models,
         log_dir,
-        Ports(moto_port, gpu_port, cpu_port, jobs_port, router_port),
+        Ports(moto_port, gpu_port, cpu_port, jobs_port, router_port, dashboard_port),
         router_runtime=resolve(router_runtime),
+        router_fallback=router_runtime == "auto",
     )
 
     def stop(signum: int, _: object) -> None:

@@ -1,0 +1,163 @@
+"""CLI for operating the platform: the live dashboard, the capacity and cost planner, the
+policy tuner, and applying a policy.
+
+Registered by ``spillway_cli.main``: ``spillway dashboard``, ``spillway plan``, ``spillway
+tune`` and ``spillway policy apply``. Heavy imports happen inside each command.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+MeasuredFile = Annotated[
+    Path | None, typer.Option(help="Measured inputs (default config/measured.yaml).")
+]
+PricingFile = Annotated[
+    Path | None, typer.Option(help="The router's pricing (default config/pricing.yaml).")
+]
+PricesFile = Annotated[
+    Path | None, typer.Option(help="Price table (default config/plan-prices.yaml).")
+]
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(message, err=True)
+    return typer.Exit(1)
+
+
+def dashboard(
+    log: Annotated[
+        list[Path],
+        typer.Option(help="A router log or metrics log (EMF lines, decision lines); repeat."),
+    ],
+    gpu_url: Annotated[
+        str | None, typer.Option(help="GPU service base URL; its /metrics is scraped.")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8090,
+    interval: Annotated[float, typer.Option(min=0.2, help="Seconds between refreshes.")] = 1.0,
+    window: Annotated[int, typer.Option(min=10, help="Seconds of history in the charts.")] = 300,
+) -> None:
+    """The live dashboard in the browser: latency, errors and load per backend, routing
+    by rule, GPU queue and batches, circuits, fallbacks, spills and cost per route."""
+    from spillway_cli.dashboard.board import Board
+    from spillway_cli.dashboard.server import DashboardApp, Poller
+    from spillway_cli.dashboard.sources import RouterLogs
+    from spillway_cli.wsgi_server import serve_forever
+
+    if gpu_url is not None and not gpu_url.startswith(("http://", "https://")):
+        raise _fail("--gpu-url must be an http(s) URL")
+    metrics = f"{gpu_url.rstrip('/')}/metrics" if gpu_url else None
+    poller = Poller(Board(window_s=window), RouterLogs(log), metrics, interval_s=interval)
+    poller.start()
+    try:
+        serve_forever(DashboardApp(poller), host, port)
+    finally:
+        poller.stop()
+
+
+def plan(
+    profile: Annotated[Path, typer.Option(help="Traffic profile (YAML): the workloads.")],
+    measured: MeasuredFile = None,
+    pricing: PricingFile = None,
+    prices: PricesFile = None,
+    chart: Annotated[
+        Path | None, typer.Option(help="Write the cost-against-traffic chart (PNG) here.")
+    ] = Path("out/plan/plan.png"),
+    output: Annotated[str, typer.Option("--format", help="markdown or json.")] = "markdown",
+) -> None:
+    """Serverless, dedicated, batch and routed-mix costs per month of each workload, the
+    latency each meets, the GPU tasks and Lambda concurrency it needs, and the break-even."""
+    import json
+
+    from spillway_cli.plan import inputs, report
+    from spillway_cli.plan.model import Profile
+
+    if output not in ("markdown", "json"):
+        raise _fail("--format must be markdown or json")
+    try:
+        traffic: Profile = inputs.load_model(Profile, profile)
+        figures = inputs.load_measured(measured or inputs.MEASURED)
+        table = inputs.load_prices(pricing or inputs.ROUTER_PRICING, prices or inputs.PLAN_PRICES)
+        plans = report.make_plan(traffic, figures, table)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if output == "json":
+        typer.echo(json.dumps(report.as_json(plans), indent=2))
+    else:
+        typer.echo(report.table(plans, figures, table))
+    if chart is not None:
+        written = report.chart(plans, figures, table, chart)
+        typer.echo(f"\nChart: {written}", err=output == "json")
+
+
+def tune(
+    metrics: Annotated[
+        list[Path], typer.Option(help="The router's metrics log (EMF lines); repeat.")
+    ],
+    policy: Annotated[Path, typer.Option(help="The policy in force while it was recorded.")],
+    slo: Annotated[Path, typer.Option(help="p99 objectives per route (YAML).")],
+    out: Annotated[Path, typer.Option(help="Where to write the proposed policy.")] = Path(
+        "out/tune/policy.yaml"
+    ),
+    measured: MeasuredFile = None,
+    pricing: PricingFile = None,
+    prices: PricesFile = None,
+    gpu_tasks: Annotated[int, typer.Option(min=1, help="GPU tasks while it was recorded.")] = 1,
+    bin_s: Annotated[float, typer.Option(min=1, help="Seconds per replay step.")] = 10.0,
+    seed: Annotated[int, typer.Option(help="Seed of the replayed spill draws.")] = 7,
+) -> None:
+    """Replay the recorded traffic through candidate policies and propose the cheapest
+    one that keeps every route's SLO; writes it, never applies it."""
+    from spillway_cli.tune.session import TuneError, run_tune
+
+    try:
+        tuned = run_tune(
+            metrics, policy, slo, out, measured, pricing, prices, gpu_tasks, bin_s, seed
+        )
+        typer.echo(tuned.report)
+    except TuneError as exc:
+        typer.echo(str(exc.report))
+        raise _fail(str(exc)) from None
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
+
+def policy_apply(
+    file: Annotated[Path, typer.Argument(help="The policy to apply (YAML or JSON).")],
+    to_file: Annotated[
+        Path | None, typer.Option("--file", help="Replace this policy file (local router).")
+    ] = None,
+    parameter: Annotated[
+        str | None, typer.Option(help="Put it in this SSM parameter (the router on AWS).")
+    ] = None,
+) -> None:
+    """Apply a policy: validated first, then written to the router's policy file or SSM
+    parameter, which the router picks up within ROUTER_POLICY_TTL_S."""
+    import os
+    import tempfile
+
+    from functions.router.policy import PolicyError, parse_policy
+
+    if (to_file is None) == (parameter is None):
+        raise _fail("give exactly one of --file and --parameter")
+    try:
+        text = file.read_text(encoding="utf-8")
+        policy = parse_policy(text, str(file))
+    except (OSError, PolicyError) as exc:
+        raise _fail(str(exc)) from None
+    if to_file is not None:
+        # Written beside the target and renamed over it: the router never reads half a file.
+        handle, temporary = tempfile.mkstemp(dir=to_file.parent, prefix=f".{to_file.name}.")
+        with os.fdopen(handle, "w", encoding="utf-8") as written:
+            written.write(text)
+        os.replace(temporary, to_file)
+        typer.echo(f"applied {file} ({len(policy.rules)} rules) to {to_file}")
+        return
+    from spillway.repository import aws_client
+
+    aws_client("ssm").put_parameter(Name=parameter, Value=text, Type="String", Overwrite=True)
+    typer.echo(f"applied {file} ({len(policy.rules)} rules) to SSM parameter {parameter}")
