@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 MODELS ?= models
 export SPILLWAY_MODELS_DIR := $(abspath $(MODELS))
 
-.PHONY: setup models lint test demo clean check-infra
+.PHONY: setup models lint test demo clean check-infra sam-local
 
 setup: $(STAMP)
 
@@ -66,3 +66,13 @@ $(NODE_STAMP): package.json package-lock.json
 
 check-infra: setup $(INFRA_STAMP) $(SAM_STAMP) $(NODE_STAMP)
 	INFRA_VENV=$(INFRA_VENV) SAM_VENV=$(SAM_VENV) bash scripts/check_infra.sh
+
+# --- `sam local invoke` for real (README.md, "sam local invoke") -----------------------------
+# Local stand-ins of the base images and our images on them (infra/local-images/build.sh,
+# rebuilt only when their inputs change), then tests/e2e/test_sam_local.py: every event
+# under `sam local invoke` against the local stack, and the GPU image in real containers.
+# Needs root, Debian's docker.io and debootstrap; a Docker daemon is started if none answers.
+sam-local: setup models $(SAM_STAMP)
+	bash scripts/dockerd.sh start
+	SAM_VENV=$(SAM_VENV) bash infra/local-images/build.sh
+	SAM_VENV=$(SAM_VENV) $(BIN)/pytest -p no:cacheprovider tests/e2e/test_sam_local.py

@@ -164,6 +164,7 @@ def test_api_errors_are_mapped_once(lambda_env: JobsSettings) -> None:
     # AND a POST with an unknown model name is a 400 naming the field
     post = _event("submit")
     post["body"] = json.dumps({"model": "../etc", "input": "s3://a-b/x/", "output": "s3://a-b/y/"})
+    post["isBase64Encoded"] = False
     bad = jobs_handler.handler(post, None)
     assert bad["statusCode"] == 400
     assert json.loads(bad["body"])["code"] == "invalid_input"

@@ -53,6 +53,7 @@ class FakeJobs:
 def _post(body: Any, **changes: Any) -> dict[str, Any]:
     event: dict[str, Any] = json.loads((EVENTS / "submit.json").read_text())
     event["body"] = body if isinstance(body, str) else json.dumps(body)
+    event["isBase64Encoded"] = False
     event.update(changes)
     return event
 
