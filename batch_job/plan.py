@@ -199,12 +199,13 @@ def ensure_plan(spec: RunSpec, repository: ModelRepository, where: Locations) ->
 
 
 def resolve_version(repository: ModelRepository, model: str, version: int | None) -> int:
-    """``version`` if the repository has it, else the newest when none was asked for."""
+    """``version`` if the repository has it; when none was asked for, the newest (the
+    stable one while the model's configuration names a canary)."""
     versions = repository.list_versions(model)
     if not versions:
         raise ModelNotFoundError(f"model {model!r} is not in the repository")
     if version is None:
-        return versions[-1]
+        return repository.read_config(model).default_version(versions) or versions[-1]
     if version not in versions:
         raise ModelNotFoundError(f"model {model!r} has no version {version}")
     return version

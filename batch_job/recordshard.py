@@ -1,9 +1,10 @@
 """Running a shard of records as a pipeline: read and prepare, run, write.
 
 Records come from a JSON Lines file (one per line) or a staged infer request (one per
-row); both take this one path. Each record is prepared on its own (``OnnxModel.prepare``)
-by a reader thread, runs in a batch of ``batch_size`` rows on the calling thread
-(``OnnxModel.run``), and is encoded by a writer thread. ONNX Runtime releases the GIL
+row); both take this one path. A reader thread prepares each batch's records in one call
+(``OnnxModel.prepare_many``: one tokenising pass for all their texts, each record's error
+its own), the batch runs on the calling thread (``OnnxModel.run``), and a writer thread
+encodes it. ONNX Runtime releases the GIL
 while it computes, so parsing, tokenising and JSON encoding overlap with the runs instead
 of adding to them; bounded queues keep at most a few batches in memory. Outputs and
 errors are written in input order.
@@ -62,31 +63,29 @@ class _Pipeline:
     # --- reader thread -----------------------------------------------------------------
 
     def read(self, records: Iterable[Parsed]) -> None:
-        """Prepare every record; hand over a batch whenever one is full."""
-        items: list[Item] = []
+        """Prepare the records a batch at a time; hand each batch over when it is full."""
+        parsed: list[Parsed] = []
         ready = 0
         for record in records:
             if self.stop.is_set():
                 return
-            items.append(self._prepare(*record))
-            ready += isinstance(items[-1][2], Prepared)  # every record is one row
+            self.tally.counts.records += 1
+            parsed.append(record)
+            ready += not isinstance(record[2], SpillwayError)  # every record is one row
             if ready >= self.limit:
-                self._hand_over(items)
-                items, ready = [], 0
-        if items:
-            self._hand_over(items)
+                self._hand_over(self._prepare(parsed))
+                parsed, ready = [], 0
+        if parsed:
+            self._hand_over(self._prepare(parsed))
         self._hand_over(_END)
 
-    def _prepare(
-        self, record_id: str | None, place: int | None, parsed: Tensors | SpillwayError
-    ) -> Item:
-        self.tally.counts.records += 1
-        if isinstance(parsed, SpillwayError):
-            return record_id, place, parsed
-        try:
-            return record_id, place, self.model.prepare(parsed)
-        except SpillwayError as exc:
-            return record_id, place, exc
+    def _prepare(self, parsed: list[Parsed]) -> list[Item]:
+        tensors = [p for _, _, p in parsed if not isinstance(p, SpillwayError)]
+        prepared = iter(self.model.prepare_many(tensors))
+        return [
+            (rid, place, p if isinstance(p, SpillwayError) else next(prepared))
+            for rid, place, p in parsed
+        ]
 
     def _hand_over(self, items: list[Item] | None) -> None:
         while not self.stop.is_set():

@@ -9,7 +9,7 @@ holds for every finished shard.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -40,6 +40,9 @@ class JobModel(Protocol):
 
     def prepare(self, inputs: Tensors) -> Prepared:
         """Validate and pre-process one request."""
+
+    def prepare_many(self, requests: Sequence[Tensors]) -> list[Prepared | SpillwayError]:
+        """``prepare`` over several requests in one call; each request's error is its own."""
 
     def run(self, batch: list[Prepared]) -> list[Tensors]:
         """One run over prepared requests; one output per request, in order."""

@@ -7,6 +7,18 @@ at once while draining. Requests arrive validated and prepared, so a bad request
 joins a batch. Each request's future gets exactly its own rows; a failed run delivers
 one error to every request of that batch and to no other.
 
+Early dispatch (``policy.early_dispatch``): waiting is only worth it while it can gain a
+row, so a batch below its target goes as soon as a compute slot is free and
+
+* no request announced by ``incoming()`` (being read or tokenised) is on its way, and
+* either every request the recent traffic brought at once is already in hand (queued or
+  computing: a closed group of clients has nobody left to send), or the p50 arrival rate
+  no longer expects one more request before the delay ends (``rate × time left < 1``).
+
+A lone client therefore never waits out the delay, while under load the queue still
+fills to the target: the seed rule ``target = max(2, p50 rate × delay)`` of the adaptive
+mode is the same rate read the other way round.
+
 Priority: level 1 is the highest. A request that has waited ``aging_s`` is taken before
 any fresher request whatever its level, which bounds how long low priority can starve.
 Length buckets: requests queue by length bucket, a batch never mixes buckets, and each
@@ -22,7 +34,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
@@ -125,7 +137,9 @@ class DynamicBatcher:
         ]
         self._queued = 0
         self._running = 0
-        self._wake = asyncio.Event()
+        self._running_requests = 0
+        self._upstream = 0
+        self._waiter: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
         self._rate = RateTracker()
@@ -142,7 +156,7 @@ class DynamicBatcher:
     async def stop(self, drain_timeout_s: float = 30.0) -> None:
         """Stop admitting; finish queued and running work within the timeout; then end."""
         self._stopping = True
-        self._wake.set()
+        self._wake()
         if self._task is not None:
             await asyncio.wait({self._task}, timeout=drain_timeout_s)
             self._task.cancel()
@@ -196,6 +210,17 @@ class DynamicBatcher:
 
     # -- admission -------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def incoming(self) -> Iterator[None]:
+        """Announce a request that is on its way (being tokenised, say) for as long as the
+        block runs: early dispatch keeps a batch open for it, up to the delay."""
+        self._upstream += 1
+        try:
+            yield
+        finally:
+            self._upstream -= 1
+            self._wake()
+
     async def submit(
         self, prepared: Prepared, *, priority: int = 0, timeout_s: float | None = None
     ) -> Tensors:
@@ -231,8 +256,8 @@ class DynamicBatcher:
         self._buckets[bucket].levels[level].append(pending)
         self._buckets[bucket].rows += prepared.rows
         self._queued += 1
-        self._rate.arrive(now)
-        self._wake.set()
+        self._rate.arrive(now, self._upstream + self._queued + self._running_requests)
+        self._wake()
         return pending
 
     def _level(self, priority: int) -> int:
@@ -257,6 +282,10 @@ class DynamicBatcher:
         if left > 0:  # the loop's timer ran ahead of the clock (uvloop rounds to ms)
             pending.timer = asyncio.get_running_loop().call_later(left, self._expire, pending)
             return
+        self._time_out(pending)
+
+    def _time_out(self, pending: _Pending) -> None:
+        """A queued request's deadline passed: it leaves with 504, never computed."""
         waited = self._clock() - pending.arrival
         self._leave(pending)
         self.stats.expired += 1
@@ -274,22 +303,35 @@ class DynamicBatcher:
             pending.timer.cancel()
         self._buckets[pending.bucket].rows -= pending.prepared.rows
         self._queued -= 1
-        self._wake.set()
+        self._wake()
 
     # -- dispatch --------------------------------------------------------------------------
 
+    def _wake(self) -> None:
+        """Make the owner task look again (state changed); cheap when it is not waiting."""
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while not (self._stopping and self._queued == 0 and self._running == 0):
-            self._wake.clear()
             wait: float | None = None
             # None: every bucket with queued work is computing; wait for a run to end.
             if self._queued and (due := self._next_due()) is not None:
                 bucket, wait = due
-                if wait <= 0:
-                    self._dispatch(bucket, self._form(bucket))
+                if wait <= _DUE_S:
+                    if batch := self._form(bucket):  # empty: every head had expired
+                        self._dispatch(bucket, batch)
                     continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+            # A future and a timer, not wait_for: this runs once per batch or arrival.
+            self._waiter = waiter = loop.create_future()
+            timer = None if wait is None else loop.call_later(wait, _resolve, waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
 
     def _target(self) -> int:
         policy = self.policy
@@ -310,11 +352,25 @@ class DynamicBatcher:
             if not heads or bucket.running >= self.policy.concurrency:
                 continue
             oldest = min(h.arrival for h in heads)
-            full = bucket.rows >= target or self._stopping
-            due = 0.0 if full else oldest + self.policy.max_queue_delay_s - now
+            if bucket.rows >= target or self._stopping:
+                due = 0.0
+            else:
+                due = oldest + self.policy.max_queue_delay_s - now
+                if self.policy.early_dispatch:
+                    due = min(due, self._company_due(due, now))
             if best is None or (due, oldest) < best[:2]:
                 best = (due, oldest, bucket)
         return None if best is None else (best[2], best[0])
+
+    def _company_due(self, left: float, now: float) -> float:
+        """Seconds until waiting for company stops paying (<= 0: now), with ``left``
+        seconds of the delay to go; the rule is in the module docstring."""
+        if self._upstream:
+            return left
+        if self._rate.crowd(now) <= self._queued + self._running_requests:
+            return 0.0
+        rate = self._rate.p50_rate()
+        return left - 1.0 / rate if rate > 0 else 0.0
 
     def _form(self, bucket: _Bucket) -> list[_Pending]:
         """One batch from a bucket: aged requests first, then by priority, FIFO."""
@@ -334,6 +390,11 @@ class DynamicBatcher:
         return self._claim(batch)
 
     def _take(self, bucket: _Bucket, head: _Pending, batch: list[_Pending]) -> int:
+        if head.deadline is not None and self._clock() >= head.deadline:
+            # Due and its timer not run yet (it fires in this loop turn): an early
+            # dispatch must not compute it either.
+            self._time_out(head)
+            return 0
         bucket.levels[head.level].popleft()
         bucket.rows -= head.prepared.rows
         head.state = _State.RUNNING
@@ -348,6 +409,7 @@ class DynamicBatcher:
 
     def _dispatch(self, bucket: _Bucket, batch: list[_Pending]) -> None:
         self._running += 1
+        self._running_requests += len(batch)
         bucket.running += 1
         task = asyncio.get_running_loop().create_task(self._execute(bucket, batch))
         self._inflight.add(task)
@@ -372,8 +434,9 @@ class DynamicBatcher:
             error = InferenceError(f"inference failed on model {self.name}: {exc}")
         finally:
             self._running -= 1
+            self._running_requests -= len(batch)
             bucket.running -= 1
-            self._wake.set()
+            self._wake()
         self._finish(batch, started, results, error)
 
     def _finish(
@@ -406,6 +469,16 @@ class DynamicBatcher:
             pending.future.set_exception(error)
         elif result is not None:
             pending.future.set_result(result)
+
+
+_DUE_S = 1e-6
+"""A batch due within a microsecond is due now: far below any timer's resolution, and
+a sum of floats (arrival + delay - 1/rate) never waits on a timer that cannot advance."""
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def compute_pool(threads: int, niceness: int, name: str) -> ThreadPoolExecutor:

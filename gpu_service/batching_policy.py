@@ -1,6 +1,7 @@
 """How a model version's requests are batched dynamically (not AWS Batch jobs): the
-policy built from ``config.json`` and the settings, and the arrival-rate tracker of the
-adaptive mode. Invalid combinations fail when the model loads, never per request."""
+policy built from ``config.json`` and the settings, and the tracker of recent arrivals
+that the adaptive target and early dispatch read. Invalid combinations fail when the
+model loads, never per request."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ class BatchingPolicy:
     """Batches that may compute at once per length bucket (a long batch never blocks a
     short one)."""
     retry_after_s: float = 1.0
+    early_dispatch: bool = False
+    """Dispatch before the target or the delay when waiting cannot gain a row (see
+    ``DynamicBatcher``). Off, a batch waits for its target or its oldest request's delay,
+    as Triton's dynamic batcher does."""
 
     @property
     def max_parallel_runs(self) -> int:
@@ -51,29 +56,42 @@ class BatchingPolicy:
         return len(self.length_buckets)
 
 
+RECENT_S = 1.0
+"""How long an arrival counts as recent traffic when predicting company for a batch."""
+
+
 @dataclass
 class RateTracker:
-    """Arrival rate from recent inter-arrival gaps, for the adaptive target."""
+    """Recent arrivals: their inter-arrival gaps (the p50 rate) and how many requests each
+    found in the batcher's hands, itself included (the crowd that traffic brings)."""
 
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=64))
     last: float | None = None
+    crowds: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))
 
-    def arrive(self, now: float) -> None:
+    def arrive(self, now: float, crowd: int = 1) -> None:
         if self.last is not None:
             self.gaps.append(max(now - self.last, 1e-6))
         self.last = now
+        self.crowds.append((now, crowd))
 
     def p50_rate(self) -> float:
         if not self.gaps:
             return 0.0
         return 1.0 / sorted(self.gaps)[len(self.gaps) // 2]
 
+    def crowd(self, now: float) -> int:
+        """The most requests in hand at once among the last ``RECENT_S`` of arrivals; a
+        closed population of clients never brings more than that (0: no recent traffic)."""
+        since = now - RECENT_S
+        return max((n for at, n in self.crowds if at >= since), default=0)
+
 
 def batching_policy(config: ModelConfig, settings: GpuSettings) -> BatchingPolicy:
     """A batcher policy from the model's Triton-style config and the service settings."""
     dyn = config.dynamic_batching
     common: dict[str, Any] = {
-        "concurrency": settings.instance_count,
+        "concurrency": settings.compute_slots(),
         "retry_after_s": settings.retry_after_s,
     }
     if config.max_batch_size == 0 or dyn is None:
@@ -103,5 +121,6 @@ def batching_policy(config: ModelConfig, settings: GpuSettings) -> BatchingPolic
         allow_timeout_override=queue.allow_timeout_override,
         aging_s=settings.priority_aging_ms / 1e3,
         length_buckets=config.spillway.length_buckets,
+        early_dispatch=settings.early_dispatch,
         **common,
     )

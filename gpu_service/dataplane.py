@@ -7,10 +7,9 @@ queues and encodes, and counts what happened.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import multiprocessing
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -54,19 +53,18 @@ class BodyBudget:
         self.in_use = 0
         self._retry_after_s = retry_after_s
 
-    @contextlib.contextmanager
-    def hold(self, size: int) -> Iterator[None]:
-        """Reserve ``size`` bytes for the duration of a request."""
+    def reserve(self, size: int) -> None:
+        """Reserve ``size`` bytes for a request; the caller releases them when done
+        (a pair of calls, not a context manager: this is on every request's path)."""
         if self.in_use + size > self.limit:
             raise UnavailableError(
                 "too many request bytes in flight; retry shortly",
                 retry_after_s=self._retry_after_s,
             )
         self.in_use += size
-        try:
-            yield
-        finally:
-            self.in_use -= size
+
+    def release(self, size: int) -> None:
+        self.in_use -= size
 
 
 class DataPlane:
@@ -111,6 +109,8 @@ class DataPlane:
         return not self.draining and self.registry.ready
 
     def model_ready(self, name: str, version: str | None) -> bool:
+        if self.registry.pipelines.serves(name):
+            return self.registry.pipelines.ready(name, version) and not self.draining
         try:
             self.registry.get(name, version)
         except ModelNotReadyError:
@@ -118,6 +118,8 @@ class DataPlane:
         return not self.draining
 
     def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
+        if self.registry.pipelines.serves(name):
+            return self.registry.pipelines.metadata(name, version)
         entry = self.registry.entry(name)
         if version is None and entry.serving() is None and entry.config is not None:
             # Scaled to zero: the signature is known without loading the model.
@@ -128,9 +130,14 @@ class DataPlane:
         entry = self.registry.entry(name)
         if version is None and entry.config is not None:
             return entry.config.to_json_dict()
+        if self.registry.pipelines.serves(name):
+            return self.registry.pipelines.served(name, version).config.to_json_dict()
         return self.registry.get(name, version).model.config.to_json_dict()
 
     def model_stats(self, name: str | None, version: str | None) -> dict[str, Any]:
+        pipelines = self.registry.pipelines
+        if name is not None and pipelines.serves(name):
+            return {"model_stats": pipelines.stats(name, version)}
         if name is None:
             served = self.registry.all_versions()
         elif version is None:
@@ -138,9 +145,8 @@ class DataPlane:
             served = [entry.versions[v] for v in sorted(entry.versions)]
         else:
             served = [self.registry.get(name, version)]
-        return {
-            "model_stats": [s.stats.to_triton(s.model.name, str(s.model.version)) for s in served]
-        }
+        stats = [s.stats.to_triton(s.model.name, str(s.model.version)) for s in served]
+        return {"model_stats": stats + (pipelines.stats(None) if name is None else [])}
 
     async def repository_index(self) -> list[dict[str, str]]:
         return await self.registry.index()
@@ -168,28 +174,43 @@ class DataPlane:
     ) -> InferResult:
         """Run one request through the core pipeline, executing on the version's batcher.
 
-        Big bodies are decoded, prepared (tokenised) and encoded on the parse threads. The
-        model itself is looked up by the lease (the transport checked it before the body)."""
+        Big bodies are decoded, prepared and encoded on the parse threads; text requests
+        are tokenised there together with the others that arrived meanwhile. The model is
+        looked up once, by the lease (the transport checked it before the body)."""
         self._check_draining()
         arrived = time.perf_counter()
-        offload = self._offload if len(body) > self.settings.inline_parse_bytes else None
-        decoded = await self._decode(body, header_length)
+        big = len(body) > self.settings.inline_parse_bytes
+        if big:
+            decoded = await self._decode(body, header_length)
+        else:
+            decoded = pipeline.decode(body, header_length, self.settings.max_body_bytes)
+        if self.registry.pipelines.serves(name):
+            answer = await self.registry.pipelines.infer(
+                name, version, decoded, arrived, self._offload
+            )
+            done = answer.encoded
+            return InferResult(
+                done.body, done.header_length, done.version, answer.queue_depth, answer.busy
+            )
         timeout_s = decoded.parameters.timeout_s
-        async with self.registry.lease(name, version, timeout_s) as (served, cold):
+        served, cold = await self.registry.acquire(name, version, timeout_s)
+        try:
             if timeout_s is not None and cold is not None:
                 # The deadline runs from arrival: a cold start spent part of it.
                 timeout_s = max(0.0, timeout_s - cold)
-            try:
-                encoded = await self._infer(served, decoded, timeout_s, arrived, offload)
-            except SpillwayError:
-                served.stats.fail.add(time.perf_counter() - arrived)
-                raise
+            encoded = await self._infer(served, decoded, timeout_s, arrived, big)
+        except SpillwayError:
+            served.stats.fail.add(time.perf_counter() - arrived)
+            raise
+        finally:
+            served.release()
+        batcher = served.batcher
         return InferResult(
             encoded.body,
             encoded.header_length,
             encoded.version,
-            served.batcher.queue_depth,
-            served.batcher.busy_fraction(),
+            batcher.queue_depth,
+            batcher.busy_fraction(),
             cold,
         )
 
@@ -199,33 +220,41 @@ class DataPlane:
         decoded: pipeline.Decoded,
         timeout_s: float | None,
         arrived: float,
-        offload: pipeline.Offload | None,
+        big: bool,
     ) -> pipeline.Encoded:
-        marks: list[float] = []
+        batcher, stats = served.batcher, served.stats
+        computed = prepared = 0.0
 
         async def submit(admitted: pipeline.Admitted) -> Tensors:
-            marks.append(time.perf_counter())  # validated and prepared
+            nonlocal computed, prepared
+            prepared = time.perf_counter()
             priority = admitted.parameters.priority or 0
-            result = await served.batcher.submit(
-                admitted.prepared, priority=priority, timeout_s=timeout_s
-            )
-            marks.append(time.perf_counter())  # computed
+            result = await batcher.submit(admitted.prepared, priority=priority, timeout_s=timeout_s)
+            computed = time.perf_counter()
             return result
 
-        encoded = await pipeline.run_async(served.model, decoded, submit, offload)
+        async def prepare(decoded: pipeline.Decoded) -> pipeline.Admitted:
+            # Announced to the batcher, so early dispatch keeps a batch open for it.
+            with batcher.incoming():
+                return await served.preparer.admit(decoded, self._offload)
+
+        encoded = await pipeline.run_async(
+            served.model,
+            decoded,
+            submit,
+            self._offload if big else None,
+            prepare if served.model.batched_prepare else None,
+        )
         done = time.perf_counter()
-        stats = served.stats
-        stats.compute_input.add(marks[0] - arrived)
-        stats.compute_output.add(done - marks[1])
+        stats.compute_input.add(prepared - arrived)
+        stats.compute_output.add(done - computed)
         stats.success.add(done - arrived)
         return encoded
 
     async def _decode(self, body: bytes, header_length: int | None) -> pipeline.Decoded:
-        """Small bodies inline; big binary ones on a thread (numpy reads the tensor bytes
-        without the GIL-bound work); big JSON headers in a parse process."""
+        """A big body: binary on a thread (numpy reads the tensor bytes without the
+        GIL-bound work); a big JSON header in a parse process."""
         limit, inline = self.settings.max_body_bytes, self.settings.inline_parse_bytes
-        if len(body) <= inline:
-            return pipeline.decode(body, header_length, limit)
         loop = asyncio.get_running_loop()
         if (header_length if header_length is not None else len(body)) > inline:
             pool: Executor = self._json_pool

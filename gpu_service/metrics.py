@@ -157,4 +157,5 @@ def render(registry: ModelRegistry) -> str:
             lines += [f"{name}{{{_labels(s)}}} {read(s)}" for s in served]
     lines += _histogram(served)
     lines += _model_lines(registry)
+    lines += registry.pipelines.metric_lines()
     return "\n".join(lines) + "\n"

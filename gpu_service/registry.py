@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpu_service.batching_policy import batching_policy
+from gpu_service.ensemble import ServedPipelines
 from gpu_service.memory import estimate
 from gpu_service.settings import GpuSettings
 from gpu_service.versions import ServedVersion, State, load_version, start_version
@@ -77,9 +78,11 @@ class ModelEntry:
             await self._changed.wait()
 
     def serving(self) -> ServedVersion | None:
-        """The newest ready version."""
-        ready = [v for n, v in sorted(self.versions.items(), reverse=True) if v.ready]
-        return ready[0] if ready else None
+        """The version a request that pins none gets: the newest ready one, or the
+        canary's stable version while the configuration names a canary."""
+        ready = {n: v for n, v in self.versions.items() if v.ready}
+        number = self.config.default_version(ready) if self.config else max(ready, default=None)
+        return ready[number] if number is not None else None
 
     def ttl(self, default: float | None) -> float | None:
         if self.config is None or self.config.spillway.pinned:
@@ -97,6 +100,7 @@ class ModelRegistry:
         self.settings = settings
         self._loader = loader
         self.models: dict[str, ModelEntry] = {}
+        self.pipelines = ServedPipelines.from_env(self)
         self._load_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -129,7 +133,8 @@ class ModelRegistry:
 
     def entry(self, name: str) -> ModelEntry:
         """A model known to the registry (404 otherwise)."""
-        entry = self.models.get(validate_model_name(name))
+        # Only validated names are ever keys: a hit needs no check (every request asks).
+        entry = self.models.get(name) or self.models.get(validate_model_name(name))
         if entry is None:
             raise ModelNotFoundError(f"unknown model {name!r}")
         return entry
@@ -164,18 +169,28 @@ class ModelRegistry:
 
         Yields the version and the seconds this request waited for a cold start (or None).
         """
-        entry = self.entry(name)
-        cold: float | None = None
-        if version is None and entry.serving() is None and entry.config is not None:
-            started = time.monotonic()
-            await self._cold_start(entry, timeout_s or self.settings.cold_start_timeout_s)
-            cold = time.monotonic() - started
-        served = self.get(name, version)
-        served.acquire()
+        served, cold = await self.acquire(name, version, timeout_s)
         try:
             yield served, cold
         finally:
             served.release()
+
+    async def acquire(
+        self, name: str, version: str | None, timeout_s: float | None
+    ) -> tuple[ServedVersion, float | None]:
+        """``lease`` without the context manager, for the infer path (the caller calls
+        ``served.release()``): the version, held, and the cold-start seconds (or None)."""
+        entry = self.entry(name)
+        cold: float | None = None
+        served = entry.serving() if version is None else None
+        if served is None:
+            if version is None and entry.config is not None:
+                started = time.monotonic()
+                await self._cold_start(entry, timeout_s or self.settings.cold_start_timeout_s)
+                cold = time.monotonic() - started
+            served = self.get(name, version)
+        served.acquire()
+        return served, cold
 
     async def _cold_start(self, entry: ModelEntry, timeout_s: float) -> None:
         if entry.loading is None or entry.loading.done():
@@ -198,6 +213,8 @@ class ModelRegistry:
                 if isinstance(error, ModelNotFoundError) and not entry.versions:
                     self.models.pop(name, None)  # never known: requests get 404, not 503
                 return [error]
+            if entry.config.is_pipeline:
+                return await self.pipelines.sync(entry, entry.config, available)
             wanted = chosen_versions(entry.config.version_policy, available)
             failures: list[SpillwayError] = []
             for number in wanted:
@@ -263,9 +280,10 @@ class ModelRegistry:
         log.info("unloaded %s v%d: %s", entry.name, number, reason)
 
     async def unload(self, name: str, reason: str = "unloaded on request") -> None:
-        """Drain and free every version of a model."""
+        """Drain and free every version of a model (a pipeline stops being served)."""
         entry = self.entry(name)
         async with entry.lock:
+            self.pipelines.unload(entry, reason)
             for number in list(entry.versions):
                 await self._retire(entry, number, reason)
 
@@ -340,7 +358,7 @@ class ModelRegistry:
                         "name": name,
                         "version": "",
                         "state": State.UNAVAILABLE.value,
-                        "reason": "not loaded",
+                        "reason": (entry and entry.last_error) or "not loaded",
                     }
                 )
                 continue
@@ -363,4 +381,6 @@ class ModelRegistry:
             for e in self.models.values()
             if ("*" in startup or e.name in startup) and e.ttl(self.settings.idle_ttl_s) is None
         ]
-        return bool(self.models) and all(e.serving() is not None for e in required)
+        return bool(self.models) and all(
+            e.serving() is not None or self.pipelines.ready(e.name) for e in required
+        )

@@ -60,6 +60,8 @@ def serve(settings: GpuSettings) -> None:
         loop="uvloop",
         lifespan="on",
         access_log=False,
+        # The service reads no client address: skip the per-request proxy-header layer.
+        proxy_headers=False,
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
         timeout_keep_alive=75,

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
+import onnxruntime as ort
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from spillway.engine import CPU, CUDA, EngineOptions
+
+_MAX_AUTO_THREADS = 4
+"""Most intra-op threads ``auto`` gives one run."""
 
 
 class GpuSettings(BaseSettings):
@@ -24,13 +29,15 @@ class GpuSettings(BaseSettings):
     """Port to listen on."""
     providers: tuple[str, ...] = (CUDA, CPU)
     """ONNX Runtime execution providers in order of preference; a CPU fallback is logged."""
-    intra_op_threads: int = Field(default=1, ge=0)
-    """Threads inside one ONNX Runtime run (0: one per core). With 1, a run computes on
-    its compute-slot thread, so parallel slots and per-bucket priorities take effect."""
+    intra_op_threads: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
+    """Threads inside one ONNX Runtime run (0: ONNX Runtime's choice, one per core;
+    ``auto``: see ``thread_layout``). With 1, a run computes on its compute-slot thread,
+    so parallel slots and per-bucket priorities take effect."""
     inter_op_threads: int = Field(default=0, ge=0)
     """Threads across operators (0: ONNX Runtime decides)."""
-    instance_count: int = Field(default=2, ge=1, le=16)
-    """Batches of one model version (per length bucket) that may compute at once."""
+    instance_count: Annotated[int, Field(ge=1, le=16)] | Literal["auto"] = "auto"
+    """Batches of one model version (per length bucket) that may compute at once
+    (``auto``: see ``thread_layout``)."""
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     """Largest request body accepted; larger bodies get 413 before they are read."""
     max_body_bytes_in_flight: int = Field(default=128 * 1024 * 1024, ge=1024)
@@ -92,15 +99,41 @@ class GpuSettings(BaseSettings):
     log_level: str = "INFO"
     """Log level of the service."""
 
+    def thread_layout(self) -> tuple[int, int]:
+        """Intra-op threads per run and compute slots, ``auto`` resolved.
+
+        ``auto`` on the CPU: each run gets up to 4 of the cores this process may use (a
+        run over small batches gains little from more), and the cores left over make
+        more slots; on two cores that is 2 threads x 1 slot, which beat 1 x 2 and 2 x 2
+        at concurrency 1 and 8 on an otherwise idle machine (docs/benchmarks.md). On the
+        GPU: one thread per run (the device computes) and two slots, so one batch is
+        copied and formed while another computes. On a CPU shared with other busy
+        processes, 1 thread x 2 slots holds up better (same page)."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+        cores = cores or os.cpu_count() or 1
+        on_gpu = self.providers[:1] == (CUDA,) and CUDA in ort.get_available_providers()
+        if self.intra_op_threads != "auto":
+            intra = self.intra_op_threads
+        elif on_gpu:
+            intra = 1
+        elif self.instance_count != "auto":
+            intra = max(1, cores // self.instance_count)
+        else:
+            intra = min(cores, _MAX_AUTO_THREADS)
+        if self.instance_count != "auto":
+            return intra, self.instance_count
+        slots = 2 if on_gpu else max(1, min(16, cores // max(intra, 1)))
+        return intra, slots
+
     def compute_slots(self) -> int:
         """Batches of one model version (per length bucket) that may compute at once."""
-        return self.instance_count
+        return self.thread_layout()[1]
 
     def engine_options(self) -> EngineOptions:
         """The engine options these settings describe."""
         return EngineOptions(
             providers=self.providers,
-            intra_op_threads=self.intra_op_threads,
+            intra_op_threads=self.thread_layout()[0],
             inter_op_threads=self.inter_op_threads,
             max_elements_per_input=self.max_elements_per_input,
             max_bytes_per_element=self.max_bytes_per_element,

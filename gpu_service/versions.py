@@ -11,6 +11,7 @@ from pathlib import Path
 from gpu_service.batcher import DynamicBatcher
 from gpu_service.batching_policy import BatchingPolicy
 from gpu_service.memory import Probe
+from gpu_service.preparing import PrepareQueue
 from gpu_service.settings import GpuSettings
 from gpu_service.stats import ModelStats
 from spillway.engine import CUDA, OnnxModel
@@ -29,7 +30,8 @@ class State(StrEnum):
 
 @dataclass
 class ServedVersion:
-    """One loaded model version: its engine, batcher, statistics and leases.
+    """One loaded model version: its engine, batcher, preparation queue, statistics and
+    leases.
 
     A request holds a lease from the moment it picks this version until its response is
     encoded, so a version that is being replaced is freed only once nobody uses it.
@@ -45,6 +47,10 @@ class ServedVersion:
     last_used: float = field(default_factory=time.monotonic)
     retiring: bool = False
     released: asyncio.Event = field(default_factory=asyncio.Event)
+    preparer: PrepareQueue = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.preparer = PrepareQueue(self.model, limit=max(self.batcher.policy.max_batch_size, 16))
 
     @property
     def ready(self) -> bool:

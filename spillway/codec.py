@@ -11,8 +11,7 @@ aligned. BYTES tensors are numpy object arrays of ``bytes``.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -57,13 +56,10 @@ def _validate(model: type[_Model], value: dict[str, Any], what: str) -> _Model:
         raise InvalidInputError(f"invalid {what}: {'; '.join(parts)}{more}") from None
 
 
-@contextmanager
-def _about(kind: str, name: str) -> Iterator[None]:
-    """Prefix errors with the tensor they concern, keeping their class."""
-    try:
-        yield
-    except InvalidInputError as exc:
-        raise type(exc)(f"{kind} {name!r}: {exc.message}") from None
+def _about(kind: str, name: str, error: InvalidInputError) -> InvalidInputError:
+    """The error prefixed with the tensor it concerns, keeping its class (a function, not
+    a context manager: this is on every request's path)."""
+    return type(error)(f"{kind} {name!r}: {error.message}")
 
 
 def _check_unique(names: Iterable[str], kind: str) -> None:
@@ -89,7 +85,7 @@ def _decode_tensors(
     arrays: dict[str, Tensor] = {}
     offset = 0
     for tensor in tensors:
-        with _about(kind, tensor.name):
+        try:
             size = _binary_size(tensor.parameters)
             if size is None:
                 arrays[tensor.name] = from_json(tensor.data, tensor.datatype, tensor.shape)
@@ -101,6 +97,8 @@ def _decode_tensors(
                 raw = binary[offset : offset + size]
                 arrays[tensor.name] = tensor_from_bytes(raw, tensor.datatype, tensor.shape)
                 offset += size
+        except InvalidInputError as error:
+            raise _about(kind, tensor.name, error) from None
         tensor.data = None  # the array holds the values now; free the JSON lists
     if offset != len(binary):
         raise InvalidInputError(f"{len(binary) - offset} bytes follow the last binary tensor")
@@ -113,7 +111,7 @@ def _encode_tensors(
     tensors: list[dict[str, Any]] = []
     chunks: list[Buffer] = []
     for name, value in arrays.items():
-        with _about(kind, name):
+        try:
             array = np.asarray(value)
             datatype = datatype_of(array)
             tensor: dict[str, Any] = {"name": name, "datatype": datatype}
@@ -123,6 +121,8 @@ def _encode_tensors(
                 tensor["parameters"] = {"binary_data_size": len(chunks[-1])}
             else:
                 tensor["data"] = json_data(array, datatype)
+        except InvalidInputError as error:
+            raise _about(kind, name, error) from None
         tensors.append(tensor)
     return tensors, chunks
 

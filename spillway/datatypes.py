@@ -71,8 +71,14 @@ def numpy_dtype(datatype: str) -> np.dtype[np.generic]:
         raise UnsupportedDatatypeError(f"unknown datatype {datatype!r}") from None
 
 
+_BY_DTYPE: Final[dict[np.dtype[np.generic], str]] = {dt: name for name, dt in NUMPY_DTYPES.items()}
+
+
 def datatype_of(array: np.ndarray) -> str:
     """The V2 datatype name for a numpy array."""
+    name = _BY_DTYPE.get(array.dtype)  # native byte order: one look-up on every request
+    if name is not None:
+        return name
     if array.dtype == np.object_ or array.dtype.kind in ("S", "U"):
         return "BYTES"
     for name, dt in NUMPY_DTYPES.items():

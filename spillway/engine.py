@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -24,9 +25,17 @@ from spillway.errors import (
     InvalidInputError,
     ModelLoadError,
     PayloadTooLargeError,
+    SpillwayError,
 )
 from spillway.modelconfig import ModelConfig, TensorConfig
-from spillway.processing import GraphTensor, Prepared, Processor, Tensors, make_processor
+from spillway.processing import (
+    GraphTensor,
+    Prepared,
+    Processor,
+    Tensors,
+    make_processor,
+    outcomes,
+)
 from spillway.protocol import MetadataModelResponse, MetadataTensor
 
 log = logging.getLogger("spillway.engine")
@@ -58,9 +67,6 @@ def _session(path: Path, options: EngineOptions) -> ort.InferenceSession:
     so.intra_op_num_threads = options.intra_op_threads
     so.inter_op_num_threads = options.inter_op_threads
     so.graph_optimization_level = _OPT_LEVELS[options.graph_optimization]
-    available = set(ort.get_available_providers())
-    providers = [p for p in options.providers if p in available] or [CPU]
-    try:
         return ort.InferenceSession(str(path), sess_options=so, providers=providers)
     except Exception as exc:
         raise ModelLoadError(f"ONNX Runtime could not load {path.name}: {exc}") from exc
@@ -96,7 +102,11 @@ class OnnxModel:
                 self.provider,
             )
         self._inputs = {t.name: t for t in config.input}
+        lead = (-1,) if self.batching else ()
+        self._dims = {t.name: (*lead, *t.dims) for t in config.input}
         self._output_names = [o.name for o in self.session.get_outputs()]
+        self.output_names = [o.name for o in config.output]
+        """The served outputs, in the configuration's order."""
         self.processor: Processor = make_processor(
             config, version_dir, _graph_tensors(self.session.get_inputs())
         )
@@ -108,16 +118,17 @@ class OnnxModel:
 
     def validate(self, inputs: Tensors) -> int:
         """Check names, datatypes, shapes and caps; the request's row count."""
-        missing = self._inputs.keys() - inputs.keys()
-        unknown = inputs.keys() - self._inputs.keys()
-        if unknown:
-            raise InvalidInputError(f"unknown input {sorted(unknown)[0]!r} for model {self.name}")
-        if missing:
-            raise InvalidInputError(f"missing input {sorted(missing)[0]!r} for model {self.name}")
-        rows = {self._check_tensor(self._inputs[n], a) for n, a in inputs.items()}
-        if len(rows) != 1:
+        if inputs.keys() != self._inputs.keys():
+            unknown = inputs.keys() - self._inputs.keys()
+            if unknown:
+                name = sorted(unknown)[0]
+                raise InvalidInputError(f"unknown input {name!r} for model {self.name}")
+            missing = sorted(self._inputs.keys() - inputs.keys())[0]
+            raise InvalidInputError(f"missing input {missing!r} for model {self.name}")
+        rows = [self._check_tensor(self._inputs[n], a) for n, a in inputs.items()]
+        count = rows[0]
+        if rows.count(count) != len(rows):
             raise InvalidInputError("all inputs must have the same batch size")
-        count = rows.pop()
         if self.batching and count > self.config.max_batch_size:
             raise BatchTooLargeError(
                 f"batch of {count} exceeds max_batch_size {self.config.max_batch_size}"
@@ -128,7 +139,7 @@ class OnnxModel:
         datatype = datatype_of(array)
         if datatype != spec.datatype:
             raise InvalidInputError(f"input {spec.name!r} must be {spec.datatype}, got {datatype}")
-        dims = (-1, *spec.dims) if self.batching else spec.dims
+        dims = self._dims[spec.name]
         if array.ndim != len(dims) or any(
             want not in (-1, got) for want, got in zip(dims, array.shape, strict=True)
         ):
@@ -146,9 +157,23 @@ class OnnxModel:
             raise InvalidInputError(f"input {spec.name!r} has an empty batch")
         return int(rows)
 
+    @property
+    def batched_prepare(self) -> bool:
+        """Whether preparing requests together beats one by one (text: one tokenising
+        call for many requests)."""
+        return self.processor.batched_prepare
+
     def prepare(self, inputs: Tensors) -> Prepared:
         """Validate and pre-process one request, ready to join a batch."""
         return self.processor.prepare(inputs, self.validate(inputs))
+
+    def prepare_many(self, requests: Sequence[Tensors]) -> list[Prepared | SpillwayError]:
+        """``prepare`` over several requests in one processor call, in order; each
+        request's error (validation or content) is its own and is returned, not raised."""
+        checked = outcomes(lambda inputs: (inputs, self.validate(inputs)), requests)
+        valid = [c for c in checked if not isinstance(c, SpillwayError)]
+        prepared = iter(self.processor.prepare_many(valid))
+        return [c if isinstance(c, SpillwayError) else next(prepared) for c in checked]
 
     def run(self, batch: list[Prepared]) -> list[Tensors]:
         """One ONNX Runtime run over prepared requests; each gets exactly its rows back."""

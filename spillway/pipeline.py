@@ -12,7 +12,7 @@ Decoding does not need the model (a server may look the model up with the reques
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +23,8 @@ from spillway.codec import (
     requested_outputs,
 )
 from spillway.engine import OnnxModel
-from spillway.errors import DeadlineExceededError
-from spillway.processing import Prepared, Tensors
+from spillway.errors import DeadlineExceededError, SpillwayError
+from spillway.processing import Prepared, Tensors, outcomes
 from spillway.protocol import InferenceRequest
 from spillway.wire import InferParameters
 
@@ -66,6 +66,8 @@ Execute = Callable[[Admitted], Tensors]
 Submit = Callable[[Admitted], Awaitable[Tensors]]
 Offload = Callable[..., Awaitable[Any]]
 """Runs a blocking step (``offload(function, *args)``) off the event loop."""
+Admit = Callable[[Decoded], Awaitable[Admitted]]
+"""Validates and prepares one request somewhere else (e.g. together with others)."""
 
 
 def decode(body: bytes, header_length: int | None, max_body_bytes: int | None = None) -> Decoded:
@@ -76,9 +78,32 @@ def decode(body: bytes, header_length: int | None, max_body_bytes: int | None = 
 
 def admit(model: OnnxModel, decoded: Decoded) -> Admitted:
     """Validate against the model's signature and pre-process (e.g. tokenise)."""
-    outputs = requested_outputs(decoded.request, [o.name for o in model.config.output])
-    binary = binary_outputs_requested(decoded.request, outputs)
+    outputs, binary = _outputs(model, decoded)
     return Admitted(decoded, model.prepare(decoded.arrays), outputs, binary)
+
+
+def admit_many(model: OnnxModel, decoded: Sequence[Decoded]) -> list[Admitted | SpillwayError]:
+    """``admit`` over several requests with one preparation call (one tokenising pass for
+    all their texts), in order; each request's error is its own and is returned."""
+    wanted = outcomes(lambda request: _outputs(model, request), decoded)
+    valid = [d for d, w in zip(decoded, wanted, strict=True) if not isinstance(w, SpillwayError)]
+    prepared = iter(model.prepare_many([d.arrays for d in valid]))
+    out: list[Admitted | SpillwayError] = []
+    for request, outputs in zip(decoded, wanted, strict=True):
+        if isinstance(outputs, SpillwayError):
+            out.append(outputs)
+            continue
+        outcome = next(prepared)
+        out.append(
+            outcome if isinstance(outcome, SpillwayError) else Admitted(request, outcome, *outputs)
+        )
+    return out
+
+
+def _outputs(model: OnnxModel, decoded: Decoded) -> tuple[list[str], set[str]]:
+    """The outputs a request wants, and which of them as binary data."""
+    outputs = requested_outputs(decoded.request, model.output_names)
+    return outputs, binary_outputs_requested(decoded.request, outputs)
 
 
 def encode(model: OnnxModel, admitted: Admitted, result: Tensors) -> Encoded:
@@ -100,15 +125,24 @@ def run(model: OnnxModel, decoded: Decoded, execute: Execute) -> Encoded:
 
 
 async def run_async(
-    model: OnnxModel, decoded: Decoded, submit: Submit, offload: Offload | None = None
+    model: OnnxModel,
+    decoded: Decoded,
+    submit: Submit,
+    offload: Offload | None = None,
+    prepare: Admit | None = None,
 ) -> Encoded:
-    """Validate, prepare, execute and encode, awaiting the injected ``submit``; ``offload``
-    (when given) runs preparation (e.g. tokenising) and encoding off the event loop."""
-    if offload is None:  # the small-request path: no extra awaits
+    """Validate, prepare, execute and encode, awaiting the injected ``submit``. ``offload``
+    (when given) runs preparation and encoding off the event loop; ``prepare`` (when
+    given) admits the request instead, e.g. tokenised together with others."""
+    if prepare is not None:
+        admitted = await prepare(decoded)
+    elif offload is not None:
+        admitted = await offload(admit, model, decoded)
+    else:  # the small-request path: no extra awaits
         admitted = admit(model, decoded)
-        return encode(model, admitted, await submit(admitted))
-    admitted = await offload(admit, model, decoded)
     result = await submit(admitted)
+    if offload is None:
+        return encode(model, admitted, result)
     encoded: Encoded = await offload(encode, model, admitted, result)
     return encoded
 

@@ -8,18 +8,24 @@ graph's feeds for one run, and maps the graph's outputs back to the served outpu
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
 
-from spillway.errors import InvalidInputError, ModelLoadError
+from spillway.errors import InvalidInputError, ModelLoadError, SpillwayError
 from spillway.modelconfig import ModelConfig
 
 Tensors = dict[str, npt.NDArray[Any]]
+T = TypeVar("T")
+R = TypeVar("R")
+Request = tuple[Tensors, int]
+"""One validated request's served tensors and its row count."""
 
 
 @dataclass(frozen=True)
@@ -40,11 +46,29 @@ class Prepared:
     length: int = 0
 
 
+def outcomes(function: Callable[[T], R], items: Iterable[T]) -> list[R | SpillwayError]:
+    """``function`` over ``items``, a ``SpillwayError`` kept as that item's outcome: how
+    a step over many requests lets each request fail alone."""
+    out: list[R | SpillwayError] = []
+    for item in items:
+        try:
+            out.append(function(item))
+        except SpillwayError as error:
+            out.append(error)
+    return out
+
+
 class Processor(Protocol):
     """Maps served tensors to graph feeds and graph outputs back to served tensors."""
 
+    batched_prepare: bool
+    """Whether preparing requests together is cheaper than one by one (tokenising)."""
+
     def prepare(self, inputs: Tensors, rows: int) -> Prepared:
         """Graph feeds for one validated request; raises InvalidInputError on bad content."""
+
+    def prepare_many(self, requests: Sequence[Request]) -> list[Prepared | SpillwayError]:
+        """``prepare`` over several requests, in order; a request's error is its own."""
 
     def collate(self, prepared: list[Prepared]) -> Tensors:
         """The feeds of one run over several prepared requests, in order."""
@@ -60,7 +84,20 @@ def _concat(prepared: list[Prepared]) -> Tensors:
     return {n: np.concatenate([p.feeds[n] for p in prepared], axis=0) for n in names}
 
 
-class TensorProcessor:
+class _OneByOne(ABC):
+    """Preparing together gains nothing: ``prepare_many`` prepares each request alone."""
+
+    batched_prepare = False
+
+    @abstractmethod
+    def prepare(self, inputs: Tensors, rows: int) -> Prepared:
+        """Graph feeds for one validated request."""
+
+    def prepare_many(self, requests: Sequence[Request]) -> list[Prepared | SpillwayError]:
+        return outcomes(lambda request: self.prepare(*request), requests)
+
+
+class TensorProcessor(_OneByOne):
     """Served signature = graph signature: names and datatypes must agree at load."""
 
     def __init__(self, config: ModelConfig, graph_inputs: list[GraphTensor]) -> None:
@@ -79,7 +116,7 @@ class TensorProcessor:
         return graph_outputs
 
 
-class ImageClassifierProcessor:
+class ImageClassifierProcessor(_OneByOne):
     """Images ``[N, H, W]`` in; the graph takes them flattened ``[N, H*W]``."""
 
     def __init__(self, config: ModelConfig, graph_inputs: list[GraphTensor]) -> None:
@@ -101,7 +138,12 @@ class ImageClassifierProcessor:
 
 
 class TextEmbeddingProcessor:
-    """UTF-8 text ``[N, 1]`` in; tokenised at admission, padded to the batch's longest."""
+    """UTF-8 text ``[N, 1]`` in; tokenised at admission, padded to the batch's longest.
+
+    ``prepare_many`` tokenises the texts of every request in one ``encode_batch`` call,
+    which the tokenizers library spreads over its own threads without the GIL."""
+
+    batched_prepare = True
 
     def __init__(self, config: ModelConfig, version_dir: Path) -> None:
         block = config.spillway
@@ -130,15 +172,22 @@ class TextEmbeddingProcessor:
         return texts
 
     def prepare(self, inputs: Tensors, rows: int) -> Prepared:
-        ids = [e.ids for e in self._tokenizer.encode_batch(self._texts(inputs))]
-        length = max(len(i) for i in ids)
-        # Rows are padded to this request's longest; collate pads again across requests.
-        padded = np.zeros((rows, length), dtype=np.int64)
-        mask = np.zeros((rows, length), dtype=np.int64)
-        for row, seq in enumerate(ids):
-            padded[row, : len(seq)] = seq
-            mask[row, : len(seq)] = 1
-        return Prepared({"input_ids": padded, "attention_mask": mask}, rows, length)
+        outcome = self.prepare_many([(inputs, rows)])[0]
+        if isinstance(outcome, SpillwayError):
+            raise outcome
+        return outcome
+
+    def prepare_many(self, requests: Sequence[Request]) -> list[Prepared | SpillwayError]:
+        texts = outcomes(self._texts, (inputs for inputs, _ in requests))
+        flat = [text for t in texts if not isinstance(t, SpillwayError) for text in t]
+        encodings = iter(self._tokenizer.encode_batch(flat)) if flat else iter(())
+        out: list[Prepared | SpillwayError] = []
+        for (_, rows), request_texts in zip(requests, texts, strict=True):
+            if isinstance(request_texts, SpillwayError):
+                out.append(request_texts)
+            else:
+                out.append(_padded([next(encodings).ids for _ in request_texts], rows))
+        return out
 
     def collate(self, prepared: list[Prepared]) -> Tensors:
         longest = max(p.length for p in prepared)
@@ -154,6 +203,18 @@ class TextEmbeddingProcessor:
 
     def outputs(self, graph_outputs: Tensors) -> Tensors:
         return {self._output: next(iter(graph_outputs.values()))}
+
+
+def _padded(ids: list[list[int]], rows: int) -> Prepared:
+    """Token ids and mask, padded to this request's longest row (collate pads again
+    across requests)."""
+    length = max(len(i) for i in ids)
+    padded = np.zeros((rows, length), dtype=np.int64)
+    mask = np.zeros((rows, length), dtype=np.int64)
+    for row, seq in enumerate(ids):
+        padded[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return Prepared({"input_ids": padded, "attention_mask": mask}, rows, length)
 
 
 def make_processor(

@@ -252,18 +252,25 @@ def test_deadline_passes_in_queue_gives_504(slow_repo: Path, tmp_path: Path) -> 
     assert model_stats["spillway"]["expired"] == 1
 
 
-def test_lone_request_latency_is_bounded_by_the_delay(models_dir: Path, tmp_path: Path) -> None:
-    # GIVEN a fast model whose queue delay is 300 ms
+@pytest.mark.parametrize("early", [False, True], ids=["wait-for-company", "early-dispatch"])
+def test_lone_request_latency_is_bounded_by_the_delay(
+    models_dir: Path, tmp_path: Path, early: bool
+) -> None:
+    # GIVEN a fast model whose queue delay is 300 ms, with early dispatch off or on
     root = tmp_path / "repo"
     write_slow_model(root, max_batch_size=8, delay_us=300_000, steps=0)
-    with gpu_service(root, tmp_path / "logs") as svc:
+    with gpu_service(root, tmp_path / "logs", early_dispatch=str(early).lower()) as svc:
         _infer_slow(svc.base, 1.0)  # warm the connection path
         started = time.monotonic()
         status, _, _ = _infer_slow(svc.base, 1.0)
         elapsed = time.monotonic() - started
     assert status == 200
-    # it waited for company for the delay, measured from its arrival, and not much more
-    assert 0.3 <= elapsed < 0.3 + 1.5
+    if early:
+        # alone, it could gain no company by waiting: it ran at once
+        assert elapsed < 0.3
+    else:
+        # it waited for company for the delay, measured from its arrival, and not much more
+        assert 0.3 <= elapsed < 0.3 + 1.5
 
 
 def test_sigterm_drains_in_flight_and_refuses_new(slow_repo: Path, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ time. "Running" batches are calls the executor holds until the test releases the
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -108,6 +109,7 @@ op = st.tuples(
     queue_size=st.integers(2, 30),
     concurrency=st.integers(1, 2),
     run_s=st.sampled_from([0.0005, 0.01]),
+    early=st.booleans(),
 )
 def test_every_request_gets_exactly_its_own_answer(
     ops: list[Op],
@@ -115,10 +117,12 @@ def test_every_request_gets_exactly_its_own_answer(
     queue_size: int,
     concurrency: int,
     run_s: float,
+    early: bool,
 ) -> None:
-    # GIVEN a batcher whose runs take 0.5 or 10 ms, and any interleaving of arrivals,
-    # deadlines, cancellations and poisoned requests
+    # GIVEN a batcher whose runs take 0.5 or 10 ms, with or without early dispatch, and
+    # any interleaving of arrivals, deadlines, cancellations and poisoned requests
     policy = BatchingPolicy(
+        early_dispatch=early,
         max_batch_size=max_batch,
         max_queue_delay_s=0.001,
         max_queue_size=queue_size,
@@ -553,3 +557,180 @@ def test_a_running_long_batch_does_not_block_short_ones() -> None:
 
     rig = run_with(policy, scenario)
     assert rig.runner.batches == [[1], [2], [9]]
+
+
+# -- early dispatch --------------------------------------------------------------------
+
+
+def _early(**fields: object) -> BatchingPolicy:
+    """A policy with early dispatch on: 5 ms delay, batches of up to 32 by default."""
+    values: dict[str, object] = {
+        "max_batch_size": 32,
+        "max_queue_delay_s": 0.005,
+        "early_dispatch": True,
+    }
+    values.update(fields)
+    return BatchingPolicy(**values)  # type: ignore[arg-type]
+
+
+def test_early_dispatch_sends_a_lone_client_at_once_every_time() -> None:
+    # GIVEN early dispatch, a 5 ms delay and runs of 0.5 ms
+    latencies: list[float] = []
+
+    async def scenario(rig: Rig) -> None:
+        loop = virtual_loop()
+        # WHEN one client sends 20 requests, each 1 ms after the previous answer
+        for ident in range(20):
+            started = loop.time()
+            result = await rig.batcher.submit(fake_request(ident))
+            np.testing.assert_array_equal(result["y"], row_sums(fake_request(ident)))
+            latencies.append(loop.time() - started)
+            await advance(0.001)
+
+    rig = run_with(_early(), scenario, executor=InlineExecutor(run_s=0.0005))
+    # THEN each one runs alone and at once: its latency is its compute, never the delay
+    assert rig.runner.batches == [[i] for i in range(20)]
+    assert latencies == [pytest.approx(0.0005)] * 20
+
+
+def test_early_dispatch_still_forms_full_batches_for_64_clients() -> None:
+    # GIVEN early dispatch, batches of up to 32, two compute slots and runs of 1 ms
+    rounds, clients = 12, 64
+    finished: list[float] = []
+
+    async def client(rig: Rig, index: int) -> None:
+        for turn in range(rounds):
+            ident = turn * clients + index
+            result = await rig.batcher.submit(fake_request(ident))
+            np.testing.assert_array_equal(result["y"], row_sums(fake_request(ident)))
+            # the answer travels back and the next request comes, 0.1 to 0.45 ms later
+            await advance(0.0001 + 0.00005 * (index % 8))
+        finished.append(virtual_loop().time())
+
+    async def scenario(rig: Rig) -> None:
+        # WHEN 64 closed-loop clients send 12 requests each
+        await asyncio.gather(*(client(rig, i) for i in range(clients)))
+
+    rig = run_with(_early(concurrency=2), scenario, executor=InlineExecutor(run_s=0.001))
+    # THEN every batch is full
+    assert [len(batch) for batch in rig.runner.batches] == [32] * (rounds * 2)
+    # AND no round waited out the 5 ms delay: a round is one run plus the way back
+    assert max(finished) < rounds * 0.0015
+
+
+def test_a_request_on_its_way_keeps_the_batch_open() -> None:
+    # GIVEN early dispatch and a request announced as on its way (being tokenised, say)
+    done_at: dict[int, float] = {}
+
+    async def scenario(rig: Rig) -> None:
+        loop = virtual_loop()
+
+        async def one(ident: int, prepared_for: float = 0.0) -> None:
+            if prepared_for:
+                with rig.batcher.incoming():
+                    await advance(prepared_for)
+            await rig.batcher.submit(fake_request(ident))
+            done_at[ident] = loop.time()
+
+        later = asyncio.ensure_future(one(2, prepared_for=0.002))
+        await idle()
+        # WHEN another request arrives meanwhile, and the announced one joins 2 ms later
+        await asyncio.gather(one(1), later)
+
+    rig = run_with(_early(), scenario)
+    # THEN the first waited for it and both ran together, before the 5 ms delay ended
+    assert rig.runner.batches == [[1, 2]]
+    assert done_at == {1: pytest.approx(0.002), 2: pytest.approx(0.002)}
+
+
+def test_a_request_called_off_on_its_way_releases_the_batch() -> None:
+    # GIVEN early dispatch and a request announced as on its way
+    done_at: list[float] = []
+
+    async def scenario(rig: Rig) -> None:
+        async def called_off() -> None:
+            with rig.batcher.incoming():
+                await advance(0.001)
+            # its tokenising failed: it never reaches the batcher
+
+        abandoned = asyncio.ensure_future(called_off())
+        await idle()
+        # WHEN another request arrives meanwhile
+        await rig.batcher.submit(fake_request(1))
+        done_at.append(virtual_loop().time())
+        await abandoned
+
+    rig = run_with(_early(), scenario)
+    # THEN it goes as soon as its companion is called off, not at the end of the delay
+    assert rig.runner.batches == [[1]]
+    assert done_at == [pytest.approx(0.001)]
+
+
+@pytest.mark.parametrize(
+    ("third_comes", "batches", "dispatched_at"),
+    [(True, [[0], [1, 2, 3]], 0.003), (False, [[0], [1, 2]], 0.010)],
+    ids=["whole-crowd-in-hand", "rate-stops-expecting"],
+)
+def test_early_dispatch_waits_only_while_company_is_expected(
+    third_comes: bool, batches: list[list[int]], dispatched_at: float
+) -> None:
+    # GIVEN early dispatch, a 10 ms delay and one compute slot held by request 0, while
+    # requests 1 and 2 arrive 1 ms apart (so 3 requests were in hand at once, 1,000/s)
+    when: list[float] = []
+
+    async def scenario(rig: Rig) -> None:
+        loop = virtual_loop()
+        rig.executor.hold()
+        tasks = [submit(rig.batcher, fake_request(0))]
+        for ident in (1, 2):
+            await advance(0.001)
+            tasks.append(submit(rig.batcher, fake_request(ident)))
+        await advance(0.0005)
+        # WHEN the slot frees at 2.5 ms (and a third client comes back at 3 ms, or not)
+        rig.executor.resume()
+        await idle()
+        assert rig.runner.batches == [[0]], "the two queued requests waited for company"
+        if third_comes:
+            await advance(0.0005)
+            tasks.append(submit(rig.batcher, fake_request(3)))
+        await asyncio.gather(*tasks)
+        when.append(loop.time())
+
+    rig = run_with(_early(max_batch_size=8, max_queue_delay_s=0.010), scenario)
+    # THEN the batch goes once the whole crowd is in hand, or else once the rate no longer
+    # expects anyone before the delay ends: 1 ms (one gap) before request 1's 11 ms
+    assert rig.runner.batches == batches
+    assert when == [pytest.approx(dispatched_at)]
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["wait", "early-dispatch"])
+def test_a_request_due_before_its_timer_fires_is_never_computed(early: bool) -> None:
+    # GIVEN a batcher on a clock that moves 1 ms on every reading (a very slow machine),
+    # so a 0.5 ms deadline has passed by the time the batcher looks, before its timer ran
+    policy = BatchingPolicy(max_batch_size=4, max_queue_delay_s=0.0, early_dispatch=early)
+    runner = SummingRunner()
+    outcome: list[object] = []
+
+    async def main() -> None:
+        loop = virtual_loop()
+        readings = itertools.count()
+        batcher = DynamicBatcher(
+            "slow",
+            runner,
+            policy,
+            InlineExecutor(),
+            clock=lambda: loop.time() + next(readings) * 1e-3,
+        )
+        batcher.start()
+        # WHEN a request with a 0.5 ms timeout arrives at an idle batcher
+        try:
+            outcome.append(await batcher.submit(fake_request(1), timeout_s=0.0005))
+        except DeadlineExceededError as error:
+            outcome.append(error)
+        await batcher.stop(drain_timeout_s=1)
+
+    run_virtual(main)
+    # THEN it is answered 504 and never reaches the runner
+    [error] = outcome
+    assert isinstance(error, DeadlineExceededError)
+    assert runner.batches == []

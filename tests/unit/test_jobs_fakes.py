@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from spillway.errors import InvalidInputError
+from spillway.errors import InvalidInputError, SpillwayError
 from spillway.modelconfig import ModelConfig, TensorConfig
-from spillway.processing import Prepared, Tensors
+from spillway.processing import Prepared, Tensors, outcomes
 from tests.fakes import sum_rows
 
 
@@ -45,6 +46,9 @@ class FakeModel:
         if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != 2:
             raise InvalidInputError(f"input 'x' must be FP32 [-1, 2], got {list(x.shape)}")
         return Prepared({"x": x}, len(x))
+
+    def prepare_many(self, requests: Sequence[Tensors]) -> list[Prepared | SpillwayError]:
+        return outcomes(self.prepare, requests)
 
     def run(self, batch: list[Prepared]) -> list[Tensors]:
         self.runs.append(sum(p.rows for p in batch))
