@@ -67,6 +67,9 @@ def _session(path: Path, options: EngineOptions) -> ort.InferenceSession:
     so.intra_op_num_threads = options.intra_op_threads
     so.inter_op_num_threads = options.inter_op_threads
     so.graph_optimization_level = _OPT_LEVELS[options.graph_optimization]
+    available = set(ort.get_available_providers())
+    providers = [p for p in options.providers if p in available] or [CPU]
+    try:
         return ort.InferenceSession(str(path), sess_options=so, providers=providers)
     except Exception as exc:
         raise ModelLoadError(f"ONNX Runtime could not load {path.name}: {exc}") from exc
