@@ -1,7 +1,13 @@
-"""The HTTP transport: a small ASGI application over the data plane.
+"""The service's HTTP handling, apart from any server: route, admit, answer.
 
-It only translates: route, read the body within its cap, call the data plane, write the
-response. Errors are mapped here once: a ``SpillwayError`` becomes its status and
+A request is handled in two steps, so everything that can refuse it is checked before
+its body is read: ``begin`` routes it on its method, path and headers (an infer request
+is checked for its model, its declared length and the body budget here) and returns an
+``Exchange``; ``finish`` answers the exchange once its body has arrived. Two servers use
+the steps: the service's own HTTP/1.1 server (``gpu_service.transport``) and, through
+``GpuServiceApp.__call__``, any ASGI server (uvicorn, in-process test clients).
+
+Errors are mapped here once: a ``SpillwayError`` becomes its status and
 ``{"error", "code"}`` body (with ``Retry-After`` when it carries one); anything else is
 logged with its traceback and answered with a generic 500.
 """
@@ -13,6 +19,7 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gpu_service import metrics, openapi
@@ -41,6 +48,8 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Headers = list[tuple[bytes, bytes]]
+Response = tuple[int, bytes, Headers]
+"""Status, body and headers (without ``content-length``: the server adds it)."""
 
 _REPOSITORY_PATH = re.compile(r"^/v2/repository/models/(?P<model>[^/]+)/(?P<op>load|unload)$")
 _JSON = (b"content-type", b"application/json")
@@ -48,20 +57,121 @@ _BINARY = (b"content-type", b"application/octet-stream")
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 _OPENAPI = openapi.document_bytes()
 _MAX_TARGETS = 1024
+_OTHER_BODY_BYTES = 1024 * 1024
+"""The most body any request but an infer request may send (none reads its body)."""
 
 
 def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
+@dataclass(slots=True)
+class Exchange:
+    """A request past its headers: how much body it may send and what answers it."""
+
+    method: str
+    path: str
+    headers: Headers
+    target: Target | None
+    declared: int | None
+    """The declared ``Content-Length`` (``None`` when chunked or absent)."""
+    limit: int
+    """The most body bytes accepted; past it the request is a 413."""
+    header_length: int | None = None
+    """An infer request's ``Inference-Header-Content-Length``."""
+    reserved: int = 0
+    """Body-budget bytes this request holds until it is answered or abandoned."""
+
+
 class GpuServiceApp:
-    """ASGI entry point; the lifespan loads and drains the registry."""
+    """The service's requests (``begin``/``finish``), and an ASGI entry point over them
+    whose lifespan loads and drains the registry."""
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
         self.consumer: AsyncConsumer | None = None
         # Parsed model paths: a regex and two name checks saved on every request.
         self._targets: dict[str, Target] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        """Load the start-up models and start taking async work."""
+        await self.plane.registry.start()
+        self.consumer = start_consumer(self.plane)
+
+    async def shutdown(self) -> None:
+        """Stop taking async work, refuse new requests, drain the batchers, stop."""
+        if self.consumer is not None:  # stop taking async work first
+            await self.consumer.stop(self.plane.settings.drain_timeout_s)
+        self.plane.draining = True
+        await self.plane.registry.stop(self.plane.settings.drain_timeout_s)
+        self.plane.close()
+
+    # -- the two steps -----------------------------------------------------------------
+
+    def begin(self, method: str, path: str, headers: Headers) -> Exchange:
+        """Route a request on its headers; raises ``SpillwayError`` to refuse it before
+        its body is read."""
+        target = None
+        if path.startswith("/v2/models/") and (target := self._target(path)) is not None:
+            allow(method, path, target.method)
+            if target.model is not None and target.operation == "infer":
+                return self._begin_infer(method, path, headers, target)
+        elif path.startswith("/v2/repository/"):
+            allow(method, path, "POST")
+            self._authorize(headers)
+        else:
+            allow(method, path, "GET")
+        # No other route reads its body (a load request's parameters are not used).
+        declared = self._declared_length(_header(headers, b"content-length"), _OTHER_BODY_BYTES)
+        limit = _OTHER_BODY_BYTES if declared is None else declared
+        return Exchange(method, path, headers, target, declared, limit)
+
+    def _begin_infer(self, method: str, path: str, headers: Headers, target: Target) -> Exchange:
+        plane = self.plane
+        header_length, content_length = _infer_headers(headers)
+        length = parse_header_length(header_length)
+        plane.check_infer(target.model)  # type: ignore[arg-type]
+        declared = self._declared_length(content_length, plane.settings.max_body_bytes)
+        size = declared or plane.settings.max_body_bytes
+        plane.bodies.reserve(size)
+        return Exchange(method, path, headers, target, declared, size, length, size)
+
+    def abandon(self, exchange: Exchange) -> None:
+        """Give back what an exchange holds when it will never be finished."""
+        if exchange.reserved:
+            self.plane.bodies.release(exchange.reserved)
+            exchange.reserved = 0
+
+    async def finish(self, exchange: Exchange, body: bytes) -> Response:
+        """The response to an exchange whose body has arrived; never raises."""
+        try:
+            return await self._answer(exchange, body)
+        except SpillwayError as error:
+            return self.refusal(error, exchange.method, exchange.path)
+        except Exception:
+            log.exception("unhandled error on %s", exchange.method)
+            return _encoded(INTERNAL_ERROR)
+        finally:
+            self.abandon(exchange)
+
+    def refusal(self, error: SpillwayError, method: str, path: str) -> Response:
+        """The response to a refused request, logged."""
+        status, body, headers = _encoded(error_reply(error))
+        log.info(
+            "request refused",
+            extra={
+                "method": method,
+                "path": path[:200],
+                "status": status,
+                "code": error.code,
+                "reason": error.message,
+            },
+        )
+        return status, body, headers
+
+    # -- ASGI ----------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -74,52 +184,47 @@ class GpuServiceApp:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 try:
-                    await self.plane.registry.start()
+                    await self.startup()
                 except Exception as exc:
                     log.exception("start-up failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
-                self.consumer = start_consumer(self.plane)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self.consumer is not None:  # stop taking async work first
-                    await self.consumer.stop(self.plane.settings.drain_timeout_s)
-                self.plane.draining = True
-                await self.plane.registry.stop(self.plane.settings.drain_timeout_s)
-                self.plane.close()
+                await self.shutdown()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method, path = scope["method"], scope["path"]
         try:
-            status, body, headers = await self._route(scope, receive)
+            exchange = self.begin(method, path, scope["headers"])
         except SpillwayError as error:
-            status, body, headers = _encoded(error_reply(error))
-            log.info(
-                "request refused",
-                extra={
-                    "method": scope["method"],
-                    "path": scope["path"][:200],
-                    "status": status,
-                    "code": error.code,
-                    "reason": error.message,
-                },
-            )
+            status, body, headers = self.refusal(error, method, path)
         except Exception:
-            log.exception("unhandled error on %s", scope["method"])
+            log.exception("unhandled error on %s", method)
             status, body, headers = _encoded(INTERNAL_ERROR)
+        else:
+            try:
+                request_body = await _asgi_body(receive, exchange)
+            except SpillwayError as error:
+                self.abandon(exchange)
+                status, body, headers = self.refusal(error, method, path)
+            else:
+                status, body, headers = await self.finish(exchange, request_body)
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _route(self, scope: Scope, receive: Receive) -> tuple[int, bytes, Headers]:
-        method, path = scope["method"], scope["path"]
+    # -- routes --------------------------------------------------------------------------
+
+    async def _answer(self, exchange: Exchange, body: bytes) -> Response:
+        path, target = exchange.path, exchange.target
         plane = self.plane
-        if path.startswith("/v2/models/") and (target := self._target(path)) is not None:
-            return await self._model_route(method, target, scope, receive)
+        if target is not None:
+            return await self._model_route(target, exchange, body)
         if path.startswith("/v2/repository/"):
-            return await self._repository_route(method, path, scope, receive)
-        allow(method, path, "GET")
+            return await self._repository_route(path)
         if path == "/v2/health/live":
             return 200, b"", [_JSON]
         if path == "/v2/health/ready":
@@ -141,16 +246,13 @@ class GpuServiceApp:
             self._targets[path] = target
         return target
 
-    async def _model_route(
-        self, method: str, target: Target, scope: Scope, receive: Receive
-    ) -> tuple[int, bytes, Headers]:
+    async def _model_route(self, target: Target, exchange: Exchange, body: bytes) -> Response:
         model, version, op = target.model, target.version, target.operation
         plane = self.plane
-        allow(method, scope["path"], target.method)
         if model is None:  # /v2/models/stats
             return 200, _json(plane.model_stats(None, None)), [_JSON]
         if op == "infer":
-            return await self._infer(model, version, scope, receive)
+            return await self._infer(model, version, body, exchange.header_length)
         if op == "ready":
             return self._flag(plane.model_ready(model, version), f"model {model} is not ready")
         if op == "config":
@@ -160,21 +262,9 @@ class GpuServiceApp:
         return 200, _json(plane.model_metadata(model, version)), [_JSON]
 
     async def _infer(
-        self, model: str, version: str | None, scope: Scope, receive: Receive
-    ) -> tuple[int, bytes, Headers]:
-        plane = self.plane
-        # Everything that can refuse the request is checked before the body is read.
-        header_length, content_length = _infer_headers(scope)
-        length = parse_header_length(header_length)
-        plane.check_infer(model)
-        declared = self._declared_length(content_length)
-        size = declared or plane.settings.max_body_bytes
-        plane.bodies.reserve(size)
-        try:
-            body = await self._body(receive, declared)
-            result = await plane.infer(model, version, body, length)
-        finally:
-            plane.bodies.release(size)
+        self, model: str, version: str | None, body: bytes, header_length: int | None
+    ) -> Response:
+        result = await self.plane.infer(model, version, body, header_length)
         headers: Headers = [
             (b"x-spillway-model-version", str(result.version).encode()),
             (b"x-spillway-queue-depth", str(result.queue_depth).encode()),
@@ -193,14 +283,7 @@ class GpuServiceApp:
             ]
         return 200, result.body, headers
 
-    async def _repository_route(
-        self, method: str, path: str, scope: Scope, receive: Receive
-    ) -> tuple[int, bytes, Headers]:
-        allow(method, path, "POST")
-        self._authorize(scope)
-        # A load request's body (parameters) is not used.
-        declared = self._declared_length(_header(scope, b"content-length"))
-        await self._body(receive, declared)
+    async def _repository_route(self, path: str) -> Response:
         if path == "/v2/repository/index":
             return 200, _json(await self.plane.repository_index()), [_JSON]
         match = _REPOSITORY_PATH.match(path)
@@ -212,7 +295,7 @@ class GpuServiceApp:
             await self.plane.unload(match["model"])
         return 200, b"", [_JSON]
 
-    def _authorize(self, scope: Scope) -> None:
+    def _authorize(self, headers: Headers) -> None:
         settings = self.plane.settings
         token = settings.admin_token
         if token is None:
@@ -221,55 +304,57 @@ class GpuServiceApp:
             raise UnauthorizedError(
                 "repository control needs GPU_ADMIN_TOKEN when the service listens beyond loopback"
             )
-        given = _header(scope, b"authorization") or ""
+        given = _header(headers, b"authorization") or ""
         if not hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode()):
             raise UnauthorizedError("repository control needs the admin token")
 
-    def _declared_length(self, declared: str | None) -> int | None:
-        """The declared ``Content-Length`` (``None`` when chunked); 413 past the cap."""
-        limit = self.plane.settings.max_body_bytes
+    @staticmethod
+    def _declared_length(declared: str | None, limit: int) -> int | None:
+        """The declared ``Content-Length`` (``None`` when chunked); 413 past ``limit``."""
         if declared is None or not declared.isdigit():
             return None
         if int(declared) > limit:
             raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
         return int(declared)
 
-    async def _body(self, receive: Receive, declared: int | None) -> bytes:
-        limit = self.plane.settings.max_body_bytes if declared is None else declared
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                # The client went away mid-body: never parse what arrived as a request.
-                raise InvalidInputError("the client disconnected before its body arrived")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                if declared is not None and size < declared:
-                    raise InvalidInputError(f"the body ended after {size} of {declared} bytes")
-                return b"".join(chunks)
-
     @staticmethod
-    def _flag(value: bool, reason: str) -> tuple[int, bytes, Headers]:
+    def _flag(value: bool, reason: str) -> Response:
         if value:
             return 200, b"", [_JSON]
         return 400, _json({"error": reason, "code": "not_ready"}), [_JSON]
 
 
-def _encoded(reply: Reply) -> tuple[int, bytes, Headers]:
+async def _asgi_body(receive: Receive, exchange: Exchange) -> bytes:
+    """An ASGI request's body, never more than the exchange's limit."""
+    limit, declared = exchange.limit, exchange.declared
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            # The client went away mid-body: never parse what arrived as a request.
+            raise InvalidInputError("the client disconnected before its body arrived")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            if declared is not None and size < declared:
+                raise InvalidInputError(f"the body ended after {size} of {declared} bytes")
+            return b"".join(chunks)
+
+
+def _encoded(reply: Reply) -> Response:
     headers = [(k.encode(), v.encode()) for k, v in reply.headers]
     return reply.status, reply.body, headers
 
 
-def _infer_headers(scope: Scope) -> tuple[str | None, str | None]:
+def _infer_headers(headers: Headers) -> tuple[str | None, str | None]:
     """``Inference-Header-Content-Length`` and ``Content-Length`` (each the first one
     sent, as ``_header`` reads them), in one pass."""
     header_length = content_length = None
-    for key, value in scope["headers"]:
+    for key, value in headers:
         if key == b"inference-header-content-length" and header_length is None:
             header_length = value.decode("latin-1")
         elif key == b"content-length" and content_length is None:
@@ -277,8 +362,8 @@ def _infer_headers(scope: Scope) -> tuple[str | None, str | None]:
     return header_length, content_length
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
+def _header(headers: Headers, name: bytes) -> str | None:
+    for key, value in headers:
         if key == name:
             return str(value.decode("latin-1"))
     return None

@@ -1,19 +1,21 @@
-"""Starting the GPU service: uvicorn (httptools, uvloop) over the ASGI app.
+"""Starting the GPU service: its own HTTP/1.1 server (``gpu_service.transport``), or the
+same app as ASGI under uvicorn (``GPU_HTTP_SERVER=uvicorn``); httptools and uvloop both.
 
 On SIGTERM (an ECS stop) readiness turns false at once and new infer requests get 503;
-uvicorn stops accepting connections, in-flight requests finish, the batchers drain their
-queues, and the process exits within ``drain_timeout_s``.
+the server stops accepting connections, in-flight requests finish, the batchers drain
+their queues, and the process exits 0 within ``drain_timeout_s``.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import sys
 from types import FrameType
 
 import uvicorn
 
-from gpu_service import logs
+from gpu_service import logs, transport
 from gpu_service.dataplane import DataPlane
 from gpu_service.http import GpuServiceApp
 from gpu_service.registry import ModelRegistry
@@ -52,6 +54,8 @@ def serve(settings: GpuSettings) -> None:
     """Run the service until SIGTERM or SIGINT."""
     logs.configure(settings.log_level, "spillway-gpu")
     app = build_app(settings)
+    if settings.http_server == "native":
+        sys.exit(transport.run(app, settings.host, settings.port, settings.max_connections))
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -44,7 +44,11 @@ class GpuSettings(BaseSettings):
     """Bytes of request bodies held at once (being read or served); a request that would
     pass it gets 503 with ``Retry-After`` before its body is read."""
     max_connections: int = Field(default=1024, ge=1)
-    """Concurrent connections and requests; beyond it uvicorn answers 503."""
+    """Concurrent connections; beyond it a connection's request gets 503."""
+    http_server: Literal["native", "uvicorn"] = "native"
+    """``native``: the service's own HTTP/1.1 server (``gpu_service/transport.py``, about
+    4x less time per request than an ASGI server); ``uvicorn``: the same app as ASGI under
+    uvicorn."""
     inline_parse_bytes: int = Field(default=64 * 1024, ge=0)
     """Bodies up to this size are decoded, prepared and encoded on the event loop; bigger
     ones (and their tokenising) on the parse threads, so health and small requests stay

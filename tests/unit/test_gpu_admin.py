@@ -17,15 +17,14 @@ def _app(**settings: Any) -> GpuServiceApp:
     return GpuServiceApp(plane)
 
 
-def _scope(authorization: str | None = None) -> dict[str, Any]:
-    headers = [] if authorization is None else [(b"authorization", authorization.encode())]
-    return {"headers": headers}
+def _headers(authorization: str | None = None) -> list[tuple[bytes, bytes]]:
+    return [] if authorization is None else [(b"authorization", authorization.encode())]
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost"])
 def test_loopback_without_a_token_allows_control(host: str) -> None:
     # GIVEN a service on loopback without a token WHEN a control request comes THEN allowed
-    _app(host=host)._authorize(_scope())
+    _app(host=host)._authorize(_headers())
 
 
 def test_beyond_loopback_without_a_token_refuses_control() -> None:
@@ -33,15 +32,15 @@ def test_beyond_loopback_without_a_token_refuses_control() -> None:
     app = _app(host="0.0.0.0")
     # WHEN a control request comes THEN 401, saying which setting is missing
     with pytest.raises(UnauthorizedError, match="GPU_ADMIN_TOKEN"):
-        app._authorize(_scope("Bearer anything"))
+        app._authorize(_headers("Bearer anything"))
 
 
 def test_a_token_is_checked_wherever_the_service_listens() -> None:
     # GIVEN a token configured on a service beyond loopback
     app = _app(host="0.0.0.0", admin_token="s3cret-for-test")  # noqa: S106
     # WHEN the right and a wrong token are presented THEN only the right one passes
-    app._authorize(_scope("Bearer s3cret-for-test"))
+    app._authorize(_headers("Bearer s3cret-for-test"))
     with pytest.raises(UnauthorizedError):
-        app._authorize(_scope("Bearer wrong"))
+        app._authorize(_headers("Bearer wrong"))
     with pytest.raises(UnauthorizedError):
-        app._authorize(_scope())
+        app._authorize(_headers())
