@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 MODELS ?= models
 export SPILLWAY_MODELS_DIR := $(abspath $(MODELS))
 
-.PHONY: setup models lint test demo clean check-infra sam-local
+.PHONY: setup models lint test demo clean check-infra sam-local bench-gpu
 
 setup: $(STAMP)
 
@@ -35,6 +35,14 @@ test: setup models lint check-infra
 
 demo: setup models
 	$(BIN)/spillway demo --models $(MODELS)
+
+# The GPU benchmark (docs/benchmarks.md): its own environment with onnxruntime-gpu (never
+# beside onnxruntime). On a host without PyPI: WHEELS=<folder of wheels>.
+GPU_VENV := .venv-gpu
+bench-gpu: models
+	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install -q $(if $(WHEELS),--no-index --find-links $(WHEELS)) -r requirements/bench-gpu.txt
+	$(GPU_VENV)/bin/python -m bench.gpu_bench --models $(MODELS) --out docs
 
 clean:
 	rm -rf $(MODELS) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -11,10 +11,12 @@ ONNX Runtime (all cores) at batch 1 and 32. Writes ``docs/bench-serving.md`` and
 ``docs/bench-serving.png``.
 
 ``--layouts`` repeats the service points for several thread layouts (intra-op threads x
-compute slots, ``auto`` being the service's default), which is how the default was chosen.
+compute slots, ``auto`` being the service's default), which is how the default was chosen;
+a layout ending in ``/uvicorn`` runs the same app under uvicorn instead of the service's
+own HTTP server, so both are measured in one run.
 
     .venv/bin/python -m bench.serving_bench [--seconds 10] [--repeats 3]
-        [--layouts auto,1x2,2x1] [--providers CUDAExecutionProvider]
+        [--layouts auto,1x2,2x1,auto/uvicorn] [--providers CUDAExecutionProvider]
 
 Each point is the best of ``--repeats`` rounds (the service stays up between rounds), as
 is each raw figure: on a shared machine, noise only ever slows a run down.
@@ -114,6 +116,7 @@ class Run:
     repeats: int
     raw: dict[str, Raw] = field(default_factory=dict)
     floor: dict[int, wrk.WrkResult] = field(default_factory=dict)
+    native_floor: dict[int, wrk.WrkResult] = field(default_factory=dict)
     points: list[Point] = field(default_factory=list)
     load: list[str] = field(default_factory=list)
 
@@ -266,10 +269,11 @@ def best(results: list[wrk.WrkResult]) -> wrk.WrkResult:
 
 
 def measure_floor(
-    logs: Path, body: wrk.Body, seconds: float, repeats: int
+    logs: Path, body: wrk.Body, seconds: float, repeats: int, kind: str = "asgi"
 ) -> dict[int, wrk.WrkResult]:
     port = procs.free_port()
-    child = procs.start("floor", [sys.executable, "-m", "bench.http_floor", str(port)], logs)
+    command = [sys.executable, "-m", "bench.http_floor", str(port), kind]
+    child = procs.start(f"floor-{kind}", command, logs)
     url = f"http://127.0.0.1:{port}/"
     try:
         procs.wait_http(url, 60, child.proc)
@@ -280,10 +284,30 @@ def measure_floor(
 
 
 def layout_env(layout: str) -> dict[str, str]:
+    """The service's settings for a layout: ``auto`` or ``<threads>x<slots>``, optionally
+    followed by ``/uvicorn`` (the same app under uvicorn instead of the service's own
+    HTTP server: the before/after of that change in one run)."""
+    layout, _, server = layout.partition("/")
+    env = {"GPU_HTTP_SERVER": server} if server else {}
     if layout == "auto":
-        return {}
+        return env
     intra, slots = layout.split("x")
-    return {"GPU_INTRA_OP_THREADS": intra, "GPU_INSTANCE_COUNT": slots}
+    return {**env, "GPU_INTRA_OP_THREADS": intra, "GPU_INSTANCE_COUNT": slots}
+
+
+def start_service(
+    label: str, repo: Path, logs: Path, providers: list[str], settings: dict[str, str]
+) -> tuple[procs.Child, int]:
+    """``python -m gpu_service`` on a free port of 127.0.0.1 with ``GPU_*`` settings."""
+    port = procs.free_port()
+    env = {
+        "GPU_REPOSITORY": str(repo),
+        "GPU_PORT": str(port),
+        "GPU_PROVIDERS": json.dumps(providers),
+        "GPU_LOG_LEVEL": "WARNING",
+        **settings,
+    }
+    return procs.start(label, [sys.executable, "-m", "gpu_service"], logs, env), port
 
 
 def measure_service(
@@ -296,16 +320,9 @@ def measure_service(
     repeats: int,
 ) -> list[Point]:
     """Every service point for one thread layout, each the best of ``repeats`` rounds."""
-    port = procs.free_port()
+    label = f"gpu-{layout.replace('/', '-')}"
+    child, port = start_service(label, repo, logs, providers, layout_env(layout))
     base = f"http://127.0.0.1:{port}"
-    env = {
-        "GPU_REPOSITORY": str(repo),
-        "GPU_PORT": str(port),
-        "GPU_PROVIDERS": json.dumps(providers),
-        "GPU_LOG_LEVEL": "WARNING",
-        **layout_env(layout),
-    }
-    child = procs.start(f"gpu-{layout}", [sys.executable, "-m", "gpu_service"], logs, env)
     rounds: dict[tuple[str, int], list[Point]] = {}
     try:
         procs.wait_http(f"{base}/v2/health/ready", 180, child.proc)
@@ -357,7 +374,7 @@ def main() -> None:
     parser.add_argument("--models", default=os.environ.get("SPILLWAY_MODELS_DIR", "models"))
     parser.add_argument("--seconds", type=float, default=10.0, help="per load point")
     parser.add_argument("--repeats", type=int, default=3, help="rounds; the best counts")
-    parser.add_argument("--layouts", default="auto", help="e.g. auto,1x2,2x1")
+    parser.add_argument("--layouts", default="auto", help="e.g. auto,1x2,2x1,auto/uvicorn")
     parser.add_argument("--providers", default="CPUExecutionProvider")
     parser.add_argument("--out", default=str(ROOT / "docs"))
     args = parser.parse_args()
@@ -376,6 +393,7 @@ def main() -> None:
     run.raw = raw_all(models, providers, body_ids, args.repeats)
     floor_body = bodies_["mlp"]
     run.floor = measure_floor(logs, floor_body, args.seconds, args.repeats)
+    run.native_floor = measure_floor(logs, floor_body, args.seconds, args.repeats, "native")
     for layout in args.layouts.split(","):
         run.points += measure_service(
             repo, logs, providers, layout, bodies_, args.seconds, args.repeats

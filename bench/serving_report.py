@@ -81,11 +81,13 @@ def table(run: Run) -> str:
         "| layout | scenario | conc. | req/s = rows/s | p50 ms | p99 ms | mean batch | errors |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for c, r in sorted(run.floor.items()):
-        lines.append(
-            f"| — | HTTP floor (uvicorn+httptools, 4 KB) | {c} | {r.per_s:,.0f} | "
-            f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | — | {r.errors} |"
-        )
+    floors = [("uvicorn+httptools", run.floor), ("native: Protocol+httptools", run.native_floor)]
+    for label, floor in floors:
+        for c, r in sorted(floor.items()):
+            lines.append(
+                f"| — | HTTP floor ({label}, 4 KB) | {c} | {r.per_s:,.0f} | "
+                f"{r.p50_ms:.2f} | {r.p99_ms:.2f} | — | {r.errors} |"
+            )
     for p in run.points:
         lines.append(
             f"| {p.layout} | {p.scenario} | {p.concurrency} | {p.rows_per_s:,.0f} | "

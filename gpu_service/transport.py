@@ -12,11 +12,11 @@ body is read), buffers the body within the exchange's limit and answers with
 
 HTTP/1.1 as clients use it: keep-alive (idle connections close after
 ``KEEP_ALIVE_S``), pipelined requests answered in order, chunked bodies,
-``Expect: 100-continue``, ``HEAD``, ``Connection: close`` and HTTP/1.0. Limits: a body
+``Expect: 100-continue``, ``HEAD``, ``Connection: close`` and HTTP/1.0; an ``Upgrade``
+(WebSocket, h2c) is ignored and the connection closes after the answer. Limits: a body
 past its exchange's limit is a 413 and the connection closes; request line and headers
 past ``MAX_HEAD_BYTES`` a 431; connections past ``GPU_MAX_CONNECTIONS`` a 503; a
-malformed request a 400 (each closes the connection). Upgrades (WebSocket, h2c) are not
-offered.
+malformed request a 400 (each closes the connection).
 
 Stopping (SIGTERM or SIGINT): readiness turns false and new infer requests get 503 at
 once, the listener closes, idle connections close, requests in flight are answered
@@ -73,7 +73,6 @@ def _plain(status: int, code: str, message: str) -> Response:
 
 
 _MALFORMED = _plain(400, "invalid_input", "malformed HTTP request")
-_UPGRADE = _plain(400, "invalid_input", "protocol upgrades are not supported")
 _HEAD_TOO_LARGE = _plain(431, "invalid_input", "request line and headers are too large")
 _TOO_MANY = _plain(503, "unavailable", "too many connections; retry shortly")
 _INTERNAL: Response = (
@@ -142,7 +141,13 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(_UPGRADE)
+            # The request was answered as plain HTTP (the upgrade ignored, as RFC 9110
+            # allows); what follows it is another protocol's, so the connection ends.
+            self.broken = True
+            if self.slots:
+                self.slots[-1].keep_alive = False
+            else:
+                self._close()
         except httptools.HttpParserCallbackError:
             log.exception("request handling failed in the parser")
             self._fail(_INTERNAL)

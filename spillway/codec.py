@@ -161,9 +161,21 @@ def decode_request(
     if max_body_bytes is not None and len(body) > max_body_bytes:
         raise body_over_limit(len(body), max_body_bytes)
     header, binary = split_body(body, header_length)
-    request = _validate(InferenceRequest, load_json_object(header), "inference request")
+    request = _request_header(header)
     _check_unique((tensor.name for tensor in request.inputs), "input")
     return request, _decode_tensors(request.inputs, binary, "input")
+
+
+def _request_header(header: bytes) -> InferenceRequest:
+    """The JSON header, parsed and validated in one pass by pydantic (about twice as fast
+    as ``json.loads`` then validation: it is on every request's path). Whatever that pass
+    refuses is read again the long way, so every error (bad JSON, a non-object, deep
+    nesting, a field's problem) is reported exactly as ``load_json_object`` and
+    ``_validate`` word it; both ways read ``NaN`` and keep the last of duplicate keys."""
+    try:
+        return InferenceRequest.model_validate_json(header)
+    except ValidationError:
+        return _validate(InferenceRequest, load_json_object(header), "inference request")
 
 
 def requested_outputs(request: InferenceRequest, available: Sequence[str]) -> list[str]:
