@@ -55,7 +55,7 @@ def serve(settings: GpuSettings) -> None:
     logs.configure(settings.log_level, "spillway-gpu")
     app = build_app(settings)
     if settings.http_server == "native":
-        sys.exit(transport.run(app, settings.host, settings.port, settings.max_connections))
+        sys.exit(transport.run(app, settings))
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -68,7 +68,7 @@ def serve(settings: GpuSettings) -> None:
         proxy_headers=False,
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
-        timeout_keep_alive=75,
+        timeout_keep_alive=max(1, round(settings.keep_alive_s)),
         backlog=2048,
         limit_concurrency=settings.max_connections,
         log_config=None,  # keep the JSON handler configured above

@@ -45,6 +45,9 @@ class GpuSettings(BaseSettings):
     pass it gets 503 with ``Retry-After`` before its body is read."""
     max_connections: int = Field(default=1024, ge=1)
     """Concurrent connections; beyond it a connection's request gets 503."""
+    keep_alive_s: float = Field(default=75.0, gt=0)
+    """An idle keep-alive connection closes after this long; keep it above the load
+    balancer's idle timeout (ALB: 60 s), so the balancer, not the service, closes first."""
     http_server: Literal["native", "uvicorn"] = "native"
     """``native``: the service's own HTTP/1.1 server (``gpu_service/transport.py``, about
     4x less time per request than an ASGI server); ``uvicorn``: the same app as ASGI under

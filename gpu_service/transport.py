@@ -11,7 +11,7 @@ body is read), buffers the body within the exchange's limit and answers with
 ``GpuServiceApp.finish``.
 
 HTTP/1.1 as clients use it: keep-alive (idle connections close after
-``KEEP_ALIVE_S``), pipelined requests answered in order, chunked bodies,
+``GPU_KEEP_ALIVE_S``), pipelined requests answered in order, chunked bodies,
 ``Expect: 100-continue``, ``HEAD``, ``Connection: close`` and HTTP/1.0; an ``Upgrade``
 (WebSocket, h2c) is ignored and the connection closes after the answer. Limits: a body
 past its exchange's limit is a 413 and the connection closes; request line and headers
@@ -37,13 +37,12 @@ from http import HTTPStatus
 import httptools
 
 from gpu_service.http import Exchange, GpuServiceApp, Response
+from gpu_service.settings import GpuSettings
 from spillway.errors import PayloadTooLargeError, SpillwayError
 from spillway.wire import INTERNAL_ERROR
 
 log = logging.getLogger("spillway.transport")
 
-KEEP_ALIVE_S = 75.0
-"""Idle connections close after this long (longer than a load balancer's 60 s)."""
 MAX_HEAD_BYTES = 64 * 1024
 """Request line plus headers; more is a 431."""
 MAX_PIPELINED = 32
@@ -362,11 +361,14 @@ def _path(url: bytes) -> str:
 class HttpServer:
     """Listens, serves connections, drains on a signal."""
 
-    def __init__(self, app: GpuServiceApp, host: str, port: int, max_connections: int) -> None:
+    def __init__(
+        self, app: GpuServiceApp, host: str, port: int, max_connections: int, keep_alive_s: float
+    ) -> None:
         self.app = app
         self.host = host
         self.port = port
         self.max_connections = max_connections
+        self.keep_alive_s = keep_alive_s
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
         self.in_flight = 0
@@ -383,7 +385,7 @@ class HttpServer:
         self.now = time.monotonic()
         self.date_header = b"date: %s\r\n" % formatdate(usegmt=True).encode()
         for connection in list(self.connections):
-            if connection.idle() and self.now - connection.last_active > KEEP_ALIVE_S:
+            if connection.idle() and self.now - connection.last_active > self.keep_alive_s:
                 connection._close()
         self.loop.call_later(_SWEEP_S, self._tick)
 
@@ -441,11 +443,13 @@ class HttpServer:
             connection._close()
 
 
-def run(app: GpuServiceApp, host: str, port: int, max_connections: int) -> int:
+def run(app: GpuServiceApp, settings: GpuSettings) -> int:
     """Serve ``app`` on uvloop until a signal; returns the exit status."""
     import uvloop
 
     async def main() -> int:
-        return await HttpServer(app, host, port, max_connections).run()
+        return await HttpServer(
+            app, settings.host, settings.port, settings.max_connections, settings.keep_alive_s
+        ).run()
 
     return uvloop.run(main())
