@@ -8,6 +8,7 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -264,36 +265,37 @@ def test_connections_past_the_cap_get_a_503(small: Service) -> None:
         time.sleep(0.1)
 
 
-def test_an_idle_connection_is_closed_after_the_keep_alive_time(tmp_path: Path) -> None:
+@contextmanager
+def _connected(tmp_path: Path, **settings: str) -> Iterator[Conn]:
+    """A connection to a service of the slow model alone, with these settings."""
     root = tmp_path / "repo"
     write_slow_model(root)
-    with gpu_service(root, tmp_path / "logs", keep_alive_s="1") as svc:
+    with gpu_service(root, tmp_path / "logs", **settings) as svc:
         conn = Conn(svc.port)
         try:
-            conn.send(_request("GET", "/v2/health/live"))
-            assert conn.answer()[0] == 200
-            # THEN the server closes it once idle for a second (swept once a second;
-            # the socket's 30 s timeout bounds the wait)
-            assert conn.closed()
+            yield conn
         finally:
             conn.close()
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_time(tmp_path: Path) -> None:
+    with _connected(tmp_path, keep_alive_s="1") as conn:
+        conn.send(_request("GET", "/v2/health/live"))
+        assert conn.answer()[0] == 200
+        # THEN the server closes it once idle for a second (swept once a second; the
+        # socket's 30 s timeout bounds the wait)
+        assert conn.closed()
 
 
 def test_the_same_app_serves_under_uvicorn(tmp_path: Path) -> None:
-    root = tmp_path / "repo"
-    write_slow_model(root)
-    with gpu_service(root, tmp_path / "logs", http_server="uvicorn") as svc:
-        conn = Conn(svc.port)
-        try:
-            conn.send(_request("POST", "/v2/models/slow/infer", _SLOW_BODY))
-            status, headers, body = conn.answer()
-            assert status == 200
-            assert json.loads(body)["outputs"][0]["data"] == [0.5]
-            assert "uvicorn" in headers.get("server", "")
-            # AND a request for an unknown model is refused on its headers: no body sent
-            head = _request("POST", "/v2/models/nosuch/infer")
-            conn.send(head.replace(b"Content-Length: 0", b"Content-Length: 5000"))
-            status, _, body = conn.answer()
-            assert (status, json.loads(body)["code"]) == (404, "model_not_found")
-        finally:
-            conn.close()
+    with _connected(tmp_path, http_server="uvicorn") as conn:
+        conn.send(_request("POST", "/v2/models/slow/infer", _SLOW_BODY))
+        status, headers, body = conn.answer()
+        assert status == 200
+        assert json.loads(body)["outputs"][0]["data"] == [0.5]
+        assert "uvicorn" in headers.get("server", "")
+        # AND a request for an unknown model is refused on its headers: no body sent
+        head = _request("POST", "/v2/models/nosuch/infer")
+        conn.send(head.replace(b"Content-Length: 0", b"Content-Length: 5000"))
+        status, _, body = conn.answer()
+        assert (status, json.loads(body)["code"]) == (404, "model_not_found")
