@@ -176,21 +176,32 @@ class _Connection(asyncio.Protocol):
         self.refused = None
 
     def on_url(self, url: bytes) -> None:
-        self.url += url
-        self.head_bytes += len(url)
+        if self._head_grows(len(url)):
+            self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.head_bytes += len(name) + len(value) + 4
-        if self.head_bytes <= MAX_HEAD_BYTES:
+        if self._head_grows(len(name) + len(value) + 4):
             self.headers.append((name.lower(), value))
+
+    def _head_grows(self, size: int) -> bool:
+        """Count request-line and header bytes; past the cap, a 431 ends the connection
+        (nothing more of the head is kept)."""
+        if self.broken:
+            return False
+        self.head_bytes += size
+        if self.head_bytes > MAX_HEAD_BYTES:
+            self._fail(_HEAD_TOO_LARGE)
+            return False
+        return True
+
+    def _expects_continue(self) -> bool:
+        expect = _header(self.headers, b"expect")
+        return expect is not None and expect.strip().lower() == "100-continue"
 
     def on_headers_complete(self) -> None:
         if self.broken:
             return
         method = self.parser.get_method().decode("ascii", "replace")
-        if self.head_bytes > MAX_HEAD_BYTES:
-            self._fail(_HEAD_TOO_LARGE)
-            return
         try:
             path = _path(self.url)
             self.exchange = self.app.begin(method, path, self.headers)
@@ -203,7 +214,7 @@ class _Connection(asyncio.Protocol):
             self.refused = _INTERNAL
         if self.refused is not None:
             self._refuse_now(self.refused)
-        elif (b"expect", b"100-continue") in self.headers and self.transport is not None:
+        elif self.transport is not None and self._expects_continue():
             self.transport.write(_CONTINUE)
 
     def _refuse_now(self, response: Response) -> None:
@@ -216,7 +227,7 @@ class _Connection(asyncio.Protocol):
         small = small or (
             follows is not None and follows.isdigit() and int(follows) <= _DROP_BODY_BYTES
         )
-        if not small or (b"expect", b"100-continue") in self.headers:
+        if not small or self._expects_continue():
             self._fail(response)
             return
         slot = _Slot(self.parser.should_keep_alive(), self.parser.get_method() == b"HEAD")
@@ -331,9 +342,9 @@ class _Connection(asyncio.Protocol):
 
     def _resume_reading(self) -> None:
         transport = self.transport
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self.broken:
             return
-        if self.read_paused and not self.write_paused:
+        if self.read_paused and not self.write_paused and len(self.slots) < MAX_PIPELINED:
             self.read_paused = False
             transport.resume_reading()
 

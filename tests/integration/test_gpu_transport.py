@@ -120,8 +120,9 @@ def test_a_chunked_body_gives_the_same_answer(conn: Conn) -> None:
     assert json.loads(chunked[2])["outputs"] == json.loads(plain[2])["outputs"]
 
 
-def test_expect_continue_is_answered_before_the_body(conn: Conn) -> None:
-    head = _request("POST", "/v2/models/slow/infer", b"", "Expect: 100-continue")
+@pytest.mark.parametrize("expect", ["100-continue", "100-Continue"])
+def test_expect_continue_is_answered_before_the_body(conn: Conn, expect: str) -> None:
+    head = _request("POST", "/v2/models/slow/infer", b"", f"Expect: {expect}")
     conn.send(head.replace(b"Content-Length: 0", f"Content-Length: {len(_SLOW_BODY)}".encode()))
     assert conn.answer()[0] == 100
     conn.send(_SLOW_BODY)
@@ -181,6 +182,13 @@ def test_headers_past_the_cap_are_a_431(conn: Conn) -> None:
     big = [f"X-Filler-{i}: {'a' * 1000}" for i in range(70)]
     conn.send(_request("GET", "/v2/health/live", b"", *big))
     status, _headers, body = conn.answer()
+    assert (status, json.loads(body)["code"]) == (431, "invalid_input")
+    assert conn.closed()
+
+
+def test_a_request_line_past_the_cap_is_a_431(conn: Conn) -> None:
+    conn.send(_request("GET", "/v2/health/live?" + "a" * 70_000))
+    status, _, body = conn.answer()
     assert (status, json.loads(body)["code"]) == (431, "invalid_input")
     assert conn.closed()
 
