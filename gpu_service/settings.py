@@ -49,9 +49,9 @@ class GpuSettings(BaseSettings):
     """An idle keep-alive connection closes after this long; keep it above the load
     balancer's idle timeout (ALB: 60 s), so the balancer, not the service, closes first."""
     http_server: Literal["native", "uvicorn"] = "native"
-    """``native``: the service's own HTTP/1.1 server (``gpu_service/transport.py``, about
-    4x less time per request than an ASGI server); ``uvicorn``: the same app as ASGI under
-    uvicorn."""
+    """``native``: the service's own HTTP/1.1 server (``gpu_service/transport.py``; a bare
+    app built that way answers about 4x the requests/s of one under uvicorn,
+    docs/benchmarks.md); ``uvicorn``: the same app as ASGI under uvicorn."""
     inline_parse_bytes: int = Field(default=64 * 1024, ge=0)
     """Bodies up to this size are decoded, prepared and encoded on the event loop; bigger
     ones (and their tokenising) on the parse threads, so health and small requests stay

@@ -80,6 +80,19 @@ def _body(image: np.ndarray) -> bytes:
     return json.dumps({"inputs": [{**tensor, "data": image.ravel().tolist()}]}).encode()
 
 
+def _wait_until_followed(
+    port: int, headers: dict[str, str], images: np.ndarray, canary: int, limit_s: float = 30.0
+) -> float:
+    """Send requests without a session until one is answered by the canary."""
+    started = time.monotonic()
+    step = 0
+    while time.monotonic() - started < limit_s:
+        if _post(port, _body(images[step % len(images)]), headers)[1] == str(canary):
+            return time.monotonic() - started
+        step += 1
+    raise RuntimeError(f"the router did not serve v{canary} within {limit_s:.0f} s")
+
+
 def _load(stack: LocalStack) -> None:
     """Ask the GPU service to load the new version beside the serving one."""
     conn = http.client.HTTPConnection("127.0.0.1", stack.ports.gpu, timeout=120)
@@ -116,6 +129,11 @@ def scenario_canary(stack: LocalStack, models: Path, say: Callable[[str], None])
     )
     report = CanaryReport(stable, canary)
     headers = {"Content-Type": "application/json", **stack.router_headers}
+    # A router reads the record again within its canary_ttl_s (5 s): sessions that began
+    # before it saw the canary would be bound on their next request, so the sessions of
+    # this run begin once the router answers from the canary.
+    followed_s = _wait_until_followed(stack.ports.router, headers, images, canary)
+    say(f"   the router followed the new record after {followed_s:.1f} s")
     started = time.monotonic()
     for step in range(MAX_REQUESTS):
         session = _session(step)
