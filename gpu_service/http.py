@@ -152,13 +152,13 @@ class GpuServiceApp:
             return self.refusal(error, exchange.method, exchange.path)
         except Exception:
             log.exception("unhandled error on %s", exchange.method)
-            return _encoded(INTERNAL_ERROR)
+            return encoded(INTERNAL_ERROR)
         finally:
             self.abandon(exchange)
 
     def refusal(self, error: SpillwayError, method: str, path: str) -> Response:
         """The response to a refused request, logged."""
-        status, body, headers = _encoded(error_reply(error))
+        status, body, headers = encoded(error_reply(error))
         log.info(
             "request refused",
             extra={
@@ -203,7 +203,7 @@ class GpuServiceApp:
             status, body, headers = self.refusal(error, method, path)
         except Exception:
             log.exception("unhandled error on %s", method)
-            status, body, headers = _encoded(INTERNAL_ERROR)
+            status, body, headers = encoded(INTERNAL_ERROR)
         else:
             try:
                 request_body = await _asgi_body(receive, exchange)
@@ -345,7 +345,8 @@ async def _asgi_body(receive: Receive, exchange: Exchange) -> bytes:
             return b"".join(chunks)
 
 
-def _encoded(reply: Reply) -> Response:
+def encoded(reply: Reply) -> Response:
+    """A reply as the servers write it: status, body, byte-string headers."""
     headers = [(k.encode(), v.encode()) for k, v in reply.headers]
     return reply.status, reply.body, headers
 

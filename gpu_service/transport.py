@@ -2,10 +2,10 @@
 
 The service answers many small requests, so the server's cost per request bounds its
 throughput once the model is fast (on a GPU, always). A bare ASGI app under uvicorn
-answered about 42,000 requests/s on the benchmark machine and the same app as an
-``asyncio.Protocol`` over httptools about 178,000 (docs/benchmarks.md): the ASGI
-messages, the per-request task of the protocol layer and its flow-control objects cost
-more than the model's own work at batch 32. This server parses with httptools, routes
+answered 43,001 requests/s on the benchmark machine and the same answer from an
+``asyncio.Protocol`` over httptools 188,596 (c64, one run, docs/benchmarks.md): the ASGI
+messages and uvicorn's per-request task and flow-control objects cost about three times
+what parsing and writing do. This server parses with httptools, routes
 with ``GpuServiceApp.begin`` as soon as the headers are in (so a refusal comes before the
 body is read), buffers the body within the exchange's limit and answers with
 ``GpuServiceApp.finish``.
@@ -36,10 +36,10 @@ from http import HTTPStatus
 
 import httptools
 
-from gpu_service.http import Exchange, GpuServiceApp, Response
+from gpu_service.http import Exchange, GpuServiceApp, Response, encoded
 from gpu_service.settings import GpuSettings
-from spillway.errors import PayloadTooLargeError, SpillwayError
-from spillway.wire import INTERNAL_ERROR
+from spillway.errors import PayloadTooLargeError, SpillwayError, UnavailableError
+from spillway.wire import INTERNAL_ERROR, error_reply
 
 log = logging.getLogger("spillway.transport")
 
@@ -73,12 +73,10 @@ def _plain(status: int, code: str, message: str) -> Response:
 
 _MALFORMED = _plain(400, "invalid_input", "malformed HTTP request")
 _HEAD_TOO_LARGE = _plain(431, "invalid_input", "request line and headers are too large")
-_TOO_MANY = _plain(503, "unavailable", "too many connections; retry shortly")
-_INTERNAL: Response = (
-    INTERNAL_ERROR.status,
-    INTERNAL_ERROR.body,
-    [(k.encode(), v.encode()) for k, v in INTERNAL_ERROR.headers],
+_TOO_MANY = encoded(
+    error_reply(UnavailableError("too many connections; retry shortly", retry_after_s=1.0))
 )
+_INTERNAL = encoded(INTERNAL_ERROR)
 
 
 class _Slot:
