@@ -4,7 +4,7 @@ The service answers many small requests, so the server's cost per request bounds
 throughput once the model is fast (on a GPU, always). A bare ASGI app under uvicorn
 answered 43,001 requests/s on the benchmark machine and the same answer from an
 ``asyncio.Protocol`` over httptools 188,596 (c64, one run, docs/benchmarks.md): the ASGI
-messages and uvicorn's per-request task and flow-control objects cost about three times
+messages and uvicorn's per-request task and flow-control objects cost about 3.4 times
 what parsing and writing do. This server parses with httptools, routes
 with ``GpuServiceApp.begin`` as soon as the headers are in (so a refusal comes before the
 body is read), buffers the body within the exchange's limit and answers with
