@@ -43,7 +43,7 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from bench import resnet
-from bench.loadgen import http_request
+from bench.loadgen import exchange, http_request
 from bench.serving_bench import start_service
 from spillway.codec import encode_request
 from spillway.repository import sha256_file
@@ -177,15 +177,9 @@ def _drive(
         try:
             while time.perf_counter() < deadline:
                 started = time.perf_counter()
-                writer.write(request)
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line[:15].lower() == b"content-length:":
-                        length = int(line[15:])
-                await reader.readexactly(length)
+                status = await exchange(reader, writer, request)
                 took = time.perf_counter() - started
-                latencies.append(took if head[9:12] == b"200" else -took)
+                latencies.append(took if status == 200 else -took)
         finally:
             writer.close()
 

@@ -44,19 +44,27 @@ def http_request(
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
+async def exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
+) -> int:
+    """Send one prepared request on a keep-alive connection, read its whole answer; the
+    status."""
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+    await reader.readexactly(length)
+    return int(head[9:12])
+
+
 async def _connection(port: int, requests: list[bytes], result: LoadResult) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         for request in requests:
             started = time.perf_counter()
-            writer.write(request)
-            head = await reader.readuntil(b"\r\n\r\n")
-            status = int(head[9:12])
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            await reader.readexactly(length)
+            status = await exchange(reader, writer, request)
             result.latencies.append(time.perf_counter() - started)
             result.statuses[status] = result.statuses.get(status, 0) + 1
     finally:

@@ -7,6 +7,7 @@ queues and encodes, and counts what happened.
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from spillway.errors import (
 from spillway.processing import Tensors
 from spillway.protocol import server_metadata
 
+log = logging.getLogger("spillway.server")
 T = TypeVar("T")
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "schedule_policy"]
 
@@ -85,6 +87,16 @@ class DataPlane:
         """Stop the parse threads and processes (after the registry has drained)."""
         self._parse_pool.shutdown(wait=False, cancel_futures=True)
         self._json_pool.shutdown(wait=False, cancel_futures=True)
+
+    def start_draining(self, reason: str) -> None:
+        """Turn readiness false and refuse new infer requests (logged once)."""
+        if not self.draining:
+            log.info(
+                "%s: readiness false, draining for up to %.0f s",
+                reason,
+                self.settings.drain_timeout_s,
+            )
+        self.draining = True
 
     def check_infer(self, name: str) -> None:
         """Refuse an infer request before its body is read: draining, or an unknown model."""

@@ -104,7 +104,7 @@ class GpuServiceApp:
         """Stop taking async work, refuse new requests, drain the batchers, stop."""
         if self.consumer is not None:  # stop taking async work first
             await self.consumer.stop(self.plane.settings.drain_timeout_s)
-        self.plane.draining = True
+        self.plane.start_draining("shutdown")
         await self.plane.registry.stop(self.plane.settings.drain_timeout_s)
         self.plane.close()
 

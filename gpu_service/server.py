@@ -8,7 +8,6 @@ their queues, and the process exits 0 within ``drain_timeout_s``.
 
 from __future__ import annotations
 
-import logging
 import signal
 import sys
 from types import FrameType
@@ -21,8 +20,6 @@ from gpu_service.http import GpuServiceApp
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
 from spillway.repository import open_repository
-
-log = logging.getLogger("spillway.server")
 
 
 def build_app(settings: GpuSettings) -> GpuServiceApp:
@@ -37,13 +34,7 @@ class _DrainingServer(uvicorn.Server):
         self.spillway_app = app
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if not self.spillway_app.plane.draining:
-            log.info(
-                "signal %d: readiness false, draining for up to %.0f s",
-                sig,
-                self.spillway_app.plane.settings.drain_timeout_s,
-            )
-        self.spillway_app.plane.draining = True
+        self.spillway_app.plane.start_draining(f"signal {sig}")
         super().handle_exit(sig, frame)
         if sig == signal.SIGTERM:
             # A drained stop is an orderly exit (status 0), not death by signal.

@@ -33,6 +33,7 @@ import time
 from collections import deque
 from email.utils import formatdate
 from http import HTTPStatus
+from urllib.parse import unquote
 
 import httptools
 
@@ -205,8 +206,8 @@ class _Connection(asyncio.Protocol):
             self.exchange = self.app.begin(method, path, self.headers)
         except SpillwayError as error:
             self.refused = self.app.refusal(error, method, self.url[:200].decode("latin-1"))
-        except UnicodeDecodeError:
-            self.refused = _MALFORMED
+        except (httptools.HttpParserError, UnicodeDecodeError):
+            self.refused = _MALFORMED  # a URL httptools or ASCII cannot read: the client's
         except Exception:
             log.exception("unhandled error on %s", method)
             self.refused = _INTERNAL
@@ -259,7 +260,6 @@ class _Connection(asyncio.Protocol):
         self.slots.append(slot)
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body = []
-        self.server.in_flight += 1
         task = self.server.loop.create_task(self._answer(slot, exchange, body))
         self.server.tasks.add(task)
         task.add_done_callback(self.server.tasks.discard)
@@ -269,10 +269,7 @@ class _Connection(asyncio.Protocol):
     # -- answering -------------------------------------------------------------------------
 
     async def _answer(self, slot: _Slot, exchange: Exchange, body: bytes) -> None:
-        try:
-            slot.response = await self.app.finish(exchange, body)
-        finally:
-            self.server.in_flight -= 1
+        slot.response = await self.app.finish(exchange, body)
         if not self.closing:
             self._flush()
 
@@ -358,13 +355,11 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
 
 
 def _path(url: bytes) -> str:
-    """The request's path, percent-decoded (as ASGI servers give it)."""
-    path = httptools.parse_url(url).path.decode("ascii")
-    if "%" in path:
-        from urllib.parse import unquote
-
-        path = unquote(path)
-    return path
+    """The request's path, percent-decoded (as ASGI servers give it); ``/`` for an
+    absolute URL without one. Raises ``HttpParserError`` or ``UnicodeDecodeError`` for
+    a URL that is not one."""
+    path = (httptools.parse_url(url).path or b"/").decode("ascii")
+    return unquote(path) if "%" in path else path
 
 
 class HttpServer:
@@ -380,7 +375,6 @@ class HttpServer:
         self.keep_alive_s = keep_alive_s
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Task[None]] = set()
-        self.in_flight = 0
         self.stopping = False
         self.now = time.monotonic()
         self.date_header = b""
@@ -407,13 +401,7 @@ class HttpServer:
                 connection._close()
             for task in list(self.tasks):
                 task.cancel()
-        if not self.app.plane.draining:
-            log.info(
-                "signal %d: readiness false, draining for up to %.0f s",
-                sig,
-                self.app.plane.settings.drain_timeout_s,
-            )
-        self.app.plane.draining = True
+        self.app.plane.start_draining(f"signal {sig}")
         self._stop.set()
 
     async def run(self) -> int:
@@ -443,7 +431,7 @@ class HttpServer:
             if connection.idle():
                 connection._close()
         deadline = time.monotonic() + self.app.plane.settings.drain_timeout_s
-        while (self.in_flight or self.connections) and time.monotonic() < deadline:
+        while (self.tasks or self.connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
             for connection in list(self.connections):
                 if connection.idle():

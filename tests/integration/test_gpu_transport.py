@@ -201,6 +201,23 @@ def test_an_upgrade_is_ignored_and_the_connection_ends(conn: Conn) -> None:
     assert conn.closed()
 
 
+@pytest.mark.parametrize("url", [b"/v2/health/\xff", b"http://"], ids=["non-ascii", "no-host"])
+def test_a_url_that_is_not_one_is_a_400(conn: Conn, url: bytes) -> None:
+    # A client's malformed URL is its mistake (400, no server-fault mark), never a 500.
+    conn.send(b"GET " + url + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, headers, body = conn.answer()
+    assert (status, json.loads(body)["code"]) == (400, "invalid_input")
+    assert "x-spillway-fault" not in headers
+
+
+def test_an_absolute_url_is_served_by_its_path(conn: Conn) -> None:
+    conn.send(_request("GET", "http://127.0.0.1/v2/models/digits"))
+    status, _, body = conn.answer()
+    assert (status, json.loads(body)["name"]) == (200, "digits")
+    conn.send(_request("GET", "http://127.0.0.1"))  # no path: "/", which is no route
+    assert conn.answer()[0] == 404
+
+
 def test_a_percent_encoded_path_is_decoded(conn: Conn) -> None:
     conn.send(_request("GET", "/v2/models/dig%69ts"))
     status, _, body = conn.answer()
