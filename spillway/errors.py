@@ -86,6 +86,15 @@ class OverloadedError(SpillwayError):
     code = "overloaded"
 
 
+class QuotaExceededError(SpillwayError):
+    """The caller's tenant holds all its quota allows (sessions, work in flight, staged
+    bytes); ``retry_after_s`` says when room may free up. The caller's own limit, never a
+    fault of a backend."""
+
+    status = 429
+    code = "quota_exceeded"
+
+
 class ModelNotReadyError(SpillwayError):
     """The model exists but cannot serve right now (loading, failed, evicted)."""
 
