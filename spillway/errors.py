@@ -180,3 +180,18 @@ class UnauthorizedError(SpillwayError):
 
     status = 401
     code = "unauthorized"
+
+
+class UnauthenticatedError(UnauthorizedError):
+    """A tenant-scoped request that nothing authenticated: no authorizer tenant, no API
+    key or IAM principal, and the deployment does not accept tenant hints."""
+
+    code = "unauthenticated"
+
+
+class OutsideTenantAreaError(SpillwayError):
+    """A location a request names lies outside the caller's own area: another tenant's
+    data, the model repository, another feature's prefix or another bucket."""
+
+    status = 403
+    code = "outside_tenant_area"
