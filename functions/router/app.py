@@ -27,6 +27,7 @@ from functions.router.sessions import PREFIX as SESSIONS_PREFIX
 from functions.router.sessions import Sessions
 from spillway import __version__
 from spillway.errors import RouteNotFoundError, SpillwayError
+from spillway.identity import vouched_tenant
 from spillway.wire import (
     INTERNAL_ERROR,
     JSON_CONTENT_TYPE,
@@ -136,13 +137,11 @@ class RouterApp:
         """The caller's tenant as API Gateway vouches for it: an authorizer's ``tenant``,
         else the authenticated identity (API key id or IAM principal) through the
         ``identity_tenants`` map (an unmapped identity is its own tenant)."""
-        tenant = _authorizer_tenant(environ.get("serverless.authorizer"))
-        if tenant is not None:
-            return tenant
-        identity = authenticated_identity(environ.get("serverless.event"))
-        if identity is None:
-            return None
-        return self.identity_tenants.get(identity, identity)
+        return vouched_tenant(
+            environ.get("serverless.authorizer"),
+            environ.get("serverless.event"),
+            self.identity_tenants,
+        )
 
     def _body(self, environ: dict[str, Any]) -> bytes:
         return read_wsgi_body(environ, self.max_body_bytes)
@@ -176,36 +175,3 @@ def _request_id(environ: dict[str, Any]) -> str:
         if isinstance(aws_id, str) and _REQUEST_ID.fullmatch(aws_id):
             return aws_id
     return os.urandom(16).hex()
-
-
-def _authorizer_tenant(authorizer: object) -> str | None:
-    """``tenant`` from a Lambda authorizer's context or a JWT authorizer's claims."""
-    if not isinstance(authorizer, dict):
-        return None
-    claims = (authorizer.get("jwt") or {}).get("claims")
-    for scope in (authorizer, authorizer.get("lambda"), claims):
-        if isinstance(scope, dict) and isinstance(scope.get("tenant"), str):
-            return str(scope["tenant"])
-    return None
-
-
-def authenticated_identity(event: object) -> str | None:
-    """The identity API Gateway authenticated: a REST API key's id, else the IAM
-    principal (REST ``identity.userArn``, HTTP API ``authorizer.iam.userArn``)."""
-    if not isinstance(event, dict):
-        return None
-    context = event.get("requestContext")
-    if not isinstance(context, dict):
-        return None
-    identity = context.get("identity")
-    iam = (
-        (context.get("authorizer") or {}).get("iam")
-        if isinstance(context.get("authorizer"), dict)
-        else None
-    )
-    candidates = []
-    if isinstance(identity, dict):
-        candidates += [identity.get("apiKeyId"), identity.get("userArn")]
-    if isinstance(iam, dict):
-        candidates.append(iam.get("userArn"))
-    return next((c for c in candidates if isinstance(c, str) and c), None)
