@@ -8,6 +8,11 @@ that never existed are the same 404. The tenant is the one API Gateway vouched f
 router's rule; a ``x-spillway-tenant`` hint counts only with ``trust_tenant_hints``);
 a caller without one is refused (401), since anonymous callers would share one scope.
 
+Each tenant holds at most ``quota.count`` sessions and ``quota.bytes`` bytes of stored
+JSON (``spillway.quota_ledger``: counted with conditional writes on the shared table,
+released by a delete or by expiry); past either, a new or larger session is 429
+``quota_exceeded`` with ``Retry-After``, and other tenants are unaffected.
+
 The ids are also what ``x-spillway-session`` carries for canary affinity, checked here.
 """
 
@@ -26,11 +31,14 @@ from spillway.errors import (
     SessionNotFoundError,
     UnauthorizedError,
 )
+from spillway.quota_ledger import QuotaLedger, QuotaLimits
 from spillway.state_table import StateStore, scope, ttl_value
 from spillway.wire import JSON_CONTENT_TYPE, Reply, json_bytes, load_json_object
 
 PREFIX = "/v1/sessions/"
 MAX_SESSION_BYTES = 64 * 1024
+QUOTA_COUNT = 256
+QUOTA_BYTES = 4 * 1024 * 1024
 EXPIRES_HEADER = "x-spillway-session-expires-at"
 TENANT_HEADER = "x-spillway-tenant"
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -58,11 +66,15 @@ class Sessions:
         ttl_s: float,
         wall: Callable[[], float],
         trust_tenant_hints: bool = False,
+        quota_count: int = QUOTA_COUNT,
+        quota_bytes: int = QUOTA_BYTES,
     ) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.wall = wall
         self.trust_tenant_hints = trust_tenant_hints
+        limits = QuotaLimits(quota_count, quota_bytes)
+        self.quota = QuotaLedger(store, "sessions", limits, "sessions") if store else None
 
     def handle(self, path: str, call: Call, read_body: BodyReader) -> Reply:
         """Answer one ``/v1/sessions/{id}`` request; errors are raised for the transport."""
@@ -74,16 +86,21 @@ class Sessions:
             raise MethodNotAllowedError(
                 f"{call.method[:16]} is not allowed on {path[:200]}", allow=_METHODS
             )
-        key = self._key(call, check_session_id(path.removeprefix(PREFIX)))
+        session = check_session_id(path.removeprefix(PREFIX))
+        tenant = scope(self._tenant(call))
+        key = _key(tenant, session)
         now = self.wall()
         if call.method == "PUT":
             document = _session_document(_read(read_body))
             expires = now + self.ttl_s
+            self._charge(tenant, session, len(json_bytes(document)), now, expires)
             self.store.put(key, document, expires)
             return Reply(204, [(EXPIRES_HEADER, str(ttl_value(expires)))], b"")
         if call.method == "DELETE":
             if not self.store.delete(key, now):
                 raise SessionNotFoundError("no such session")
+            if self.quota is not None:
+                self.quota.release(tenant, session, now)
             return Reply(204, [], b"")
         item = self.store.touch(key, now, now + self.ttl_s)
         if item is None:
@@ -93,14 +110,30 @@ class Sessions:
         headers = [("content-type", JSON_CONTENT_TYPE), (EXPIRES_HEADER, expires_at)]
         return Reply(200, headers, body)
 
-    def _key(self, call: Call, session: str) -> str:
+    def _tenant(self, call: Call) -> str:
         tenant = call.trusted_tenant
         hint = call.headers.get(TENANT_HEADER)
         if tenant is None and self.trust_tenant_hints and hint is not None:
             tenant = read_hints(None, {TENANT_HEADER: hint}).tenant
         if tenant is None:
             raise UnauthorizedError("session state needs an authenticated caller")
-        return f"session#{scope(tenant)}#{session}"
+        return tenant
+
+    def _charge(self, tenant: str, session: str, size: int, now: float, expires: float) -> None:
+        """Count the session against its tenant's quota before it is written."""
+        store, quota = self.store, self.quota
+        if store is None or quota is None:
+            return
+
+        def probe(name: str, at: float) -> float | None:
+            item = store.get(_key(tenant, name), at)
+            return None if item is None else (item.expires_at or at + self.ttl_s)
+
+        quota.charge(tenant, session, size, now, expires, probe)
+
+
+def _key(tenant_scope: str, session: str) -> str:
+    return f"session#{tenant_scope}#{session}"
 
 
 def _read(read_body: BodyReader) -> bytes:

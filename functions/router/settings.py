@@ -116,6 +116,14 @@ class RouterSettings(BaseModel):
     ``spillway.canary`` to start."""
     session_ttl_s: float = Field(default=900.0, ge=1, le=86400)
     """Life of session state and of a session's version affinity, renewed on each use."""
+    session_quota_count: int = Field(default=256, ge=1, le=2000)
+    """Sessions one tenant may hold at once; past it a new session is 429
+    ``quota_exceeded`` until one is deleted or expires. Each tenant's sessions are listed
+    in one ledger item that every new or resized session rewrites, so the bound (2,000)
+    keeps that item far below DynamoDB's 400 KB and its write cost small."""
+    session_quota_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024**3)
+    """Bytes of session JSON one tenant may hold at once (as stored, compact); past it a
+    new or larger session is 429 ``quota_exceeded``. 4 MiB: 64 sessions at the 64 KiB cap."""
     canary_seed: int | None = None
     """Seed of the canary draws (tests); unset: seeded from the OS."""
     tracing: bool = False

@@ -211,6 +211,8 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
         ttl_s=settings.session_ttl_s,
         wall=epoch,
         trust_tenant_hints=settings.trust_tenant_hints,
+        quota_count=settings.session_quota_count,
+        quota_bytes=settings.session_quota_bytes,
     )
     return RouterApp(
         router,

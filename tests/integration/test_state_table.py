@@ -101,3 +101,40 @@ def test_an_unreachable_table_is_unavailable_not_a_crash(aws_env: str) -> None:
     with pytest.raises(StateUnavailableError, match="no-such-table") as caught:
         store.get("k", NOW)
     assert caught.value.status == 503
+
+
+def test_concurrent_charges_of_one_tenant_never_pass_its_quota(store: StateStore) -> None:
+    # GIVEN a ledger allowing 10 items per tenant, and 6 writers charging 5 items each
+    from concurrent.futures import ThreadPoolExecutor
+
+    from spillway.errors import OverloadedError, QuotaExceededError
+    from spillway.quota_ledger import QuotaLedger, QuotaLimits
+
+    ledger = QuotaLedger(store, "things", QuotaLimits(count=10, bytes=10**6), "things")
+
+    def charge(n: int) -> str:
+        try:
+            ledger.charge("alice", f"t-{n}", 100, NOW, NOW + 60, lambda _n, _at: None)
+        except QuotaExceededError:
+            return "quota"
+        except OverloadedError:
+            return "contended"
+        return "held"
+
+    # WHEN they charge at once
+    with ThreadPoolExecutor(6) as pool:
+        outcomes = list(pool.map(charge, range(30)))
+    # THEN what was accepted is exactly what the ledger holds, never more than the quota
+    item = store.get(ledger.key("alice"), NOW)
+    assert item is not None
+    held = set(item.doc["entries"])
+    assert held == {f"t-{n}" for n, outcome in enumerate(outcomes) if outcome == "held"}
+    assert 1 <= len(held) <= 10
+    # AND charging one at a time then fills it to exactly 10, and the 11th is refused
+    more = [charge(n) for n in range(30, 30 + 11 - len(held))]
+    assert more == ["held"] * (10 - len(held)) + ["quota"]
+    # AND another tenant's ledger is untouched by all of it
+    ledger.charge("bob", "t-0", 100, NOW, NOW + 60, lambda _n, _at: None)
+    bobs = store.get(ledger.key("bob"), NOW)
+    assert bobs is not None
+    assert list(bobs.doc["entries"]) == ["t-0"]
