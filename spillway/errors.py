@@ -79,6 +79,14 @@ class PayloadTooLargeError(SpillwayError):
     code = "payload_too_large"
 
 
+class RequestTimeoutError(SpillwayError):
+    """The client did not send its request's head, or the next part of its body, within
+    the server's time limit; the connection closes after this answer."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class OverloadedError(SpillwayError):
     """The queue is full; the client should retry after ``retry_after_s``."""
 
