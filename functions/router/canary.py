@@ -11,20 +11,20 @@ to a version a promotion retired, moves to the stable version. Records are cache
 ``canary_ttl_s``; once per ``canary_config_check_s`` the model's ``config.json`` (asked
 from a backend) may start the canary it names (``spillway.canary.seed``).
 
-The guard: this router keeps, per version, the outcomes of the last ``window_s`` seconds
-(at most ``WINDOW_CAP`` requests): whether the version failed by its own fault (a 5xx the
-backend marks as its own, a 502, or a 404 for the version the router chose) and the
-latency. A 4xx the request caused, a 429 or a 504 (busy, not broken) says nothing about
-a version and is not counted. Once the canary has ``min_requests`` in the window, it is
-rolled back when its fault rate exceeds the stable version's by more than
-``max_error_rate_increase`` (beyond chance: ``SIGNIFICANCE_Z``), or, from
-``P99_MIN_REQUESTS`` requests each, its p99 exceeds the stable version's times
-``max_p99_ratio`` (and by ``min_p99_increase_ms``); with fewer than ``min_requests``
-stable requests in the window (a canary at 100 %) its fault rate is compared with zero
-and p99 is not compared. Windows are local to a router instance (each judges the traffic
-it sees); the decision is written to the shared record with an optimistic write, so
-every router follows it within ``canary_ttl_s`` and it is logged and counted
-(``CanaryRollback``) once.
+The guard (``canary_guard``): this router keeps, per version, the outcomes of the last
+``window_s`` seconds (at most ``WINDOW_CAP`` requests): whether the version served or
+failed by its own fault (a 5xx the backend marks as its own, a 502, or a 404 for the
+version the router chose), the latency and the request's size class. A 4xx the request
+caused, a 429 or a 504 (busy, not broken) says nothing about a version and is not counted.
+Once the canary has ``min_requests`` in the window, it is rolled back when its fault rate
+exceeds the stable version's by more than ``max_error_rate_increase`` (beyond chance:
+``SIGNIFICANCE_Z``), or when its p99 exceeds the stable version's times ``max_p99_ratio``
+(and by ``min_p99_increase_ms``) on like-sized requests, never on sizes a client chose
+for one version only; with fewer than ``min_requests`` stable requests in the window (a
+canary at 100 %) its fault rate is compared with zero and p99 is not compared. Windows
+are local to a router instance (each judges the traffic it sees); the decision is written
+to the shared record with an optimistic write, so every router follows it within
+``canary_ttl_s`` and it is logged and counted (``CanaryRollback``) once.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import logging
 import math
 import random
 import threading
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -43,24 +43,17 @@ from pydantic import ValidationError
 
 from functions.router.accounting import EmfSink, event_metric
 from functions.router.backends import Backend, BackendError, BackendRequest, BackendResponse
+from functions.router.canary_guard import SizeClass, Window, outcome, size_class, verdict
 from functions.router.facts import Request
 from functions.router.sessions import check_session_id
-from spillway.canary import CanarySpec, CanaryState, CanaryStore, RollbackBounds
+from spillway.canary import CanarySpec, CanaryState, CanaryStore
 from spillway.state_table import StateStore, StateUnavailableError, scope
-from spillway.wire import FAULT_HEADER, Reply, Target
+from spillway.wire import Reply, Target
 
 log = logging.getLogger("spillway.router.canary")
 
 SESSION_HEADER = "x-spillway-session"
 VERSION_HEADER = "x-spillway-model-version"
-WINDOW_CAP = 2000
-SIGNIFICANCE_Z = 3.0
-"""Standard errors by which a fault-rate excess must stand out before it rolls back: the
-guard judges on every canary request, so a looser test would roll healthy canaries back
-on a chance cluster of faults."""
-P99_MIN_REQUESTS = 100
-"""Requests per version before p99s are compared (below 100 a p99 is just the maximum)."""
-_NEUTRAL = frozenset({429, 504})
 _MODELS_CACHED = 1024
 _SESSIONS_CACHED = 10_000
 
@@ -69,105 +62,17 @@ ConfigSource = Callable[[str], CanarySpec | None]
 
 @dataclass(frozen=True)
 class Pick:
-    """The version the router chose for a request, and the record it chose it from."""
+    """The version the router chose for a request, the record it chose it from, and the
+    request's size class (its latency is compared only with like-sized requests')."""
 
     state: CanaryState
     version: int
+    size: SizeClass
 
     def pinned(self, request: Request) -> Request:
         """The request, sent to the chosen version."""
         target = request.target
         return replace(request, target=Target(target.operation, target.model, str(self.version)))
-
-
-# --- the sliding window -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WindowSummary:
-    """A version's requests in the window: how many, how many failed by its fault, p99."""
-
-    count: int
-    faults: int
-    p99_s: float | None
-
-    @property
-    def fault_rate(self) -> float:
-        """Faults per request (0 without requests)."""
-        return self.faults / self.count if self.count else 0.0
-
-
-class Window:
-    """One version's outcomes ``(at, latency_s, fault)``, oldest first, at most
-    ``WINDOW_CAP`` (at a higher rate the window is the last ``WINDOW_CAP`` requests)."""
-
-    def __init__(self) -> None:
-        self._events: deque[tuple[float, float, bool]] = deque(maxlen=WINDOW_CAP)
-
-    def add(self, at: float, latency_s: float, fault: bool) -> None:
-        """Record one outcome."""
-        self._events.append((at, latency_s, fault))
-
-    def summary(self, now: float, span_s: float) -> WindowSummary:
-        """The outcomes of the last ``span_s`` seconds (older ones are dropped)."""
-        events = self._events
-        while events and events[0][0] < now - span_s:
-            events.popleft()
-        if not events:
-            return WindowSummary(0, 0, None)
-        latencies = sorted(latency for _, latency, _ in events)
-        p99 = latencies[math.ceil(0.99 * len(latencies)) - 1]
-        return WindowSummary(len(events), sum(1 for e in events if e[2]), p99)
-
-
-def verdict(canary: WindowSummary, stable: WindowSummary, bounds: RollbackBounds) -> str | None:
-    """Why the canary must be rolled back, or ``None`` while it is within its bounds."""
-    if canary.count < bounds.min_requests:
-        return None
-    compared = stable.count >= bounds.min_requests
-    baseline = stable if compared else WindowSummary(0, 0, None)
-    if _above(canary, baseline, bounds.max_error_rate_increase):
-        return (
-            f"fault rate {canary.fault_rate:.1%} over {canary.count} requests against "
-            f"{baseline.fault_rate:.1%} for the stable version "
-            f"(bound +{bounds.max_error_rate_increase:.1%})"
-        )
-    enough = min(canary.count, stable.count) >= max(bounds.min_requests, P99_MIN_REQUESTS)
-    if enough and canary.p99_s is not None and stable.p99_s is not None:
-        limit = max(
-            stable.p99_s * bounds.max_p99_ratio, stable.p99_s + bounds.min_p99_increase_ms / 1000
-        )
-        if canary.p99_s > limit:
-            return (
-                f"p99 {canary.p99_s * 1000:.1f} ms over {canary.count} requests against "
-                f"{stable.p99_s * 1000:.1f} ms for the stable version "
-                f"(bound x{bounds.max_p99_ratio:g})"
-            )
-    return None
-
-
-def _above(canary: WindowSummary, stable: WindowSummary, margin: float) -> bool:
-    """Whether the canary's fault rate exceeds the stable one's plus ``margin`` by more
-    than chance explains (a one-sided test of the difference at ``SIGNIFICANCE_Z``
-    standard errors): one fault in 50 requests is no regression, ten are."""
-    excess = canary.fault_rate - stable.fault_rate - margin
-    if excess <= 0:
-        return False
-    variance = sum(s.fault_rate * (1 - s.fault_rate) / s.count for s in (canary, stable) if s.count)
-    return variance == 0 or excess / math.sqrt(variance) >= SIGNIFICANCE_Z
-
-
-def version_fault(response: BackendResponse) -> bool:
-    """Whether an answer is a failure of the version that served it: a server fault, or
-    (the router chose the version) a 404 saying the version is not there."""
-    if response.status == 404:
-        try:
-            return bool(json.loads(response.body).get("code") == "model_not_found")
-        except (ValueError, AttributeError):
-            return False
-    if response.status == 502:
-        return True
-    return response.status >= 500 and response.headers.get(FAULT_HEADER) == "server"
 
 
 # --- session affinity -------------------------------------------------------------------
@@ -276,16 +181,18 @@ class CanaryRouter:
         state = self.state(target.model)
         if state is None:
             return None
+        size = size_class(request.facts)
         if session is None:
-            return Pick(state, state.choose(self.rng.random()))
-        return Pick(state, self._session_version(state, request.facts.tenant, session))
+            return Pick(state, state.choose(self.rng.random()), size)
+        return Pick(state, self._session_version(state, request.facts.tenant, session), size)
 
     def settle(
         self, pick: Pick, response: BackendResponse | None, latency_s: float, reply: Reply
     ) -> Reply:
         """Count the outcome for the guard and name the chosen version on the reply."""
-        if response is not None and response.status not in _NEUTRAL:
-            self._observe(pick, latency_s, version_fault(response))
+        counted = outcome(response) if response is not None else None
+        if counted is not None:
+            self._observe(pick, latency_s, counted == "fault")
         if reply.header(VERSION_HEADER) is None:
             reply = Reply(
                 reply.status, [*reply.headers, (VERSION_HEADER, str(pick.version))], reply.body
@@ -353,7 +260,7 @@ class CanaryRouter:
     def _observe(self, pick: Pick, latency_s: float, fault: bool) -> None:
         model, now = pick.state.model, self.clock()
         with self._lock:
-            self._window(model, pick.version).add(now, latency_s, fault)
+            self._window(model, pick.version).add(now, latency_s, fault, pick.size)
             cached = self._states.get(model)
             current = cached.state if cached is not None and cached.state else pick.state
             if not current.running or current.canary != pick.version:

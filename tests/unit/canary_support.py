@@ -20,9 +20,15 @@ from functions.router.wiring import Overrides, create_app
 from tests.memory_store import MemoryStateStore
 
 PATH = "/v2/models/digits/infer"
-BODY = json.dumps(
-    {"inputs": [{"name": "image", "shape": [1, 8, 8], "datatype": "FP32", "data": [0.0] * 64}]}
-).encode()
+
+
+def digits_body(rows: int) -> bytes:
+    """An infer request for ``rows`` digits images (about 320 bytes a row)."""
+    tensor = {"name": "image", "shape": [rows, 8, 8], "datatype": "FP32", "data": [0.0] * 64 * rows}
+    return json.dumps({"inputs": [tensor]}).encode()
+
+
+BODY = digits_body(1)
 VERSION = "x-spillway-model-version"
 SESSION = "x-spillway-session"
 START = 1_800_000_000.0
@@ -44,9 +50,10 @@ class Clock:
 @dataclass
 class VersionedBackend:
     """Serves digits: an unpinned request gets ``default``; each version answers after
-    its ``latency`` (the clock moves) and fails a ``faults`` share with a server fault or
-    a ``client_errors`` share with ``client_status``; ``missing`` versions are 404.
-    ``canary`` is the ``spillway.canary`` its config serves."""
+    its ``latency`` plus ``per_kib`` for each KiB of the body (the clock moves) and fails
+    a ``faults`` share with a server fault or a ``client_errors`` share with
+    ``client_status`` (after ``client_error_latency`` when set); ``missing`` versions are
+    404. ``canary`` is the ``spillway.canary`` its config serves."""
 
     clock: Clock
     default: int = 1
@@ -54,6 +61,8 @@ class VersionedBackend:
     faults: dict[int, float] = field(default_factory=dict)
     client_errors: dict[int, float] = field(default_factory=dict)
     client_status: int = 400
+    client_error_latency: float | None = None
+    per_kib: dict[int, float] = field(default_factory=dict)
     missing: set[int] = field(default_factory=set)
     canary: dict[str, Any] | None = None
     seed: int = 11
@@ -72,14 +81,20 @@ class VersionedBackend:
         if version in self.missing:
             body = b'{"error":"no such version","code":"model_not_found"}'
             return BackendResponse(404, {}, body, 0.001)
-        self.clock.advance(self.latency.get(version, 0.01))
+        work = (
+            self.latency.get(version, 0.01)
+            + self.per_kib.get(version, 0.0) * len(request.body) / 1024
+        )
         draw = self._rng.random()
         if draw < self.faults.get(version, 0.0):
+            self.clock.advance(work)
             body = b'{"error":"inference failed","code":"inference_failed"}'
             return BackendResponse(500, {"x-spillway-fault": "server"}, body, 0.01)
         if draw < self.faults.get(version, 0.0) + self.client_errors.get(version, 0.0):
+            self.clock.advance(self.client_error_latency or work)
             body = b'{"error":"bad input","code":"invalid_input"}'
             return BackendResponse(self.client_status, {}, body, 0.01)
+        self.clock.advance(work)
         headers = {"content-type": "application/json", VERSION: str(version)}
         return BackendResponse(200, headers, b'{"model_name":"digits","outputs":[]}', 0.01)
 
@@ -94,9 +109,19 @@ class RouterUnderTest:
     client: Client
     metrics: io.StringIO
 
-    def infer(self, session: str | None = None, **headers: str) -> Any:
+    def infer(
+        self,
+        session: str | None = None,
+        *,
+        body: bytes = BODY,
+        tenant: str | None = None,
+        path: str = PATH,
+        **headers: str,
+    ) -> Any:
+        """One infer request, as ``tenant`` (vouched for by an authorizer) when given."""
         sent = {**headers, **({SESSION: session} if session else {})}
-        return self.client.post(PATH, data=BODY, headers=sent)
+        environ = {"serverless.authorizer": {"tenant": tenant}} if tenant else {}
+        return self.client.post(path, data=body, headers=sent, environ_overrides=environ)
 
     def metric_lines(self, name: str) -> list[dict[str, Any]]:
         lines = [json.loads(line) for line in self.metrics.getvalue().splitlines()]

@@ -3,6 +3,7 @@ fake clock: the share, session affinity across routers, the automatic rollback."
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections import Counter, defaultdict
@@ -19,6 +20,7 @@ from tests.unit.canary_support import (
     VERSION,
     Clock,
     VersionedBackend,
+    digits_body,
     make_router,
 )
 
@@ -273,3 +275,74 @@ def test_a_promotion_moves_sessions_to_the_new_stable_version() -> None:
     canaries.promote("digits")
     clock.advance(6)
     assert router.infer("s-1").headers[VERSION] == "2"  # v1 is no longer served
+
+
+# --- judgement a client cannot steer -----------------------------------------------------
+
+LARGE = digits_body(64)  # about 20 KiB
+
+
+def steered(**backend: Any) -> tuple[CanaryState, Counter[str]]:
+    """The canary record after 60 s of traffic in which one tenant sends large bodies only
+    on the sessions the router bound to the canary (a small first request shows it which),
+    while another tenant sends small unpinned requests; and what each version served."""
+    store, clock = MemoryStateStore(), Clock()
+    canaries = CanaryStore(store, clock)
+    canaries.start("digits", 2, 50, stable=1, bounds=RollbackBounds(window_s=60))
+    router = make_router(store, clock, VersionedBackend(clock, **backend))
+    bound: dict[str, str] = {}
+    served: Counter[str] = Counter()
+    for step in itertools.count():
+        if clock.now - START >= 60:
+            break
+        for _ in range(5):
+            answer = router.infer(tenant="victim")
+            served[f"{answer.headers[VERSION]}:small"] += 1
+        if len(bound) < 40:  # learn which sessions the canary got
+            session = f"probe-{len(bound)}"
+            bound[session] = router.infer(session, tenant="mallory").headers[VERSION]
+        on_canary = [s for s, version in bound.items() if version == "2"]
+        if on_canary:
+            answer = router.infer(on_canary[step % len(on_canary)], body=LARGE, tenant="mallory")
+            served[f"{answer.headers[VERSION]}:large"] += 1
+    state = canaries.load("digits")
+    assert state is not None
+    return state, served
+
+
+def test_large_bodies_sent_only_to_the_canary_do_not_roll_back_a_canary_like_stable() -> None:
+    # GIVEN a canary identical to the stable version: 5 ms plus 20 ms per KiB of body
+    # WHEN one tenant sends 20 KiB bodies only on canary-bound sessions for 60 s
+    state, served = steered(latency={1: 0.005, 2: 0.005}, per_kib={1: 0.02, 2: 0.02})
+    # THEN the canary runs on, having served all the large requests
+    last = state.history[-1]
+    assert state.status == "running", f"{last.reason} after {last.at - START:.1f} s"
+    assert served["2:large"] > 100
+    assert served["1:large"] == 0
+    assert served["1:small"] > 100
+
+
+def test_a_canary_slower_per_row_is_rolled_back_under_the_same_traffic() -> None:
+    # GIVEN a canary that takes three times as long per KiB as the stable version
+    state, _ = steered(latency={1: 0.005, 2: 0.005}, per_kib={1: 0.02, 2: 0.06})
+    # THEN it is rolled back on like-sized requests
+    assert state.status == "rolled_back"
+    assert state.history[-1].reason.startswith("p99")
+    assert "like-sized" in state.history[-1].reason
+
+
+def test_a_faulting_canary_is_rolled_back_under_the_same_traffic() -> None:
+    state, _ = steered(latency={1: 0.005, 2: 0.005}, per_kib={1: 0.02, 2: 0.02}, faults={2: 0.1})
+    assert state.status == "rolled_back"
+    assert state.history[-1].reason.startswith("fault rate")
+
+
+def test_slow_client_errors_on_the_canary_never_roll_it_back() -> None:
+    # GIVEN a canary like the stable version, whose 400s (a quarter of its answers, to
+    # requests a client made invalid) take 200 ms each
+    bounds = RollbackBounds(min_requests=40)
+    state, statuses = judged(2000, 50, bounds, client_errors={2: 0.25}, client_error_latency=0.2)
+    # THEN the client's errors say nothing about the version
+    last = state.history[-1]
+    assert state.status == "running", f"{last.reason} after {last.at - START:.1f} s"
+    assert statuses[400] > 200

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from batch_job.plan import resolve_version
 from functions.cpu_infer.service import CpuService
 from functions.cpu_infer.settings import CpuSettings
-from functions.router.canary import WindowSummary, verdict
+from functions.router.canary_guard import WindowSummary, verdict
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
 from spillway import canary
@@ -24,6 +24,11 @@ from tests.fakes import FakeLoader, FakeModel, FakeRepository, tensor_config
 from tests.memory_store import MemoryStateStore
 
 BOUNDS = RollbackBounds(min_requests=50)
+
+
+def window(count: int, faults: int, latency_s: float) -> WindowSummary:
+    """A window of like-sized requests, each served in ``latency_s`` unless it faulted."""
+    return WindowSummary(count, faults, {(8, 9): [latency_s] * (count - faults)})
 
 
 def test_a_first_canary_names_its_stable_version() -> None:
@@ -100,15 +105,15 @@ def test_a_writer_that_lost_the_race_retries_on_the_new_record() -> None:
 @pytest.mark.parametrize(
     ("canary_window", "stable_window", "expected"),
     [
-        (WindowSummary(49, 49, 0.01), WindowSummary(500, 0, 0.01), None),  # too few requests
-        (WindowSummary(50, 1, 0.01), WindowSummary(50, 0, 0.01), None),  # chance, not a trend
-        (WindowSummary(50, 10, 0.01), WindowSummary(450, 0, 0.01), "fault rate 20.0%"),
-        (WindowSummary(200, 4, 0.01), WindowSummary(200, 2, 0.01), None),  # +1 point at most
-        (WindowSummary(60, 12, 0.01), WindowSummary(10, 0, 0.01), "fault rate 20.0%"),
-        (WindowSummary(100, 0, 0.030), WindowSummary(100, 0, 0.010), "p99 30.0 ms"),
-        (WindowSummary(100, 0, 0.014), WindowSummary(100, 0, 0.010), None),  # within x1.5
-        (WindowSummary(100, 0, 0.003), WindowSummary(100, 0, 0.001), None),  # < +10 ms
-        (WindowSummary(99, 0, 0.030), WindowSummary(99, 0, 0.010), None),  # p99 needs 100
+        (window(49, 49, 0.01), window(500, 0, 0.01), None),  # too few requests
+        (window(50, 1, 0.01), window(50, 0, 0.01), None),  # chance, not a trend
+        (window(50, 10, 0.01), window(450, 0, 0.01), "fault rate 20.0%"),
+        (window(200, 4, 0.01), window(200, 2, 0.01), None),  # +1 point at most
+        (window(60, 12, 0.01), window(10, 0, 0.01), "fault rate 20.0%"),
+        (window(100, 0, 0.030), window(100, 0, 0.010), "p99 30.0 ms"),
+        (window(100, 0, 0.014), window(100, 0, 0.010), None),  # within x1.5
+        (window(100, 0, 0.003), window(100, 0, 0.001), None),  # < +10 ms
+        (window(99, 0, 0.030), window(99, 0, 0.010), None),  # p99 needs 100
     ],
 )
 def test_the_verdict(
