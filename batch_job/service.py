@@ -4,6 +4,14 @@
 the shard plan at the output prefix, submits the AWS Batch array job (queue, definition,
 retry strategy and timeout from settings) and records it. ``status`` combines Batch's
 state with the shard markers. Nothing here imports onnxruntime.
+
+Every job belongs to a tenant (its record's ``owner``: the tenant's scope). A tenant's
+job reads and writes only inside the tenant's areas (``spillway.tenancy``: its folder
+under ``JOBS_TENANTS_ROOT`` and under the router's staging) and writes to a folder the
+server names, ``<output>/<job id>/``; its idempotency keys are its own; another tenant
+asking for it gets the 404 of a job that does not exist. Jobs the operator configures
+(the nightly schedule, ``spillway jobs submit`` without ``--tenant``) belong to
+``JOBS_OPERATOR_TENANT`` and write where the operator said.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from spillway.errors import InvalidInputError
 from spillway.messages import JobRequest, JobStatus, JobView, SubmitReceipt
 from spillway.names import validate_model_name
 from spillway.repository import aws_client, open_repository
+from spillway.state_table import scope
+from spillway.tenancy import area, require_inside
 
 # Job ids of keyed submissions are uuid5(key) in this namespace: one key, one job id.
 _NAMESPACE = uuid.UUID("6f1d7c1e-3b0a-5c4e-9a57-5b1f0e2d8c41")
@@ -52,17 +62,49 @@ class JobService:
     def store(self) -> JobStore:
         return JobStore(self.settings.table, self._client("dynamodb"))
 
-    def submit(self, request: JobRequest, key: str | None = None) -> SubmitReceipt:
-        """Start the job once per idempotency key; later calls with it return that job."""
+    def areas(self, tenant: str | None) -> list[str]:
+        """The folders a tenant's jobs may read and write: its area under the tenants'
+        root and under the router's staging (those configured)."""
+        roots = (self.settings.tenants_root, self.settings.staging)
+        return [area(root, tenant) for root in roots if root]
+
+    def submit(
+        self, request: JobRequest, key: str | None = None, *, tenant: str | None
+    ) -> SubmitReceipt:
+        """Start ``tenant``'s job once per idempotency key (the tenant's own keys); later
+        calls with it return that job. Its input and output must lie in the tenant's
+        areas (``OutsideTenantAreaError``); it writes to ``<output>/<job id>/``."""
         validate_model_name(request.model)
+        mine = self.areas(tenant)
+        where = request.model_copy(
+            update={
+                "input": require_inside(request.input, mine, "input"),
+                "output": require_inside(request.output, mine, "output"),
+            }
+        )
+        return self._submit(where, key, scope(tenant), per_job_output=True)
+
+    def submit_as_operator(self, request: JobRequest, key: str | None = None) -> SubmitReceipt:
+        """A job the operator configured (the schedule, the CLI): owned by the operator
+        tenant, its locations as given (the operator's, not a request's)."""
+        validate_model_name(request.model)
+        return self._submit(request, key, scope(self.settings.operator_tenant))
+
+    def _submit(
+        self, request: JobRequest, key: str | None, owner: str, *, per_job_output: bool = False
+    ) -> SubmitReceipt:
         if key is not None and not _KEY.fullmatch(key):
             raise InvalidInputError("the idempotency key must be 1-128 printable characters")
-        job_id = str(uuid.uuid5(_NAMESPACE, key) if key else uuid.uuid4())
+        # One key, one job id, per owner: another tenant's key names another job.
+        job_id = str(uuid.uuid5(_NAMESPACE, f"{owner}\0{key}") if key else uuid.uuid4())
         digest = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
+        if per_job_output:
+            request = request.model_copy(update={"output": f"{request.output}{job_id}/"})
         now = time.time()
         record = {
             **request.model_dump(exclude={"version"}),
             "job_id": job_id,
+            "owner": owner,
             "idempotency_key": key,
             "request_hash": digest,
             "requested_version": request.version,
@@ -79,7 +121,7 @@ class JobService:
             plan = self._plan(request)
             array_size = min(request.shards or len(plan.shards), len(plan.shards))
             array_size = min(array_size, self.settings.max_array_size)
-            submitted = self._submit_batch(job_id, request, plan, array_size)
+            submitted = self._submit_batch(job_id, owner, request, plan, array_size)
         except BaseException:
             self.store.release(job_id)
             raise
@@ -112,7 +154,7 @@ class JobService:
         return ensure_plan(spec, repository, Locations.of(spec, client=self.s3))
 
     def _submit_batch(
-        self, job_id: str, request: JobRequest, plan: Plan, array_size: int
+        self, job_id: str, owner: str, request: JobRequest, plan: Plan, array_size: int
     ) -> dict[str, Any]:
         s = self.settings
         command = ["spillway", "jobs", "run", "--repository", s.repository]
@@ -120,7 +162,10 @@ class JobService:
         command += ["--input", request.input, "--output", request.output]
         if request.batch_size:
             command += ["--batch-size", str(request.batch_size)]
-        environment = [{"name": "JOBS_ARRAY_SIZE", "value": str(array_size)}]
+        environment = [
+            {"name": "JOBS_ARRAY_SIZE", "value": str(array_size)},
+            {"name": "JOBS_TENANT_SCOPE", "value": owner},
+        ]
         kwargs: dict[str, Any] = {
             "jobName": f"spillway-{re.sub(r'[^A-Za-z0-9_-]', '-', plan.model)}-{job_id[:8]}",
             "jobQueue": s.job_queue,
@@ -139,14 +184,22 @@ class JobService:
         result: dict[str, Any] = self.batch.submit_job(**kwargs)
         return result
 
-    def status(self, job_id: str) -> JobStatus:
-        """The job's record, Batch's view of it and its committed shards."""
+    def status(self, job_id: str, *, tenant: str | None) -> JobStatus:
+        """``tenant``'s job: its record, Batch's view of it and its committed shards; a
+        job of another tenant is ``JobNotFoundError`` like one that does not exist."""
+        return self._status(job_id, scope(tenant))
+
+    def status_as_operator(self, job_id: str) -> JobStatus:
+        """Any tenant's job (``spillway jobs status`` with the operator's credentials)."""
+        return self._status(job_id, None)
+
+    def _status(self, job_id: str, owner: str | None) -> JobStatus:
         try:
             uuid.UUID(job_id)
         except ValueError:
             raise InvalidInputError("a job id is a UUID") from None
         record = self.store.get(job_id)
-        if record is None:
+        if record is None or (owner is not None and record.get("owner") != owner):
             raise JobNotFoundError(f"no job {job_id}")
         view = _view(record).model_dump()
         batch_status, summary = None, {}
@@ -184,7 +237,7 @@ class JobService:
             output=f"{s.schedule_output.rstrip('/')}/{day}/",
             shards=s.schedule_shards,
         )
-        return self.submit(request, key=f"schedule:{rule}:{day}")
+        return self.submit_as_operator(request, key=f"schedule:{rule}:{day}")
 
 
 def _view(record: Mapping[str, Any]) -> JobView:

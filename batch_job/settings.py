@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -64,6 +65,38 @@ class JobsSettings(BaseSettings):
     """A submission that crashed before reaching Batch may be taken over after this long."""
     status_read_concurrency: int = Field(default=16, ge=1, le=64)
     """Parallel reads of shard markers when computing a job's status."""
+
+    tenant_scope: str | None = None
+    """The scope (``spillway.state_table.scope``) of the tenant whose job this container
+    runs, set by the submitter in the Batch job's environment."""
+
+    # --- callers and their areas (the jobs Lambda) --------------------------------------
+    tenants_root: str | None = None
+    """``s3://bucket/prefix`` of the tenants' job data: a tenant's jobs read and write only
+    under ``<root>/<scope>/`` (``scope``: a digest of the tenant). Unset: no API job may
+    name a location outside the router's staging."""
+    staging: str | None = None
+    """The router's batch-mode staging (``ROUTER_JOBS_STAGING``): a tenant's jobs may also
+    read and write under ``<staging>/<scope>/``, where the router staged its requests."""
+    identity_tenants: dict[str, str] = Field(default_factory=dict)
+    """Tenants of authenticated identities, as JSON: ``{"<API key id or IAM principal
+    ARN>": "<tenant>"}``; an unmapped identity is its own tenant (as the router's)."""
+    trust_tenant_hints: bool = False
+    """Let a caller nothing authenticated name its tenant (``x-spillway-tenant``), or be
+    the anonymous tenant without one. Off by default: unauthenticated calls get 401
+    ``unauthenticated``. For local runs only."""
+    operator_tenant: str = Field(default="operator", pattern=r"^[A-Za-z0-9._:@-]{1,128}$")
+    """Tenant of the nightly scheduled job and of ``spillway jobs submit`` without
+    ``--tenant``: their locations are the operator's configuration, not a request's."""
+
+    @field_validator("identity_tenants", mode="before")
+    @classmethod
+    def _json_map(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            import json
+
+            return json.loads(value) if value.strip() else {}
+        return value
 
     # --- the nightly schedule (EventBridge) ---------------------------------------------
     schedule_model: str | None = None

@@ -30,6 +30,7 @@ from batch_job.plan import RunSpec
 from batch_job.service import JobService
 from batch_job.settings import JobsSettings
 from spillway.errors import SpillwayError
+from spillway.identity import tenant_hint
 from spillway.messages import JobRequest, JobStatus
 from spillway_cli.local_batch import (
     FaultSettings,
@@ -98,8 +99,16 @@ def submit(
     idempotency_key: Annotated[str | None, typer.Option(help="Same key, same job.")] = None,
     wait: Annotated[bool, typer.Option(help="Show progress until the job ends.")] = False,
     local: Annotated[bool, typer.Option(help="Run the children here (moto).")] = False,
+    tenant: Annotated[
+        str | None,
+        typer.Option(help="Submit as this tenant: locations in its areas, output per job."),
+    ] = None,
 ) -> None:
-    """Plan shards, submit the AWS Batch array job and record it (idempotent per key)."""
+    """Plan shards, submit the AWS Batch array job and record it (idempotent per key).
+
+    With the operator's credentials: without ``--tenant`` the job is the operator's
+    (``JOBS_OPERATOR_TENANT``) and writes where ``--output`` says; with it, the job is
+    that tenant's and follows the jobs API's rules (its areas, ``<output>/<job id>/``)."""
     _logging(False)
     settings = JobsSettings()
     service = JobService(settings)
@@ -107,7 +116,10 @@ def submit(
     fields |= {"version": version, "shards": shards, "batch_size": batch_size}
     try:
         request = JobRequest.parse(json.dumps(fields))
-        result = service.submit(request, idempotency_key)
+        if tenant is None:
+            result = service.submit_as_operator(request, idempotency_key)
+        else:
+            result = service.submit(request, idempotency_key, tenant=tenant_hint(tenant))
     except SpillwayError as exc:
         raise _fail(exc) from None
     typer.echo(result.model_dump_json(indent=2))
@@ -117,19 +129,25 @@ def submit(
         for child in runs:
             typer.echo(f"child {child.index}: exit {child.exit_code} ({child.log_path})")
     if wait:
-        final = _wait(service, result.job.job_id)
+        final = _wait(service, result.job.job_id, tenant)
         typer.echo(final.model_dump_json(indent=2))
         if final.state != "SUCCEEDED":
             raise typer.Exit(1)
 
 
-def _wait(service: JobService, job_id: str, poll_s: float = 5.0) -> JobStatus:
+def _status(service: JobService, job_id: str, tenant: str | None) -> JobStatus:
+    if tenant is None:
+        return service.status_as_operator(job_id)
+    return service.status(job_id, tenant=tenant_hint(tenant))
+
+
+def _wait(service: JobService, job_id: str, tenant: str | None, poll_s: float = 5.0) -> JobStatus:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()) as bar:
         task = bar.add_task(f"job {job_id[:8]}", total=None)
         while True:
-            current = service.status(job_id)
+            current = _status(service, job_id, tenant)
             bar.update(
                 task,
                 total=current.shards_total,
@@ -142,10 +160,16 @@ def _wait(service: JobService, job_id: str, poll_s: float = 5.0) -> JobStatus:
 
 
 @jobs_app.command("status")
-def status(job_id: Annotated[str, typer.Argument(help="The job id submit printed.")]) -> None:
+def status(
+    job_id: Annotated[str, typer.Argument(help="The job id submit printed.")],
+    tenant: Annotated[
+        str | None, typer.Option(help="Only this tenant's job (default: any, as operator).")
+    ] = None,
+) -> None:
     """The job's state: Batch's view and its committed shards, records and errors."""
     try:
-        typer.echo(JobService(JobsSettings()).status(job_id).model_dump_json(indent=2))
+        service = JobService(JobsSettings())
+        typer.echo(_status(service, job_id, tenant).model_dump_json(indent=2))
     except SpillwayError as exc:
         raise _fail(exc, 1) from None
 

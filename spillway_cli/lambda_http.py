@@ -1,6 +1,8 @@
 """A Lambda handler behind a local HTTP server, the way API Gateway (REST, proxy
 integration) would call it: each request becomes a v1 proxy event, the handler's answer
-becomes the response. Used to serve the jobs function on 127.0.0.1.
+becomes the response. Used to serve the jobs function on 127.0.0.1. As API Gateway with
+API keys does, the event's ``requestContext.identity.apiKeyId`` names the request's
+``x-api-key`` (here the key itself); ``requestContext`` is never taken from the request.
 
 The same server answers Lambda's invoke API for the function (``POST
 /2015-03-31/functions/{name}/invocations``, the event as the body, the handler's return
@@ -53,7 +55,14 @@ def event_from_environ(environ: dict[str, Any]) -> dict[str, Any]:
         "httpMethod": environ["REQUEST_METHOD"],
         "headers": headers,
         "queryStringParameters": query or None,
-        "requestContext": {"requestId": str(uuid.uuid4()), "stage": "local"},
+        "requestContext": {
+            "requestId": str(uuid.uuid4()),
+            "stage": "local",
+            "apiId": "local",
+            # API Gateway puts the id of the API key a request carried here; locally a key
+            # stands for its own id (map it with JOBS_IDENTITY_TENANTS).
+            "identity": {"apiKeyId": headers.get("X-Api-Key"), "sourceIp": "127.0.0.1"},
+        },
         "body": base64.b64encode(body).decode() if body else None,
         "isBase64Encoded": bool(body),
     }

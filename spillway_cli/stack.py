@@ -29,6 +29,9 @@ SERVERLESS = ROOT / "node_modules" / ".bin" / "serverless"
 APP_ZIP = ROOT / "build" / "lambda" / "app.zip"  # serverless.yml's package.artifact
 FALLBACK_WAIT_S = 60.0  # serverless-offline's first Python invocation takes seconds, not this
 LOCAL_API_KEY = "spillway-local-key"  # serverless.yml's key name at stage local; not a secret
+TENANTS_ROOT = f"s3://{DATA_BUCKET}/tenants"  # each tenant's job data: <root>/<scope>/
+JOBS_STAGING = f"s3://{DATA_BUCKET}/staging"  # the router's batch-mode staging
+JOBS_FUNCTION = "spillway-local-jobs"  # the name `spillway serve jobs` answers invokes for
 STATE_TABLE = "spillway-local-router-state"  # serverless.yml's stateTable at stage local
 POLICY_PARAMETER = "/spillway-local/router/policy"  # SSM name at serverless.yml's stage local
 
@@ -208,10 +211,18 @@ class LocalStack:
                 s3.upload_file(str(path), MODELS_BUCKET, f"repository/{relative}")
 
     def jobs_env(self) -> dict[str, str]:
+        """The jobs API's settings: tenants' areas under ``tenants/`` and the router's
+        staging, the local API key mapped to the ``local`` tenant; the WSGI router
+        authenticates nobody, so its anonymous callers' jobs are the anonymous tenant's
+        (``JOBS_TRUST_TENANT_HINTS``, a local-only setting)."""
         return {
             "JOBS_REPOSITORY": REPOSITORY,
             "JOBS_CACHE_DIR": str(self.log_dir / "jobs-cache"),
             "JOBS_WORK_DIR": str(self.log_dir / "jobs-work"),
+            "JOBS_TENANTS_ROOT": TENANTS_ROOT,
+            "JOBS_STAGING": JOBS_STAGING,
+            "JOBS_IDENTITY_TENANTS": json.dumps({LOCAL_API_KEY: "local"}),
+            "JOBS_TRUST_TENANT_HINTS": "true",
         }
 
     def _jobs_resources(self) -> None:
@@ -238,8 +249,11 @@ class LocalStack:
         return {
             "ROUTER_GPU_URL": self.url("gpu"),
             "ROUTER_CPU_URL": self.url("cpu"),
-            "ROUTER_JOBS_URL": f"{self.url('jobs')}/v1/jobs",
-            "ROUTER_JOBS_STAGING": f"s3://{DATA_BUCKET}/staging",
+            # Batch mode invokes the jobs function as on AWS (Lambda's invoke API, which
+            # `spillway serve jobs` answers): the invoke event carries the caller's tenant.
+            "ROUTER_JOBS_FUNCTION": JOBS_FUNCTION,
+            "AWS_ENDPOINT_URL_LAMBDA": self.url("jobs"),
+            "ROUTER_JOBS_STAGING": JOBS_STAGING,
             "ROUTER_POLICY_FILE": str(self.policy),
             "ROUTER_STATE_TABLE": STATE_TABLE,
             "ROUTER_METRICS_LOG": str(self.log_dir / "router-metrics.jsonl"),

@@ -1,8 +1,16 @@
 """The jobs Lambda: ``POST /v1/jobs``, ``GET /v1/jobs/{id}`` and the scheduled event.
 
 A thin adapter: it parses the API Gateway (REST v1 proxy, or HTTP API v2) or EventBridge
-event, calls ``batch_job.service`` and maps errors with the core's one mapping
+event, finds the caller's tenant (``spillway.identity``, the router's rule: an
+authorizer's ``tenant``, else the API key id or IAM principal through
+``JOBS_IDENTITY_TENANTS``; 401 ``unauthenticated`` when nothing vouched for the caller),
+calls ``batch_job.service`` for that tenant and maps errors with the core's one mapping
 (``spillway.wire.error_reply``; ``INTERNAL_ERROR`` for anything unexpected).
+
+The router's batch mode invokes this function directly (``lambda:Invoke``, granted to
+the router's role alone) with a REST proxy event whose ``requestContext.authorizer``
+carries the router's caller's tenant: ``requestContext`` is written by API Gateway or by
+that trusted invoker, never by a client.
 A tiny router instead of a web framework keeps the cold start small; nothing here
 imports onnxruntime.
 """
@@ -25,6 +33,7 @@ from spillway.errors import (
     RouteNotFoundError,
     SpillwayError,
 )
+from spillway.identity import Authenticator
 from spillway.messages import DirectInvokeAnswer, JobRequest, JobStatus, SubmitReceipt
 from spillway.wire import INTERNAL_ERROR, Reply, allow, error_reply, json_reply, strip_stage
 
@@ -38,17 +47,24 @@ _JOB_PATH = re.compile(r"^/v1/jobs/([^/]{1,64})/?$")
 class Jobs(Protocol):
     """What the routes need: ``JobService``, or a fake in unit tests."""
 
-    def submit(self, request: JobRequest, key: str | None = None) -> SubmitReceipt:
-        """Start (or replay) a job."""
+    def submit(
+        self, request: JobRequest, key: str | None = None, *, tenant: str | None
+    ) -> SubmitReceipt:
+        """Start (or replay) the tenant's job."""
 
-    def status(self, job_id: str) -> JobStatus:
-        """A job's combined status."""
+    def status(self, job_id: str, *, tenant: str | None) -> JobStatus:
+        """The tenant's job's combined status."""
 
 
 @functools.cache
 def service() -> JobService:
     """The service, built once per execution environment (on the first event)."""
     return JobService(JobsSettings())
+
+
+def authenticator(settings: JobsSettings) -> Authenticator:
+    """Who may call, from the settings (``JOBS_IDENTITY_TENANTS``, ``_TRUST_TENANT_HINTS``)."""
+    return Authenticator(settings.identity_tenants, settings.trust_tenant_hints)
 
 
 def handler(event: Mapping[str, Any], context: object) -> dict[str, Any]:
@@ -59,16 +75,20 @@ def handler(event: Mapping[str, Any], context: object) -> dict[str, Any]:
         result = service().scheduled(event)
         log.info("scheduled run %s: job %s", event.get("id"), result.job.job_id)
         return result.model_dump()
-    return dispatch(event, service())
+    jobs = service()
+    return dispatch(event, jobs, authenticator(jobs.settings))
 
 
-def dispatch(event: Mapping[str, Any], jobs: Jobs) -> dict[str, Any]:
-    """Route an API Gateway event; every error becomes ``{"error", "code"}``."""
+def dispatch(
+    event: Mapping[str, Any], jobs: Jobs, callers: Authenticator | None = None
+) -> dict[str, Any]:
+    """Route an API Gateway event for the caller ``callers`` finds (default: mapped
+    identities none, hints refused); every error becomes ``{"error", "code"}``."""
     context = event.get("requestContext") or {}
     method = str(event.get("httpMethod") or context.get("http", {}).get("method", "")).upper()
     path = strip_stage(str(event.get("path") or event.get("rawPath") or ""), event)
     try:
-        reply = _route(method, path, event, jobs)
+        reply = _route(method, path, event, jobs, callers or Authenticator())
     except SpillwayError as exc:
         log.warning("%s %s -> %d %s: %s", method, path[:100], exc.status, exc.code, exc.message)
         reply = error_reply(exc)
@@ -79,11 +99,14 @@ def dispatch(event: Mapping[str, Any], jobs: Jobs) -> dict[str, Any]:
     return DirectInvokeAnswer.of(reply).dump()
 
 
-def _route(method: str, path: str, event: Mapping[str, Any], jobs: Jobs) -> Reply:
+def _route(
+    method: str, path: str, event: Mapping[str, Any], jobs: Jobs, callers: Authenticator
+) -> Reply:
     if path.rstrip("/") == "/v1/jobs":
         allow(method, "/v1/jobs", "POST")
+        tenant = callers.tenant(event)
         request = JobRequest.parse(_body(event))
-        receipt = jobs.submit(request, _header(event, "idempotency-key"))
+        receipt = jobs.submit(request, _header(event, "idempotency-key"), tenant=tenant)
         headers = [("location", f"/v1/jobs/{receipt.job.job_id}")]
         if receipt.replayed:
             headers.append(("idempotent-replayed", "true"))
@@ -91,7 +114,8 @@ def _route(method: str, path: str, event: Mapping[str, Any], jobs: Jobs) -> Repl
     match = _JOB_PATH.match(path)
     if match:
         allow(method, "/v1/jobs/{id}", "GET")
-        return json_reply(200, jobs.status(match.group(1)).model_dump())
+        tenant = callers.tenant(event)
+        return json_reply(200, jobs.status(match.group(1), tenant=tenant).model_dump())
     raise RouteNotFoundError(f"no route for {path[:100]!r}")
 
 

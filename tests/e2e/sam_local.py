@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from spillway.state_table import scope
 from spillway_cli.stack import DATA_BUCKET
+from tests.integration.test_jobs_support import EXAMPLE_API_KEY_ID
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = ROOT / "events"
@@ -36,7 +38,8 @@ CHAINS = (
     ("router/session-put-rest-v1.json", "router/session-get-rest-v1.json"),
     ("jobs/submit.json", "jobs/status-of-submit.json", "jobs/status.json", "jobs/nightly.json"),
 )
-SUBMITTED_JOB = "05a2fec6-3953-5766-9da5-24ec3c9f102b"  # uuid5 of submit.json's Idempotency-Key
+# uuid5 of submit.json's caller's scope and Idempotency-Key
+SUBMITTED_JOB = "9a510cb6-3ea2-59b9-a4b5-788e356ddd65"
 NIGHTLY_DAY = "2024-06-02"  # nightly.json's time
 
 
@@ -97,7 +100,8 @@ def seed_jobs_input(models_dir: Path, s3: Any) -> None:
     """The inputs submit.json and nightly.json name, in the stack's S3: two JSON Lines
     files of digits images under each prefix."""
     images = np.load(models_dir / "digits" / "samples" / "images.npy").astype(np.float32)
-    for prefix in ("digits/in/", "nightly/input/"):
+    area = f"tenants/{scope(EXAMPLE_API_KEY_ID)}/"  # submit.json's caller's own area
+    for prefix in (f"{area}digits/in/", "nightly/input/"):
         for f in range(2):
             lines = [
                 json.dumps({"id": f"{f}-{i}", "data": {"image": images[f * 5 + i].tolist()}})

@@ -18,7 +18,9 @@ from batch_job.settings import JobsSettings
 from functions.jobs import handler as jobs_handler
 from spillway.messages import JobRequest
 from spillway.repository import aws_client
+from spillway.state_table import scope
 from tests.integration.test_jobs_support import (
+    EXAMPLE_API_KEY_ID,
     digits_images,
     jobs_settings,
     new_bucket,
@@ -39,6 +41,7 @@ def lambda_env(settings: JobsSettings, monkeypatch: pytest.MonkeyPatch) -> Itera
     """The jobs function's environment (``JOBS_*``), as its template would set it."""
     for name in ("repository", "job_queue", "job_definition", "table"):
         monkeypatch.setenv(f"JOBS_{name.upper()}", str(getattr(settings, name)))
+    monkeypatch.setenv("JOBS_TENANTS_ROOT", "s3://spillway-data/tenants")
     jobs_handler.service.cache_clear()
     yield settings
     jobs_handler.service.cache_clear()
@@ -80,7 +83,9 @@ def test_concurrent_submissions_with_one_key_start_one_job(
 
     # WHEN four callers submit the same request with that key at once
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda _: service.submit(request, f"key-{bucket}"), range(4)))
+        results = list(
+            pool.map(lambda _: service.submit_as_operator(request, f"key-{bucket}"), range(4))
+        )
 
     # THEN they all get the same job, exactly one of them started it, Batch has one job
     assert len({r.job.job_id for r in results}) == 1
@@ -113,22 +118,24 @@ def test_same_key_with_another_request_is_a_conflict(
     _digits_input(bucket, "in/", models_dir)
     service = JobService(settings)
     first = JobRequest(model="digits", input=f"s3://{bucket}/in/", output=f"s3://{bucket}/o1/")
-    service.submit(first, f"k-{bucket}")
+    service.submit_as_operator(first, f"k-{bucket}")
     # WHEN the key comes back with a different output prefix
     other = first.model_copy(update={"output": f"s3://{bucket}/o2/"})
     # THEN it is refused with 409 and no second plan is written
     with pytest.raises(JobConflictError) as caught:
-        service.submit(other, f"k-{bucket}")
+        service.submit_as_operator(other, f"k-{bucket}")
     assert (caught.value.status, caught.value.code) == (409, "job_conflict")
     listed = aws_client("s3").list_objects_v2(Bucket=bucket, Prefix="o2/")
     assert listed.get("KeyCount", 0) == 0
 
 
 def test_api_events_submit_then_report_status(lambda_env: JobsSettings, models_dir: Path) -> None:
-    # GIVEN the bucket the POST event's body names, with input files
+    # GIVEN the bucket the POST event's body names, with input files in the area of the
+    # event's caller (its API key id, its own tenant)
     s3 = aws_client("s3")
     s3.create_bucket(Bucket="spillway-data")
-    _digits_input("spillway-data", "digits/in/", models_dir, files=3)
+    area = f"tenants/{scope(EXAMPLE_API_KEY_ID)}/"
+    _digits_input("spillway-data", f"{area}digits/in/", models_dir, files=3)
 
     # WHEN API Gateway delivers POST /v1/jobs (events/jobs/submit.json) twice
     post = _event("submit")
@@ -142,6 +149,7 @@ def test_api_events_submit_then_report_status(lambda_env: JobsSettings, models_d
     assert (again["statusCode"], again["headers"].get("idempotent-replayed")) == (202, "true")
     assert json.loads(again["body"])["job"]["job_id"] == job["job_id"]
     assert (job["shards_total"], job["array_size"]) == (3, 2)
+    assert job["output"] == f"s3://spillway-data/{area}digits/out/{job['job_id']}/"
 
     # AND once the shards run, GET /v1/jobs/{id} (events/jobs/status.json) adds them up
     run_job(RunSpec("digits", job["input"], job["output"], batch_size=32), lambda_env)

@@ -74,13 +74,13 @@ def test_submitted_job_runs_as_array_children_and_matches_the_engine(
     )
 
     # WHEN it is submitted to Batch as a 2-child array and the children run locally
-    job = service.submit(request).job
+    job = service.submit_as_operator(request).job
     assert (job.shards_total, job.array_size) == (3, 2)
     runs = run_local(settings, str(job.batch_job_id), LAUNCHER, tmp_path / "logs")
 
     # THEN both children succeed and the status adds up every record
     assert [(r.index, r.exit_code) for r in runs] == [(0, 0), (1, 0)], runs
-    status = service.status(job.job_id)
+    status = service.status_as_operator(job.job_id)
     assert status.state == "SUCCEEDED"
     assert (status.shards_done, status.records, status.outputs, status.errors) == (3, 68, 65, 3)
     # AND JSON Lines outputs, in input order, equal the engine's own results

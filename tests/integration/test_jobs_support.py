@@ -20,6 +20,8 @@ from spillway.repository import LocalRepository, aws_client
 from spillway_cli.local_batch import configure_moto, create_resources
 
 CPU_ONLY = ("CPUExecutionProvider",)
+EXAMPLE_API_KEY_ID = "abcde12345"
+"""The API key id of the caller in ``events/jobs/*.json`` (unmapped: its own tenant)."""
 
 
 def jobs_settings(endpoint: str, models_dir: Path, **overrides: Any) -> JobsSettings:

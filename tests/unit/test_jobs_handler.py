@@ -14,10 +14,12 @@ import pytest
 from batch_job.errors import JobNotFoundError
 from batch_job.service import combined_state
 from functions.jobs.handler import dispatch
+from spillway.identity import Authenticator
 from spillway.messages import JobRequest, JobStatus, JobView, SubmitReceipt
 
 EVENTS = Path(__file__).resolve().parents[2] / "events" / "jobs"
 BODY = {"model": "digits", "input": "s3://data-in/x/", "output": "s3://data-out/y/"}
+EXAMPLE_TENANT = "abcde12345"  # the API key id in events/jobs/*.json, its own tenant
 
 
 def _view(job_id: str = "00000000-0000-4000-8000-000000000001") -> JobView:
@@ -36,16 +38,21 @@ class FakeJobs:
     """Remembers submissions; knows one job; can blow up like a bug would."""
 
     calls: list[tuple[JobRequest, str | None]] = field(default_factory=list)
+    tenants: list[str | None] = field(default_factory=list)
     crash: bool = False
 
-    def submit(self, request: JobRequest, key: str | None = None) -> SubmitReceipt:
+    def submit(
+        self, request: JobRequest, key: str | None = None, *, tenant: str | None
+    ) -> SubmitReceipt:
         if self.crash:
             raise RuntimeError("secret internals")
         self.calls.append((request, key))
+        self.tenants.append(tenant)
         return SubmitReceipt(job=_view(), replayed=len(self.calls) > 1)
 
-    def status(self, job_id: str) -> JobStatus:
-        if job_id != _view().job_id:
+    def status(self, job_id: str, *, tenant: str | None) -> JobStatus:
+        self.tenants.append(tenant)
+        if job_id != _view().job_id or tenant != EXAMPLE_TENANT:
             raise JobNotFoundError(f"no job {job_id}")
         return JobStatus(**_view().model_dump(), shards_done=2, records=10)
 
@@ -146,13 +153,65 @@ def test_http_api_v2_events_route_too() -> None:
     event = {
         "version": "2.0",
         "rawPath": "/prod/v1/jobs",
-        "requestContext": {"http": {"method": "POST"}, "stage": "prod"},
+        "requestContext": {
+            "http": {"method": "POST"},
+            "stage": "prod",
+            "authorizer": {"iam": {"userArn": "arn:aws:iam::123456789012:user/ci"}},
+        },
         "headers": {"idempotency-key": "k1"},
         "body": json.dumps(BODY),
     }
     jobs = FakeJobs()
     assert dispatch(event, jobs)["statusCode"] == 202
     assert jobs.calls[0][1] == "k1"
+    # AND the IAM principal is the caller (unmapped: its own tenant)
+    assert jobs.tenants == ["arn:aws:iam::123456789012:user/ci"]
+
+
+def _anonymous(event: dict[str, Any]) -> dict[str, Any]:
+    event = copy.deepcopy(event)
+    event["requestContext"]["identity"]["apiKeyId"] = None
+    return event
+
+
+@pytest.mark.parametrize("name", ["submit", "status"])
+def test_a_call_nothing_vouched_for_is_401_before_anything_runs(name: str) -> None:
+    # GIVEN an event without an API key id, IAM principal or authorizer tenant
+    event = _anonymous(json.loads((EVENTS / f"{name}.json").read_text()))
+    jobs = FakeJobs()
+    # WHEN dispatched with the default authenticator
+    response = dispatch(event, jobs)
+    # THEN 401 unauthenticated, and the service was never asked
+    assert (response["statusCode"], _body(response)["code"]) == (401, "unauthenticated")
+    assert jobs.tenants == []
+
+
+def test_identities_map_to_tenants_and_an_authorizer_tenant_wins() -> None:
+    # GIVEN the API key id mapped to a tenant
+    callers = Authenticator({EXAMPLE_TENANT: "team-a"})
+    jobs = FakeJobs()
+    # WHEN the submit event arrives, then the same with an authorizer's tenant
+    dispatch(_post(BODY), jobs, callers)
+    vouched = _post(BODY)
+    vouched["requestContext"]["authorizer"] = {"tenant": "team-b"}
+    dispatch(vouched, jobs, callers)
+    # THEN the first is the mapped tenant's, the second the authorizer's
+    assert jobs.tenants == ["team-a", "team-b"]
+
+
+def test_hints_count_only_where_the_deployment_trusts_them() -> None:
+    # GIVEN an unauthenticated event naming a tenant in x-spillway-tenant
+    event = _anonymous(_post(BODY))
+    event["headers"]["X-Spillway-Tenant"] = "claimed"
+    strict, local = FakeJobs(), FakeJobs()
+    # WHEN dispatched strictly, and where hints are trusted (local runs)
+    refused = dispatch(event, strict)
+    dispatch(event, local, Authenticator(trust_tenant_hints=True))
+    no_hint = _anonymous(_post(BODY))
+    dispatch(no_hint, local, Authenticator(trust_tenant_hints=True))
+    # THEN strict refuses; trusting, the hint is the tenant, and no hint is anonymous
+    assert refused["statusCode"] == 401
+    assert local.tenants == ["claimed", None]
 
 
 @pytest.mark.parametrize(
