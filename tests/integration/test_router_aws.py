@@ -31,6 +31,7 @@ from spillway.messages import (
     SubmitReceipt,
     read_staged_request,
 )
+from spillway.state_table import scope
 from spillway_cli.procs import free_port
 from spillway_cli.wsgi_server import running
 from tests.support import load_engine
@@ -316,8 +317,9 @@ def test_batch_mode_invokes_the_jobs_function_with_lambda_invoke(
     jobs = jobs_settings(aws_env, models_dir)
     for name in ("repository", "job_queue", "job_definition", "table"):
         monkeypatch.setenv(f"JOBS_{name.upper()}", str(getattr(jobs, name)))
-    jobs_handler.service.cache_clear()
     bucket = new_bucket()
+    monkeypatch.setenv("JOBS_STAGING", f"s3://{bucket}/staging")
+    jobs_handler.service.cache_clear()
     function = "arn:aws:lambda:us-east-1:123456789012:function:spillway-jobs"
     with running(wsgi_app(jobs_handler.handler, "/v1/health", "spillway-jobs")) as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA", url)
@@ -326,17 +328,24 @@ def test_batch_mode_invokes_the_jobs_function_with_lambda_invoke(
             jobs_function=function,
             jobs_staging=f"s3://{bucket}/staging",
             metrics_log=tmp_path / "metrics.log",
+            trust_tenant_hints=True,
         )
         app = create_app(settings)
         body = {"inputs": [{"name": "image", "shape": [1, 8, 8], "datatype": "FP32",
                             "data": [0.5] * 64}]}  # fmt: skip
-        # WHEN a batch-mode request arrives, twice with one Idempotency-Key
-        headers = {"x-spillway-mode": "batch", "idempotency-key": "retry-1"}
+        # WHEN a batch-mode request of tenant-r arrives, twice with one Idempotency-Key
+        headers = {
+            "x-spillway-mode": "batch",
+            "idempotency-key": "retry-1",
+            "x-spillway-tenant": "tenant-r",
+        }
         first = Client(app).post("/v2/models/digits/infer", json=body, headers=headers)
         again = Client(app).post("/v2/models/digits/infer", json=body, headers=headers)
         # AND an unknown model is the client's 404, not a backend failure
         unknown = Client(app).post(
-            "/v2/models/nope/infer", json=body, headers={"x-spillway-mode": "batch"}
+            "/v2/models/nope/infer",
+            json=body,
+            headers={"x-spillway-mode": "batch", "x-spillway-tenant": "tenant-r"},
         )
     jobs_handler.service.cache_clear()
     # THEN the jobs function started one job over the staged request
@@ -346,9 +355,11 @@ def test_batch_mode_invokes_the_jobs_function_with_lambda_invoke(
     assert first.headers["location"] == f"/v1/jobs/{receipt['job_id']}"
     from batch_job.service import JobService
 
-    status = JobService(jobs).status(receipt["job_id"])
+    # AND the job is the router's caller's (the invoke event vouched for its tenant), over
+    # what was staged in that tenant's own staging area
+    status = JobService(jobs).status(receipt["job_id"], tenant="tenant-r")
     assert status.model == "digits"
-    assert status.input.startswith(f"s3://{bucket}/staging/")
+    assert status.input.startswith(f"s3://{bucket}/staging/{scope('tenant-r')}/")
     key = status.input.removeprefix(f"s3://{bucket}/") + f"request{STAGED_SUFFIX}"
     staged = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
     assert json.loads(read_staged_request(staged)[0]) == body
