@@ -78,7 +78,13 @@ def local_values(stack: LocalStack) -> dict[str, str]:
     from batch_job.settings import JobsSettings
     from functions.cpu_infer.settings import CpuSettings
     from spillway.async_inference import ENV_PREFIX, AsyncSettings
-    from spillway_cli.stack import DATA_BUCKET, POLICY_PARAMETER, REPOSITORY, STATE_TABLE
+    from spillway_cli.stack import (
+        DATA_BUCKET,
+        POLICY_PARAMETER,
+        REPOSITORY,
+        STATE_TABLE,
+        TENANTS_ROOT,
+    )
 
     jobs = JobsSettings()
     # The async queue, table and prefix exist once the stack has started them
@@ -100,6 +106,10 @@ def local_values(stack: LocalStack) -> dict[str, str]:
         "JOBS_JOB_QUEUE": jobs.job_queue,
         "JOBS_JOB_DEFINITION": jobs.job_definition,
         "JOBS_REPOSITORY": REPOSITORY,
+        "JOBS_TENANTS_ROOT": TENANTS_ROOT,
+        "JOBS_STAGING": f"s3://{DATA_BUCKET}/staging/router",
+        "JOBS_IDENTITY_TENANTS": "{}",
+        "ROUTER_IDENTITY_TENANTS": "{}",
         "JOBS_SCHEDULE_MODEL": "digits",
         "JOBS_SCHEDULE_INPUT": f"s3://{DATA_BUCKET}/nightly/input/",
         "JOBS_SCHEDULE_OUTPUT": f"s3://{DATA_BUCKET}/nightly/output/",

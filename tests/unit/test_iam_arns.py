@@ -56,6 +56,11 @@ from tests.unit.stacks import (
 LAMBDA_STREAM = "2026/11/30/[$LATEST]0123456789abcdef0123456789abcdef"
 TASK_ID = "0123456789abcdef0123456789abcdef"
 ANY = "*"  # an action with no resource-level permissions
+SCOPE = "0123456789abcdef0123456789abcdef"  # a tenant's scope (spillway.state_table.scope)
+# Where job data lives (spillway/tenancy.py): a tenant's area, what the router staged for
+# it, the operator's nightly folder.
+JOB_AREAS = (f"tenants/{SCOPE}/", f"staging/router/{SCOPE}/", "nightly/")
+PLAN_KEY = "out/6f1d7c1e-3b0a-5c4e-9a57-5b1f0e2d8c41/_plan.json"
 
 
 @dataclass(frozen=True)
@@ -127,8 +132,11 @@ def _application(stack: Stack, d: Deployment, cpu_function: str, qualifier: str)
         Need("JobsRole", "batch:DescribeJobs", ANY),
         *_reads_models("JobsRole", d, "digits/config.json"),
         Need("JobsRole", "s3:ListBucket", jobs_bucket),
-        Need("JobsRole", "s3:GetObject", f"{jobs_bucket}/in/part-0000.jsonl"),
-        Need("JobsRole", "s3:PutObject", f"{jobs_bucket}/out/_spillway/plan.json"),
+        *(
+            Need("JobsRole", action, f"{jobs_bucket}/{area}{key}")
+            for area in JOB_AREAS
+            for action, key in (("s3:GetObject", "in/0.jsonl"), ("s3:PutObject", PLAN_KEY))
+        ),
         Need("JobsRole", "kms:GenerateDataKey", key),
         Need("JobsRole", "sqs:SendMessage", stack.get_att("JobsDeadLetterQueue", "Arn")),
         Need(
@@ -194,7 +202,8 @@ def needs(d: Deployment) -> Iterator[tuple[Stack, Need]]:
             *_reads_models("JobRole", d),
             Need("JobRole", "s3:ListBucket", job_data),
             *(
-                Need("JobRole", action, f"{job_data}/out/part-0000.jsonl")
+                Need("JobRole", action, f"{job_data}/{area}out/part-00000.jsonl")
+                for area in JOB_AREAS
                 for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")
             ),
             Need("JobRole", "kms:GenerateDataKey", d.storage.get_att("Key", "Arn")),
@@ -302,3 +311,42 @@ def test_a_log_groups_arn_attribute_already_ends_in_a_wildcard() -> None:
 def test_iam_wildcards(pattern: str, value: str, expected: bool) -> None:
     assert glob_matches(pattern, value) is expected
     assert glob_matches("S3:GetObject", "s3:getobject", case_sensitive=False)
+
+
+JOB_ROLES = [
+    *((app.stack, "JobsRole") for app in applications(DEPLOYMENT)),
+    (DEPLOYMENT.batch, "JobRole"),
+]
+
+
+@pytest.mark.parametrize(
+    ("stack", "owner"), JOB_ROLES, ids=[f"{s.name}:{o}" for s, o in JOB_ROLES]
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "key", ["async/r1/result.json", "staging/other/x.v2req", "elsewhere/x", "_plan.json"]
+)
+def test_job_roles_cannot_reach_job_data_outside_the_areas(
+    stack: Stack, owner: str, key: str
+) -> None:
+    # GIVEN a key of the job data bucket outside tenants/, staging/router/ and nightly/
+    target = f"{DEPLOYMENT.storage.get_att('JobsBucket', 'Arn')}/{key}"
+    # THEN neither the jobs function nor a Batch job may read or write it
+    found = statements(stack)
+    for action in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject"):
+        assert not allowed(found, owner, action, target), (owner, action, key)
+
+
+@pytest.mark.parametrize("stack", DEPLOYMENT.all(), ids=[s.name for s in DEPLOYMENT.all()])
+def test_no_role_writes_the_model_repository(stack: Stack) -> None:
+    # GIVEN an object a job or a request would inject into the repository
+    models = DEPLOYMENT.storage.get_att("ModelsBucket", "Arn")
+    injected = f"{models}/models/zz-injected/1/model.onnx"
+    # THEN no role and no resource policy of any stack may write or delete it (models are
+    # published with the operator's own credentials, never a service's role)
+    writers = [
+        f"{s.owner}/{s.sid}"
+        for s in statements(stack)
+        for action in ("s3:PutObject", "s3:DeleteObject")
+        if s.effect == "Allow" and allowed([s], s.owner, action, injected)
+    ]
+    assert writers == []

@@ -255,6 +255,36 @@ def test_routes_and_schedule(sam: dict[str, Any]) -> None:
     assert jobs_schedules == ["cron(0 1 * * ? *)"]
 
 
+def test_every_route_needs_the_apis_auth(sam: dict[str, Any]) -> None:
+    # GIVEN the REST API: IAM (SigV4) by default and an API key on every method
+    auth = sam["Resources"]["Api"]["Properties"]["Auth"]
+    assert (auth["DefaultAuthorizer"], auth["ApiKeyRequired"]) == ("AWS_IAM", True)
+    # THEN no route of any function, the jobs API's included, opts out of either
+    for name in FUNCTIONS:
+        for event in sam_function(sam, name).get("Events", {}).values():
+            if event["Type"] == "Api":
+                override = event["Properties"].get("Auth", {})
+                assert override.get("Authorizer", "AWS_IAM") == "AWS_IAM", (name, event)
+                assert override.get("ApiKeyRequired", True) is True, (name, event)
+                assert event["Properties"]["RestApiId"] == {"Ref": "Api"}
+
+
+def test_the_jobs_api_knows_callers_and_areas_as_the_router_does(
+    sam: dict[str, Any], sls: dict[str, Any]
+) -> None:
+    # GIVEN the environments of the router and the jobs function in both forms
+    sam_jobs = sam_function(sam, "JobsFunction")["Environment"]["Variables"]
+    sam_router = sam_function(sam, "RouterFunction")["Environment"]["Variables"]
+    # THEN both read one identity map, and the jobs function's staging area is the
+    # router's staging prefix
+    assert sam_jobs["JOBS_IDENTITY_TENANTS"] == sam_router["ROUTER_IDENTITY_TENANTS"]
+    assert sam_jobs["JOBS_STAGING"] == sam_router["ROUTER_JOBS_STAGING"]
+    assert sam_jobs["JOBS_TENANTS_ROOT"]["Fn::Sub"][0] == "s3://${Bucket}/tenants"
+    jobs, router = (sls["functions"][k]["environment"] for k in ("jobs", "router"))
+    assert jobs["JOBS_IDENTITY_TENANTS"] == router["ROUTER_IDENTITY_TENANTS"]
+    assert jobs["JOBS_STAGING"] == router["ROUTER_JOBS_STAGING"]
+
+
 def test_asynchronous_invocations_have_dead_letter_queues(
     sam: dict[str, Any], sls: dict[str, Any]
 ) -> None:
