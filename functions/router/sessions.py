@@ -74,7 +74,9 @@ class Sessions:
         self.wall = wall
         self.trust_tenant_hints = trust_tenant_hints
         limits = QuotaLimits(quota_count, quota_bytes)
-        self.quota = QuotaLedger(store, "sessions", limits, "sessions") if store else None
+        self.quota = (
+            QuotaLedger(store, "sessions", limits, "sessions") if store is not None else None
+        )
 
     def handle(self, path: str, call: Call, read_body: BodyReader) -> Reply:
         """Answer one ``/v1/sessions/{id}`` request; errors are raised for the transport."""
