@@ -200,13 +200,16 @@ class ServedPipelines:
         decoded: pipeline.Decoded,
         arrived: float,
         offload: Offload,
+        *,
+        scope: str,
     ) -> PipelineAnswer:
-        """Run one request; ``arrived`` is its ``time.perf_counter()`` arrival."""
+        """Run one request of tenant ``scope`` (its step cache entries are that tenant's);
+        ``arrived`` is its ``time.perf_counter()`` arrival."""
         served = await self.get(name)
         number = served.version(version)
         steps = _BatcherSteps(self.registry, decoded.parameters, arrived, offload)
         try:
-            encoded = await serve_async(served, number, decoded, steps, self.cache)
+            encoded = await serve_async(served, number, decoded, steps, self.cache, scope=scope)
         finally:
             steps.release()
         batchers = [s.batcher for s in steps.leases.values()]

@@ -34,8 +34,10 @@ from spillway.wire import (
     HEADER_LENGTH,
     JSON_CONTENT_TYPE,
     body_over_limit,
+    has_surrogate_escape,
     load_json_object,
     split_body,
+    utf8_text,
 )
 
 __all__ = ["BINARY_CONTENT_TYPE", "HEADER_LENGTH", "JSON_CONTENT_TYPE"]
@@ -171,11 +173,17 @@ def _request_header(header: bytes) -> InferenceRequest:
     as ``json.loads`` then validation: it is on every request's path). Whatever that pass
     refuses is read again the long way, so every error (bad JSON, a non-object, deep
     nesting, a field's problem) is reported exactly as ``load_json_object`` and
-    ``_validate`` word it; both ways read ``NaN`` and keep the last of duplicate keys."""
-    try:
-        return InferenceRequest.model_validate_json(header)
-    except ValidationError:
-        return _validate(InferenceRequest, load_json_object(header), "inference request")
+    ``_validate`` word it; both ways read ``NaN`` and keep the last of duplicate keys.
+    Text pydantic would take but the core refuses (encoded or escaped surrogates) is
+    checked first, so every server refuses it alike."""
+    if not header.isascii():
+        utf8_text(header)  # strict: pydantic's reader takes encoded surrogates
+    if not has_surrogate_escape(header):
+        try:
+            return InferenceRequest.model_validate_json(header)
+        except ValidationError:
+            pass
+    return _validate(InferenceRequest, load_json_object(header), "inference request")
 
 
 def requested_outputs(request: InferenceRequest, available: Sequence[str]) -> list[str]:

@@ -67,6 +67,8 @@ class Step:
     output_map: Mapping[str, str]
     condition: StepCondition | None
     cache: bool
+    cache_shared: bool
+    """The cache is one for every tenant (the step reads only public inputs)."""
     config_digest: str
     """sha256 of the step model's configuration, part of every cache key."""
     batching: bool
@@ -191,6 +193,7 @@ class _Checker:
         ]
         self._check_outputs()
         ordered = self._ordered(steps)
+        self._check_shared(ordered)
         read = set().union(*(s.reads for s in steps))
         unread = [t.name for t in self.config.input if t.name not in read]
         if unread:
@@ -257,6 +260,7 @@ class _Checker:
             output_map=dict(spec.output_map),
             condition=condition,
             cache=spec.spillway.cache,
+            cache_shared=spec.spillway.cache_scope == "shared",
             config_digest=_digest(model),
             batching=model.max_batch_size > 0,
         )
@@ -292,6 +296,27 @@ class _Checker:
             self._joins(
                 "output", output.name, f"output {output.name}", (output.datatype, output.dims)
             )
+
+    def _check_shared(self, ordered: list[Step]) -> None:
+        """A step may share its cache across tenants only if everything it reads is
+        public: a public input, or made by steps that read only public tensors."""
+        scheduling = self.config.ensemble_scheduling
+        declared = scheduling.spillway.public_inputs if scheduling else ()
+        inputs = {t.name for t in self.config.input}
+        for name in declared:
+            if name not in inputs:
+                raise self.fail(f"public input {name!r} is not an input of the pipeline")
+        public = set(declared)
+        for step in ordered:
+            private = sorted(step.reads - public)
+            if step.cache_shared and private:
+                raise self.fail(
+                    f'step {step.index} ({step.model}): cache_scope "shared" needs public '
+                    f"inputs, but it reads {private[0]!r}, which holds what a tenant sent "
+                    "(list only inputs every tenant may see in spillway.public_inputs)"
+                )
+            if not private:
+                public |= set(step.output_map.values())
 
     def _ordered(self, steps: list[Step]) -> list[Step]:
         """Each step after the steps whose tensors it reads (Kahn's algorithm)."""

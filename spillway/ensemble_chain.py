@@ -32,7 +32,7 @@ from spillway.errors import InvalidInputError, ModelNotFoundError
 from spillway.messages import read_staged_request, stage_request
 from spillway.names import MODEL_NAME_PATTERN
 from spillway.processing import Tensors
-from spillway.wire import S3Location
+from spillway.wire import TENANT_SCOPE_PATTERN, S3Location
 
 STEP = "pipeline-step"
 RESPOND = "pipeline-respond"
@@ -49,6 +49,10 @@ class ChainEvent(BaseModel):
     """The request's id (as the async path makes them)."""
     step: int | None = Field(default=None, ge=0, le=63)
     """The step to run, by its place in run order (``pipeline-step`` only)."""
+    tenant_scope: str | None = Field(default=None, pattern=TENANT_SCOPE_PATTERN)
+    """The scope of the tenant whose request this is (``spillway.state_table.scope``),
+    when the execution's input names it: its steps use that tenant's cache entries.
+    Without it the request's steps use no tenant's entries (only shared steps' cache)."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,14 @@ def run_step(
     else:
         tensors, outcome = store.read_state(event.id, number - 1)
     drive(
-        advance(steps[number], [tensors], [outcome], pipelines.cache, served.stats),
+        advance(
+            steps[number],
+            [tensors],
+            [outcome],
+            pipelines.cache,
+            served.stats,
+            scope=event.tenant_scope,
+        ),
         LocalSteps(resolve),
     )
     state = store.write_state(event.id, number, tensors, outcome)

@@ -19,7 +19,11 @@ with it (signature checks, responses, the batch job's model, a process's pipelin
 A step whose condition fails for a request, or that reads a tensor a skipped step would
 have made, is skipped for it: the response leaves out the outputs it would have made and
 names it in ``parameters.skipped_steps`` (``"<index>:<model>"``, comma-separated);
-``parameters.cached_steps`` names the steps a response took from the cache.
+``parameters.cached_steps`` names the steps a response took from its own tenant's cache
+(a run is for one tenant scope, ``spillway.state_table.scope``, which keys its entries;
+a run whose tenant is unknown, ``None``, reads and writes no tenant's entries).
+A step whose cache is shared across tenants is never named: whether someone else sent
+the same inputs is not the caller's to learn.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from spillway.engine import OnnxModel
 from spillway.ensemble import Pipeline, Step
 from spillway.errors import DeadlineExceededError, SpillwayError
 from spillway.processing import Prepared, Tensors
-from spillway.stepcache import StepCache, cache_key
+from spillway.stepcache import SHARED_SCOPE, StepCache, cache_key
 
 T = TypeVar("T")
 
@@ -166,14 +170,17 @@ def run_steps(
     requests: Sequence[Tensors],
     cache: StepCache | None,
     stats: PipelineStats,
+    *,
+    scope: str | None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Run:
-    """Run every step over ``requests`` (their checked pipeline inputs); one ``Outcome``
-    each. Yields effects for the driver (see the module docstring)."""
+    """Run every step over ``requests`` (their checked pipeline inputs, all of one tenant
+    ``scope``); one ``Outcome`` each. Yields effects for the driver (see the module
+    docstring)."""
     states = [dict(r) for r in requests]
     outcomes = [Outcome({}) for _ in requests]
     for step in pipeline.steps:
-        yield from advance(step, states, outcomes, cache, stats, clock)
+        yield from advance(step, states, outcomes, cache, stats, scope=scope, clock=clock)
     for outcome, state in zip(outcomes, states, strict=True):
         outcome.tensors = {n: state[n] for n in pipeline.output_names if n in state}
     return outcomes
@@ -185,10 +192,13 @@ def advance(
     outcomes: list[Outcome],
     cache: StepCache | None,
     stats: PipelineStats,
+    *,
+    scope: str | None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Generator[Effect, Any, None]:
     """One step over the requests' pipeline tensors (``states``, updated in place with
-    what it makes); skips and cache hits are noted in their ``outcomes``."""
+    what it makes) for callers of tenant ``scope``; skips and hits in the tenant's own
+    cache are noted in their ``outcomes``."""
     counts = stats.step(step.index)
     active = [i for i, state in enumerate(states) if step.runs_on(state)]
     for i in range(len(states)):
@@ -198,10 +208,10 @@ def advance(
     if not active:
         return
     inputs = [step.inputs_of(states[i]) for i in active]
-    results = yield from _run_step(step, inputs, cache, counts, clock)
+    results = yield from _run_step(step, inputs, cache, counts, scope, clock)
     for i, (result, hit) in zip(active, results, strict=True):
         states[i].update(step.outputs_of(result))
-        if hit:
+        if hit and not step.cache_shared:
             outcomes[i].cached.append(step.label)
 
 
@@ -210,15 +220,17 @@ def _run_step(
     inputs: list[Tensors],
     cache: StepCache | None,
     counts: StepStats,
+    scope: str | None,
     clock: Callable[[], float],
 ) -> Generator[Effect, Any, list[tuple[Tensors, bool]]]:
     """One step over the inputs of the requests it runs for: each result and whether it
-    came from the cache."""
+    came from the cache (the tenant's own, or the shared one of a public step)."""
     version: int = yield Resolve(step)
     found: list[Tensors | None] = [None] * len(inputs)
     keys: list[str] = []
-    if step.cache and cache is not None:
-        keys = [cache_key(step.model, version, step.config_digest, x) for x in inputs]
+    owner = SHARED_SCOPE if step.cache_shared else scope
+    if step.cache and cache is not None and owner is not None:
+        keys = [cache_key(owner, step.model, version, step.config_digest, x) for x in inputs]
         found = yield CacheIO(functools.partial(cache.get_many, keys), cache.blocking)
         hits = sum(entry is not None for entry in found)
         counts.cache_hits += hits

@@ -7,7 +7,10 @@ step model's input -> a pipeline tensor) and what it adds (``output_map``: the s
 model's output -> a new pipeline tensor). What Triton has no word for lives in a step's
 own ``spillway`` block: a ``condition`` (run the step only when a tensor passes a
 threshold, the "light model first" rule) and ``cache`` (reuse the step's outputs for
-inputs it has seen).
+inputs it has seen). A step's cache is kept per tenant; ``cache_scope: "shared"`` shares
+it across tenants, which the pipeline may declare only for a step whose inputs are
+public: every tensor it reads comes from inputs listed in the scheduling's own
+``spillway.public_inputs`` (checked when the pipeline loads).
 
 Only what one configuration can check on its own is checked here; whether the step
 models exist and fit together is checked when the pipeline loads (``spillway.ensemble``).
@@ -48,7 +51,19 @@ class StepOptions(_Strict):
 
     condition: StepCondition | None = None
     cache: bool = False
-    """Keep the step's outputs by (model, version, hash of its inputs) and reuse them."""
+    """Keep the step's outputs by (tenant, model, version, hash of its inputs) and reuse
+    them for the same tenant."""
+    cache_scope: Literal["tenant", "shared"] = "tenant"
+    """``shared``: one entry for every tenant, for a step whose inputs are public (it
+    reads only tensors made from ``public_inputs``); no answer then says it was cached.
+    A step reading anything a tenant sent must stay ``tenant``: another tenant's hit
+    (and its speed) would tell what was sent."""
+
+    @model_validator(mode="after")
+    def _shared_needs_cache(self) -> StepOptions:
+        if self.cache_scope == "shared" and not self.cache:
+            raise ValueError('cache_scope "shared" needs cache: true')
+        return self
 
 
 class EnsembleStep(_Strict):
@@ -69,10 +84,19 @@ class EnsembleStep(_Strict):
         return value
 
 
+class SchedulingOptions(_Strict):
+    """What only Spillway knows about a pipeline as a whole."""
+
+    public_inputs: tuple[TensorName, ...] = ()
+    """Pipeline inputs that hold nothing private to a tenant (e.g. a fixed label set every
+    client sends): only steps that read nothing else may share their cache."""
+
+
 class EnsembleScheduling(_Strict):
     """Triton's ``ensemble_scheduling``: the steps, in any order (tensors decide it)."""
 
     step: tuple[EnsembleStep, ...] = Field(min_length=1, max_length=64)
+    spillway: SchedulingOptions = SchedulingOptions()
 
     @model_validator(mode="after")
     def _each_tensor_made_once(self) -> EnsembleScheduling:

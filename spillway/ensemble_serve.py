@@ -42,7 +42,7 @@ from spillway.errors import (
 from spillway.loader import chosen_versions, load_version, served_versions
 from spillway.modelconfig import ModelConfig
 from spillway.names import validate_version
-from spillway.pipeline import Decoded, Encoded
+from spillway.pipeline import Decoded, Encoded, check_priority
 from spillway.processing import Prepared, Tensors
 from spillway.repository import ModelRepository
 from spillway.stepcache import StepCache
@@ -94,7 +94,8 @@ class Admitted:
 
 
 def admit(served: ServedPipeline, decoded: Decoded) -> Admitted:
-    """Check a decoded request against the pipeline's signature and outputs."""
+    """Check a decoded request against the pipeline's signature, parameters and outputs."""
+    check_priority(served.config, decoded.parameters)
     rows = check_inputs(served.config, decoded.arrays)
     outputs = requested_outputs(decoded.request, served.pipeline.output_names)
     return Admitted(decoded, rows, outputs, binary_outputs_requested(decoded.request, outputs))
@@ -126,11 +127,14 @@ def serve(
     decoded: Decoded,
     handle: Callable[[Effect], Any],
     cache: StepCache | None,
+    *,
+    scope: str,
 ) -> Encoded:
-    """One request through the pipeline on this thread (the CPU fallback)."""
+    """One request of tenant ``scope`` through the pipeline on this thread (the CPU
+    fallback)."""
     admitted = admit(served, decoded)
     with served.stats.request(admitted.rows):
-        run = run_steps(served.pipeline, [decoded.arrays], cache, served.stats)
+        run = run_steps(served.pipeline, [decoded.arrays], cache, served.stats, scope=scope)
         outcome = drive(run, handle)[0]
     return encode(served, version, admitted, outcome)
 
@@ -141,11 +145,14 @@ async def serve_async(
     decoded: Decoded,
     handle: Callable[[Effect], Awaitable[Any]],
     cache: StepCache | None,
+    *,
+    scope: str,
 ) -> Encoded:
-    """One request through the pipeline, each effect awaited (the GPU service)."""
+    """One request of tenant ``scope`` through the pipeline, each effect awaited (the GPU
+    service)."""
     admitted = admit(served, decoded)
     with served.stats.request(admitted.rows):
-        run = run_steps(served.pipeline, [decoded.arrays], cache, served.stats)
+        run = run_steps(served.pipeline, [decoded.arrays], cache, served.stats, scope=scope)
         outcome = (await drive_async(run, handle))[0]
     return encode(served, version, admitted, outcome)
 
@@ -156,7 +163,8 @@ async def serve_async(
 class PipelineJobModel:
     """A pipeline version as an offline job's model (``batch_job.shard.JobModel``): a
     batch of records runs each step once over all of them (one tokenising call, one
-    engine run), and each record gets the pipeline outputs it made."""
+    engine run), and each record gets the pipeline outputs it made. Every record is the
+    job's tenant's (``scope``): the cache entries it reads and writes are that tenant's."""
 
     def __init__(
         self,
@@ -164,8 +172,11 @@ class PipelineJobModel:
         version: int,
         resolve: Resolver,
         cache: StepCache | None = None,
+        *,
+        scope: str,
     ) -> None:
         self.served = served
+        self.scope = scope
         self.name = served.name
         self.version = version
         self.config = served.config
@@ -192,8 +203,9 @@ class PipelineJobModel:
 
     def run(self, batch: list[Prepared]) -> list[Tensors]:
         """Every step over the batch's records; one output dict per record, in order."""
+        feeds = [p.feeds for p in batch]
         run = run_steps(
-            self.served.pipeline, [p.feeds for p in batch], self._cache, self.served.stats
+            self.served.pipeline, feeds, self._cache, self.served.stats, scope=self.scope
         )
         return [outcome.tensors for outcome in drive(run, LocalSteps(self._resolve))]
 
@@ -205,9 +217,12 @@ def load_pipeline_version(
     cache_dir: Path,
     options: EngineOptions,
     cache: StepCache | None = None,
+    *,
+    scope: str,
 ) -> PipelineJobModel:
-    """A pipeline version for a batch job: checked, with the step models' versions it
-    runs loaded (pinned ones, else the version each step model serves); blocking."""
+    """A pipeline version for a batch job of tenant ``scope``: checked, with the step
+    models' versions it runs loaded (pinned ones, else the version each step model
+    serves); blocking."""
     pipeline = read_pipeline(repository, config)
     models: dict[tuple[str, str | None], OnnxModel] = {}
     for step in pipeline.steps:
@@ -224,7 +239,7 @@ def load_pipeline_version(
                 repository, step_config, number, cache_dir, options
             )
     served = ServedPipeline(pipeline, [version])
-    return PipelineJobModel(served, version, lambda name, v: models[name, v], cache)
+    return PipelineJobModel(served, version, lambda name, v: models[name, v], cache, scope=scope)
 
 
 # --- a process's pipelines --------------------------------------------------------------
@@ -284,8 +299,11 @@ class PipelineSet:
         decoded: Decoded,
         resolve: Resolver,
         arrived: float,
+        *,
+        scope: str,
     ) -> Encoded:
-        """One request on this thread; ``arrived`` is its ``time.monotonic()`` arrival."""
+        """One request of tenant ``scope`` on this thread; ``arrived`` is its
+        ``time.monotonic()`` arrival."""
         timeout = decoded.parameters.timeout_s
         steps = LocalSteps(resolve, None if timeout is None else arrived + timeout)
-        return serve(served, served.version(version), decoded, steps, self.cache)
+        return serve(served, served.version(version), decoded, steps, self.cache, scope=scope)

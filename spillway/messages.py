@@ -24,6 +24,7 @@ from spillway.names import MODEL_NAME_PATTERN
 from spillway.wire import (
     HEADER_LENGTH,
     JSON_CONTENT_TYPE,
+    TENANT_SCOPE_PATTERN,
     Reply,
     json_bytes,
     parse_header_length,
@@ -66,6 +67,9 @@ class DirectInvokeEvent(BaseModel):
     body_b64: str | None = None
     """The raw body, base64 (JSON, or Triton's binary extension)."""
     request_id: str | None = Field(default=None, max_length=128)
+    tenant_scope: str | None = Field(default=None, pattern=TENANT_SCOPE_PATTERN)
+    """The caller's tenant scope (``spillway.state_table.scope``), set by the router;
+    absent: anonymous. It keys the caller's pipeline step cache entries."""
 
     @classmethod
     def for_request(
@@ -76,6 +80,7 @@ class DirectInvokeEvent(BaseModel):
         body: bytes,
         header_length: int | None,
         request_id: str | None,
+        tenant_scope: str | None = None,
     ) -> DirectInvokeEvent:
         """The event for one request (what the router builds)."""
         headers = {} if header_length is None else {HEADER_LENGTH: str(header_length)}
@@ -86,6 +91,7 @@ class DirectInvokeEvent(BaseModel):
             headers=headers,
             body_b64=base64.b64encode(body).decode() if body else None,
             request_id=request_id or None,
+            tenant_scope=tenant_scope,
         )
 
     def raw_body(self) -> bytes:

@@ -23,7 +23,8 @@ from spillway.codec import (
     requested_outputs,
 )
 from spillway.engine import OnnxModel
-from spillway.errors import DeadlineExceededError, SpillwayError
+from spillway.errors import DeadlineExceededError, InvalidInputError, SpillwayError
+from spillway.modelconfig import ModelConfig
 from spillway.processing import Prepared, Tensors, outcomes
 from spillway.protocol import InferenceRequest
 from spillway.wire import InferParameters
@@ -76,6 +77,25 @@ def decode(body: bytes, header_length: int | None, max_body_bytes: int | None = 
     return Decoded(request, arrays, InferParameters.of(request.parameters))
 
 
+def priority_levels(config: ModelConfig) -> int:
+    """The priority levels a model (or pipeline) has: its dynamic batcher's
+    ``priority_levels``; one without dynamic batching has one level."""
+    batching = config.dynamic_batching
+    return batching.priority_levels if config.max_batch_size > 0 and batching else 1
+
+
+def check_priority(config: ModelConfig, parameters: InferParameters) -> None:
+    """Refuse a ``priority`` the model has no level for (1 is the highest, 0 its default),
+    with the same message on every server: out of range is the client's mistake, never
+    quietly served at another level."""
+    levels = priority_levels(config)
+    if parameters.priority is not None and parameters.priority > levels:
+        raise InvalidInputError(
+            f"parameter 'priority' must be between 1 and {levels} for {config.name!r}, "
+            "or 0 for its default level"
+        )
+
+
 def admit(model: OnnxModel, decoded: Decoded) -> Admitted:
     """Validate against the model's signature and pre-process (e.g. tokenise)."""
     outputs, binary = _outputs(model, decoded)
@@ -101,7 +121,9 @@ def admit_many(model: OnnxModel, decoded: Sequence[Decoded]) -> list[Admitted | 
 
 
 def _outputs(model: OnnxModel, decoded: Decoded) -> tuple[list[str], set[str]]:
-    """The outputs a request wants, and which of them as binary data."""
+    """The outputs a request wants, and which of them as binary data (its parameters
+    checked against the model first)."""
+    check_priority(model.config, decoded.parameters)
     outputs = requested_outputs(decoded.request, model.output_names)
     return outputs, binary_outputs_requested(decoded.request, outputs)
 

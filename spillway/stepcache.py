@@ -1,10 +1,16 @@
 """The intermediate-result cache of pipeline steps: memory first, then shared storage.
 
-A step marked ``cache`` keeps its outputs under a key made of the step model's name, the
-version that computed them, a digest of that model's configuration and a sha256 of the
-step's inputs (names, datatypes, shapes and the wire bytes of every tensor). A new
-version is a new key, so an entry made by an older version is never served, whatever
-is still stored; entries of retired versions simply age out.
+A step marked ``cache`` keeps its outputs under a key made of the caller's tenant scope,
+the step model's name, the version that computed them, a digest of that model's
+configuration and a sha256 of the step's inputs (names, datatypes, shapes and the wire
+bytes of every tensor). A new version is a new key, so an entry made by an older version
+is never served, whatever is still stored; entries of retired versions simply age out.
+
+The scope is ``spillway.state_table.scope(tenant)`` (``-`` for an anonymous caller), so
+one tenant's entries are never another's hits: a hit (and its speed) tells a caller only
+what it sent itself. A step the pipeline declares ``cache_scope: "shared"`` (allowed only
+when everything it reads comes from inputs the pipeline declares public) is kept under
+``SHARED_SCOPE`` for every caller, and no answer says it was a hit.
 
 Two tiers behind one interface:
 
@@ -24,6 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -39,7 +46,7 @@ from spillway.envsettings import prefixed_values
 from spillway.errors import SpillwayError
 from spillway.processing import Tensors
 from spillway.tensors import wire_buffer
-from spillway.wire import parse_s3_url
+from spillway.wire import TENANT_SCOPE_PATTERN, parse_s3_url
 
 log = logging.getLogger("spillway.stepcache")
 
@@ -73,16 +80,25 @@ class CacheSettings(BaseModel):
         return cls.model_validate(prefixed_values(cls, ENV_PREFIX, environ))
 
 
-def cache_key(model: str, version: int, config_digest: str, inputs: Tensors) -> str:
-    """``<model>/<version>/<sha256>``: the step model, the version that computes it and a
-    hash of its configuration and of every input tensor's name, type, shape and bytes."""
+SHARED_SCOPE = "shared"
+"""The key segment of a step shared across tenants: never a tenant's scope (those are
+``-`` or 32 hex digits)."""
+_SCOPES = (re.compile(TENANT_SCOPE_PATTERN), re.compile(f"^{SHARED_SCOPE}$"))
+
+
+def cache_key(scope: str, model: str, version: int, config_digest: str, inputs: Tensors) -> str:
+    """``<scope>/<model>/<version>/<sha256>``: whose entry it is, the step model, the
+    version that computes it and a hash of its configuration and of every input tensor's
+    name, type, shape and bytes."""
+    if not any(p.fullmatch(scope) for p in _SCOPES):
+        raise ValueError(f"{scope!r} is not a tenant scope")
     digest = hashlib.sha256(config_digest.encode())
     for name in sorted(inputs):
         array = inputs[name]
         datatype = datatype_of(array)
         digest.update(f"\0{name}\0{datatype}\0{array.shape}\0".encode())
         digest.update(wire_buffer(array, datatype))
-    return f"{model}/{version}/{digest.hexdigest()}"
+    return f"{scope}/{model}/{version}/{digest.hexdigest()}"
 
 
 def tensors_size(tensors: Tensors) -> int:

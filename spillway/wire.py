@@ -12,6 +12,7 @@ No numpy here: the router imports this module and must stay light.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +32,15 @@ FAULT_HEADER = "x-spillway-fault"
 """On an error answer: ``server`` when the server says the failure is its own (it failed
 to compute, load or serve), so a router may count it against the server's health. An
 answer without it (a client error, a busy 504, an unexpected exception) never does."""
+TENANT_SCOPE_HEADER = "x-spillway-tenant-scope"
+"""What the router sends a backend with every request: the caller's tenant scope
+(``spillway.state_table.scope``: ``-`` when anonymous, else 32 hex digits of a digest).
+Only the router sets it (it never forwards a client's); the GPU service behind it is
+private to the VPC, so nobody else can send it. A request without it is anonymous."""
+TENANT_SCOPE_PATTERN = r"^(-|[0-9a-f]{32})$"
+ANONYMOUS_SCOPE = "-"
+"""The scope of a caller no tenant is known for (``state_table.scope(None)``): never the
+scope of a named tenant."""
 JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"
 # A JSON header longer than this many decimal digits would be larger than any body we take.
@@ -113,23 +123,59 @@ def split_body(body: bytes, header_length: int | None) -> tuple[bytes, memoryvie
     return bytes(view[:header_length]), view[header_length:]
 
 
+NOT_UTF8 = "invalid JSON: not UTF-8"
+"""The one message for JSON text that is not UTF-8, or that escapes a lone surrogate (a
+string no UTF-8 can carry back): every server refuses both alike."""
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def utf8_text(raw: bytes) -> str:
+    """JSON text as strict UTF-8 (RFC 8259): undecodable bytes, overlong forms and
+    encoded surrogates (``\\xed\\xa0\\x80``) are refused alike, with ``NOT_UTF8``."""
+    try:
+        return raw.decode("ascii" if raw.isascii() else "utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInputError(NOT_UTF8) from None
+
+
+def has_surrogate_escape(raw: bytes) -> bool:
+    """Whether JSON text escapes a UTF-16 surrogate (``\\ud83d``, paired or not): such
+    text is read the long way, through ``load_json_object``, which refuses a lone one."""
+    return b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) is not None
+
+
+def _check_escapes(raw: bytes, value: Any) -> None:
+    """Refuse a lone surrogate written as an escape (``\\ud800``): valid JSON, but text no
+    answer (or forwarded body) can encode. Only text that has such an escape is walked."""
+    if not has_surrogate_escape(raw):
+        return
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(NOT_UTF8) from None
+
+
 def load_json_object(raw: bytes | str) -> dict[str, Any]:
-    """A JSON object; anything else (bad JSON, a list, deep nesting) is the client's error.
+    """A JSON object; anything else (bad JSON, a list, deep nesting, text that is not
+    UTF-8 or holds a lone surrogate) is the client's error.
 
     The bare ``NaN`` and ``Infinity`` that Python's and tritonclient's encoders write are
     read (be tolerant in what you accept); Spillway itself writes them as strings."""
     try:
-        value = json.loads(raw)
+        data = raw.encode("utf-8") if isinstance(raw, str) else raw
+    except UnicodeEncodeError:
+        raise InvalidInputError(NOT_UTF8) from None
+    try:
+        value = json.loads(utf8_text(data))
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"invalid JSON: {exc.msg} at position {exc.pos}") from None
-    except UnicodeDecodeError:
-        raise InvalidInputError("invalid JSON: not UTF-8") from None
     except RecursionError:
         raise InvalidInputError("invalid JSON: nested too deeply") from None
     except ValueError:  # an integer past Python's digit limit
         raise InvalidInputError("invalid JSON: a number is too long") from None
     if not isinstance(value, dict):
         raise InvalidInputError("the JSON header must be an object")
+    _check_escapes(data, value)
     return value
 
 
@@ -140,6 +186,16 @@ def read_json_header(body: bytes, header_length: int | None) -> dict[str, Any]:
     if parameters is not None and not isinstance(parameters, dict):
         raise InvalidInputError("parameters must be an object")
     return header
+
+
+def read_tenant_scope(value: str | None) -> str:
+    """The tenant scope a router sent (``TENANT_SCOPE_HEADER``); absent: anonymous. A
+    value that is no scope is refused (400) rather than served as some other caller."""
+    if value is None:
+        return ANONYMOUS_SCOPE
+    if not re.fullmatch(TENANT_SCOPE_PATTERN, value):
+        raise InvalidInputError(f"{TENANT_SCOPE_HEADER} must be - or 32 lower-case hex digits")
+    return value
 
 
 # --- request parameters -----------------------------------------------------------------
@@ -159,6 +215,72 @@ def int_parameter(
     return value
 
 
+# The routing parameters: the router acts on them, every server checks them alike, so a
+# value one server refuses is refused by all (a backend ignores what they ask for).
+MODES = ("auto", "realtime", "serverless", "batch", "async")
+# API Gateway and Lambda alone take tens of milliseconds: a smaller budget cannot be met.
+MIN_BUDGET_MS = 100
+MAX_BUDGET_MS = 3_600_000
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+
+
+def routing_mode(value: Any) -> str | None:
+    """A ``mode`` hint: one of ``MODES`` (absent: ``None``)."""
+    if value is None:
+        return None
+    if value not in MODES:
+        raise InvalidInputError(f"mode must be one of {', '.join(MODES)}")
+    return str(value)
+
+
+def _number(value: Any, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise InvalidInputError(f"{what} must be a number") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInputError(f"{what} must be a finite number")
+    try:
+        number = float(value)  # an integer like 10**400 overflows here
+    except OverflowError:
+        raise InvalidInputError(f"{what} is out of range") from None
+    if not math.isfinite(number):
+        raise InvalidInputError(f"{what} must be a finite number")
+    return number
+
+
+def latency_budget_ms(value: Any) -> float | None:
+    """A ``latency_budget_ms`` hint (a number, or its text in a header)."""
+    number = _number(value, "latency_budget_ms")
+    if number is not None and not MIN_BUDGET_MS <= number <= MAX_BUDGET_MS:
+        raise InvalidInputError(
+            f"latency_budget_ms must be between {MIN_BUDGET_MS} and {MAX_BUDGET_MS}"
+        )
+    return number
+
+
+def priority_hint(value: Any) -> int | None:
+    """A ``priority`` hint as a header gives it (text of a whole number)."""
+    number = _number(value, "priority")
+    if number is None:
+        return None
+    if number != int(number) or not 0 <= number <= MAX_PRIORITY:
+        raise InvalidInputError("priority must be a non-negative integer")
+    return int(number)
+
+
+def tenant_hint(value: Any) -> str | None:
+    """A ``tenant`` a request claims (it counts only where the router trusts claims)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _TENANT.fullmatch(value):
+        raise InvalidInputError("tenant must be 1-128 letters, digits or ._:@-")
+    return value
+
+
 @dataclass(frozen=True)
 class InferParameters:
     """The request parameters a server acts on: deadline and priority."""
@@ -174,12 +296,17 @@ class InferParameters:
     @classmethod
     def of(cls, parameters: Mapping[str, Any] | None) -> InferParameters:
         """Validated ``timeout`` (microseconds, at most an hour; 0 means none, as in
-        Triton) and ``priority`` (0: the model's default level)."""
+        Triton) and ``priority`` (0: the model's default level; whether the model has
+        that level is ``spillway.pipeline.check_priority``'s to say). The routing
+        parameters (``mode``, ``latency_budget_ms``, ``tenant``) are checked too, so
+        every server refuses the same values the router does."""
         timeout = int_parameter(parameters, "timeout", MAX_TIMEOUT_US)
-        return cls(
-            timeout_us=timeout or None,
-            priority=int_parameter(parameters, "priority", MAX_PRIORITY),
-        )
+        priority = int_parameter(parameters, "priority", MAX_PRIORITY)
+        if parameters:
+            routing_mode(parameters.get("mode"))
+            latency_budget_ms(parameters.get("latency_budget_ms"))
+            tenant_hint(parameters.get("tenant"))
+        return cls(timeout_us=timeout or None, priority=priority)
 
 
 # --- paths ------------------------------------------------------------------------------

@@ -85,7 +85,10 @@ class CpuApp:
             raise RouteNotFoundError(f"the CPU fallback does not serve {target.path}")
         if op == "infer":
             length = parse_header_length(environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH"))
-            answer = self.service.infer(model, version, self._body(environ), length)
+            body = self._body(environ)
+            answer = self.service.infer(
+                model, version, body, length, tenant_scope=_tenant_scope(environ)
+            )
             return infer_reply(answer.body, answer.header_length, answer.version)
         if op == "ready":
             self.service.check_ready(model, version)
@@ -105,3 +108,12 @@ class CpuApp:
     def _body(self, environ: dict[str, Any]) -> bytes:
         # The invoke API carries base64 of the body, so allow for its growth by 4/3.
         return read_wsgi_body(environ, self.service.settings.max_payload_bytes * 4 // 3 + 4096)
+
+
+def _tenant_scope(environ: dict[str, Any]) -> str | None:
+    """The tenant scope a router in front sent; an API Gateway event's header is nobody's
+    word (any client could set it there): such a request is anonymous."""
+    if environ.get("serverless.event") is not None:
+        return None
+    value = environ.get("HTTP_X_SPILLWAY_TENANT_SCOPE")
+    return value if isinstance(value, str) else None

@@ -48,5 +48,7 @@ def serve_event(service: CpuService, event: DirectInvokeEvent, arrived: float) -
         service.check_ready(event.model, event.version)
         return json_reply(200, {"ready": True})
     body, length = event.raw_body(), event.header_length()
-    result = service.infer(event.model, event.version, body, length, arrived=arrived)
+    result = service.infer(
+        event.model, event.version, body, length, arrived=arrived, tenant_scope=event.tenant_scope
+    )
     return infer_reply(result.body, result.header_length, result.version)

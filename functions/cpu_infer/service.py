@@ -26,7 +26,7 @@ from spillway.names import validate_model_name, validate_version
 from spillway.protocol import server_metadata
 from spillway.repository import ModelRepository, open_repository
 from spillway.stepcache import CacheSettings, open_cache
-from spillway.wire import body_over_limit
+from spillway.wire import body_over_limit, read_tenant_scope
 
 log = logging.getLogger("spillway.cpu_infer")
 
@@ -102,13 +102,17 @@ class CpuService:
         header_length: int | None,
         *,
         arrived: float | None = None,
+        tenant_scope: str | None = None,
     ) -> pipeline.Encoded:
-        """Run one request through the core pipeline, computing it on this thread."""
+        """Run one request through the core pipeline, computing it on this thread.
+        ``tenant_scope`` is the caller's tenant scope as the router sent it (none:
+        anonymous): a pipeline's step cache entries are that tenant's."""
         arrived = time.monotonic() if arrived is None else arrived
         limit = self.settings.max_payload_bytes
+        scope = read_tenant_scope(tenant_scope)
         if (served := self.pipelines.find(name, version)) is not None:
             decoded = pipeline.decode(body, header_length, max_body_bytes=limit)
-            encoded = self.pipelines.serve(served, version, decoded, self.get, arrived)
+            encoded = self.pipelines.serve(served, version, decoded, self.get, arrived, scope=scope)
         else:
             model = self.get(name, version)
             decoded = pipeline.decode(body, header_length, max_body_bytes=limit)

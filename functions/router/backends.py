@@ -7,7 +7,9 @@ broke (``ConnectionLost``), or it cannot take this request at all (``CannotServe
 a body over the Lambda payload limit). The router decides what each means.
 
 Only headers on an allowlist cross the router, in either direction: no hop-by-hop,
-``Authorization``, cookies or API keys reach a backend.
+``Authorization``, cookies or API keys reach a backend. The router adds the caller's
+tenant scope (``x-spillway-tenant-scope``, a digest of the tenant API Gateway vouched
+for): a client's own header of that name is never forwarded.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from spillway.wire import FAULT_HEADER
+from spillway.state_table import scope
+from spillway.wire import FAULT_HEADER, TENANT_SCOPE_HEADER
 
 # What the router itself sets on a backend request (it copies nothing else from a client).
 REQUEST_HEADERS = frozenset(
@@ -211,7 +214,11 @@ class HttpBackend:
         started: float,
         deadline: float,
     ) -> BackendResponse:
-        headers = {**forwardable(request.headers, REQUEST_HEADERS), "user-agent": USER_AGENT}
+        headers = {
+            **forwardable(request.headers, REQUEST_HEADERS),
+            "user-agent": USER_AGENT,
+            TENANT_SCOPE_HEADER: scope(request.tenant),
+        }
         if request.request_id:
             headers["x-request-id"] = request.request_id
         if conn.sock is None:

@@ -11,7 +11,6 @@ text tokens as UTF-8 bytes / 4. Nothing here imports numpy.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,16 +22,18 @@ from spillway.wire import (
     HEADER_LENGTH,
     InferParameters,
     Target,
+    latency_budget_ms,
     parse_header_length,
+    priority_hint,
     read_json_header,
+    routing_mode,
+    tenant_hint,
 )
+from spillway.wire import MAX_BUDGET_MS as MAX_BUDGET_MS  # the router's names for them
+from spillway.wire import MIN_BUDGET_MS as MIN_BUDGET_MS
+from spillway.wire import MODES as MODES
 
-MODES = ("auto", "realtime", "serverless", "batch", "async")
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
 _BYTES_PER_TOKEN = 4
-# API Gateway and Lambda alone take tens of milliseconds: a smaller budget cannot be met.
-MIN_BUDGET_MS = 100
-MAX_BUDGET_MS = 3_600_000
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,9 @@ def read_request(call: Call, target: Target, *, trust_tenant_hints: bool = False
     length = parse_header_length(call.headers.get(HEADER_LENGTH))
     if target.operation == "infer":
         header = read_json_header(call.body, length)
-        # The ``timeout`` and ``priority`` every backend would refuse (negative, not an
-        # integer, past an hour) are refused here alike rather than forwarded or replaced.
+        # The parameters every backend would refuse (a ``timeout`` or ``priority`` that is
+        # negative, not an integer or past its bound; a routing parameter out of range) are
+        # refused here alike, by the same core check, rather than forwarded or replaced.
         InferParameters.of(header.get("parameters"))
     hints = read_hints(header.get("parameters") if header else None, call.headers)
     elements, tokens, rows = input_size(header) if header else (None, None, 1)
@@ -133,68 +135,15 @@ def read_hints(parameters: Mapping[str, Any] | None, headers: Mapping[str, str])
             value = headers.get(f"x-spillway-{key.replace('_', '-')}")
         return value
 
-    mode = _mode(pick("mode"))
+    mode = routing_mode(pick("mode"))
     if mode is None and "respond-async" in headers.get("prefer", "").lower():
         mode = "async"  # RFC 7240
     return Hints(
         mode=mode,
-        latency_budget_ms=_budget(pick("latency_budget_ms")),
-        priority=_priority(pick("priority")),
-        tenant=_tenant(pick("tenant")),
+        latency_budget_ms=latency_budget_ms(pick("latency_budget_ms")),
+        priority=priority_hint(pick("priority")),
+        tenant=tenant_hint(pick("tenant")),
     )
-
-
-def _mode(value: Any) -> str | None:
-    if value is None:
-        return None
-    if value not in MODES:
-        raise InvalidInputError(f"mode must be one of {', '.join(MODES)}")
-    return str(value)
-
-
-def _number(value: Any, what: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise InvalidInputError(f"{what} must be a number") from None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInputError(f"{what} must be a finite number")
-    try:
-        number = float(value)  # an integer like 10**400 overflows here
-    except OverflowError:
-        raise InvalidInputError(f"{what} is out of range") from None
-    if not math.isfinite(number):
-        raise InvalidInputError(f"{what} must be a finite number")
-    return number
-
-
-def _budget(value: Any) -> float | None:
-    number = _number(value, "latency_budget_ms")
-    if number is not None and not MIN_BUDGET_MS <= number <= MAX_BUDGET_MS:
-        raise InvalidInputError(
-            f"latency_budget_ms must be between {MIN_BUDGET_MS} and {MAX_BUDGET_MS}"
-        )
-    return number
-
-
-def _priority(value: Any) -> int | None:
-    number = _number(value, "priority")
-    if number is None:
-        return None
-    if number != int(number) or not 0 <= number <= 1_000_000:
-        raise InvalidInputError("priority must be a non-negative integer")
-    return int(number)
-
-
-def _tenant(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not _TENANT.fullmatch(value):
-        raise InvalidInputError("tenant must be 1-128 letters, digits or ._:@-")
-    return value
 
 
 def input_size(header: Mapping[str, Any]) -> tuple[int | None, int | None, int]:

@@ -6,6 +6,7 @@ what each step computed, which steps were skipped, what came from the cache.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +28,12 @@ from spillway.ensemble_schema import StepCondition
 from spillway.errors import BatchTooLargeError, InvalidInputError, ModelLoadError
 from spillway.modelconfig import ModelConfig
 from spillway.processing import Tensors
+from spillway.state_table import scope
 from spillway.stepcache import MemoryCache
 
 Model = Callable[[Tensors], Tensors]
+A, B = scope("tenant-a"), scope("tenant-b")
+"""Two tenants' scopes, as the router names them."""
 
 
 def model_config(
@@ -126,7 +130,7 @@ def test_a_chain_loads_and_runs_in_dependency_order() -> None:
     # THEN the writer runs first, and the result is (x * 2) + 1
     assert [s.model for s in pipeline.steps] == ["double", "plus-one"]
     steps = Steps()
-    outcome = drive(run_steps(pipeline, [x([1, 2])], None, PipelineStats()), steps)[0]
+    outcome = drive(run_steps(pipeline, [x([1, 2])], None, PipelineStats(), scope=A), steps)[0]
     np.testing.assert_array_equal(outcome.tensors["out"], [[3, 5]])
     assert outcome.skipped == []
     assert steps.computed == [("double", 1), ("plus-one", 1)]
@@ -303,7 +307,7 @@ def test_a_failed_condition_skips_its_step_and_what_reads_from_it() -> None:
     stats = PipelineStats()
     steps = Steps()
     # WHEN a low-score and a high-score request run together
-    low, high = drive(run_steps(pipeline, [x([1, 2]), x([5, 6])], None, stats), steps)
+    low, high = drive(run_steps(pipeline, [x([1, 2]), x([5, 6])], None, stats, scope=A), steps)
     # THEN the low one skipped both dependent steps and made no output; the high one ran all
     assert low.skipped == ["1:double", "2:plus-one"]
     assert low.tensors == {}
@@ -327,7 +331,7 @@ def test_a_cached_step_computes_each_input_once_per_version() -> None:
     steps = Steps({"double": 1})
 
     def once(*requests: Tensors) -> list[list[str]]:
-        outcomes = drive(run_steps(pipeline, list(requests), cache, stats), steps)
+        outcomes = drive(run_steps(pipeline, list(requests), cache, stats, scope=A), steps)
         return [o.cached for o in outcomes]
 
     # WHEN the same input comes twice, beside a new one, then after a new version
@@ -344,17 +348,115 @@ def test_a_cached_step_computes_each_input_once_per_version() -> None:
 def test_a_cache_hit_equals_the_computed_result() -> None:
     pipeline = build_pipeline(pipeline_config(cached_chain()), CONFIGS, SERVED)
     cache = MemoryCache(1 << 20)
-    first = drive(run_steps(pipeline, [x([1, 2])], cache, PipelineStats()), Steps())[0]
-    again = drive(run_steps(pipeline, [x([1, 2])], cache, PipelineStats()), Steps())[0]
+    first = drive(run_steps(pipeline, [x([1, 2])], cache, PipelineStats(), scope=A), Steps())[0]
+    again = drive(run_steps(pipeline, [x([1, 2])], cache, PipelineStats(), scope=A), Steps())[0]
     assert again.cached == ["0:double"]
     np.testing.assert_array_equal(first.tensors["out"], again.tensors["out"])
+
+
+def test_one_tenants_entries_are_never_anothers_hits() -> None:
+    # GIVEN a cached step, one cache for every caller, and tenant A's request answered
+    pipeline = build_pipeline(pipeline_config(cached_chain()), CONFIGS, SERVED)
+    cache, stats, steps = MemoryCache(1 << 20), PipelineStats(), Steps()
+
+    def ask(owner: str | None) -> list[str]:
+        return drive(run_steps(pipeline, [x([1, 2])], cache, stats, scope=owner), steps)[0].cached
+
+    assert ask(A) == []
+    # WHEN tenant B, an anonymous caller and a run of no known tenant send the same input
+    answers = [ask(B), ask("-"), ask(None)]
+    # THEN none of them is told of (or served) A's entry: each step was computed again
+    assert answers == [[], [], []]
+    assert steps.computed.count(("double", 1)) == 4
+    # AND A's own repeat, and then B's, are hits in their own entries (the unknown
+    # tenant's run wrote none)
+    assert (ask(A), ask(B)) == (["0:double"], ["0:double"])
+    assert len(cache) == 3  # A's, B's and the anonymous caller's
+
+
+PUBLIC = [
+    step("double", {"a": "labels"}, {"b": "label_vectors"}, cache=True, cache_scope="shared"),
+    step("plus-one", {"a": "x"}, {"b": "out"}),
+    step("plus-one", {"a": "label_vectors"}, {"b": "ignored"}),
+]
+
+
+def public_config(steps: list[dict[str, Any]], public: list[str]) -> ModelConfig:
+    """``x`` (a tenant's) and ``labels`` (public when listed) in."""
+    scheduling = {"step": steps, "spillway": {"public_inputs": public}}
+    inputs = [
+        {"name": "x", "data_type": "TYPE_FP32", "dims": [2]},
+        {"name": "labels", "data_type": "TYPE_FP32", "dims": [2]},
+    ]
+    outputs = [
+        {"name": "out", "data_type": "TYPE_FP32", "dims": [2]},
+        {"name": "ignored", "data_type": "TYPE_FP32", "dims": [2]},
+    ]
+    return pipeline_config([], input=inputs, output=outputs, ensemble_scheduling=scheduling)
+
+
+def test_a_step_on_public_inputs_may_share_its_cache_and_no_answer_tells() -> None:
+    # GIVEN a pipeline that declares ``labels`` public and shares the step reading it
+    pipeline = build_pipeline(public_config(PUBLIC, ["labels"]), CONFIGS, SERVED)
+    assert [s.cache_shared for s in pipeline.steps] == [True, False, False]
+    cache, stats, steps = MemoryCache(1 << 20), PipelineStats(), Steps()
+    request = {**x([1, 2]), "labels": np.array([[3, 4]], dtype=np.float32)}
+    # WHEN tenant A, then tenant B send the same labels
+    first = drive(run_steps(pipeline, [request], cache, stats, scope=A), steps)[0]
+    second = drive(run_steps(pipeline, [request], cache, stats, scope=B), steps)[0]
+    # THEN B's step came from the one shared entry, and neither answer says so
+    assert steps.computed.count(("double", 1)) == 1
+    assert stats.step(0).cache_hits == 1
+    assert first.cached == second.cached == []
+    np.testing.assert_array_equal(first.tensors["out"], second.tensors["out"])
+
+
+@pytest.mark.parametrize(
+    ("steps", "public", "reason"),
+    [
+        # the shared step reads what a tenant sent
+        (
+            [
+                step("double", {"a": "x"}, {"b": "out"}, cache=True, cache_scope="shared"),
+                step("plus-one", {"a": "labels"}, {"b": "ignored"}),
+            ],
+            ["labels"],
+            "cache_scope \"shared\" needs public inputs, but it reads 'x'",
+        ),
+        # nothing is declared public
+        (PUBLIC, [], "needs public inputs, but it reads 'labels'"),
+        # public by declaration, but made from a tenant's input on the way
+        (
+            [
+                step("double", {"a": "x"}, {"b": "mixed"}),
+                step("plus-one", {"a": "mixed"}, {"b": "out"}, cache=True, cache_scope="shared"),
+                step("plus-one", {"a": "labels"}, {"b": "ignored"}),
+            ],
+            ["labels"],
+            "reads 'mixed'",
+        ),
+        # a public input the pipeline does not have
+        (PUBLIC, ["labels", "nope"], "public input 'nope' is not an input of the pipeline"),
+    ],
+)
+def test_a_shared_cache_on_private_inputs_is_refused_at_load(
+    steps: list[dict[str, Any]], public: list[str], reason: str
+) -> None:
+    with pytest.raises(ModelLoadError, match=re.escape(reason)):
+        build_pipeline(public_config(steps, public), CONFIGS, SERVED)
+
+
+def test_a_shared_scope_without_a_cache_is_refused_by_the_schema() -> None:
+    shared = step("double", {"a": "x"}, {"b": "out"}, cache_scope="shared")
+    with pytest.raises(ValidationError, match="needs cache: true"):
+        pipeline_config([shared])
 
 
 def test_statistics_take_triton_shape_with_steps() -> None:
     pipeline = build_pipeline(pipeline_config(CHAIN), CONFIGS, SERVED)
     stats = PipelineStats()
     with stats.request(rows=2):
-        drive(run_steps(pipeline, [x([1, 2], [3, 4])], None, stats), Steps())
+        drive(run_steps(pipeline, [x([1, 2], [3, 4])], None, stats, scope=A), Steps())
     with pytest.raises(InvalidInputError), stats.request(rows=1):
         raise InvalidInputError("bad")
     entry = stats.to_triton(pipeline, "1")

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from spillway.processing import Tensors
+from spillway.state_table import scope
 from spillway.stepcache import (
+    SHARED_SCOPE,
     CacheSettings,
     MemoryCache,
     TieredCache,
@@ -26,15 +28,18 @@ TEXT = {"text": np.array([[b"hello"]], dtype=np.object_)}
 VECTOR = {"v": np.arange(4, dtype=np.float32).reshape(1, 4)}
 
 
-def key(inputs: Tensors, version: int = 1, digest: str = "d") -> str:
-    return cache_key("minilm", version, digest, inputs)
+def key(inputs: Tensors, version: int = 1, digest: str = "d", owner: str = "-") -> str:
+    return cache_key(owner, "minilm", version, digest, inputs)
 
 
-def test_a_key_changes_with_version_configuration_and_every_input_detail() -> None:
+def test_a_key_changes_with_tenant_version_configuration_and_every_input_detail() -> None:
     base = key(TEXT)
-    assert base.startswith("minilm/1/")
+    assert base.startswith("-/minilm/1/")
     assert key(TEXT) == base  # the same request, the same key
     changed = [
+        key(TEXT, owner=scope("tenant-a")),
+        key(TEXT, owner=scope("tenant-b")),
+        key(TEXT, owner=SHARED_SCOPE),
         key(TEXT, version=2),
         key(TEXT, digest="other"),
         key({"text": np.array([[b"hellO"]], dtype=np.object_)}),
@@ -132,3 +137,10 @@ def test_settings_come_from_the_environment_and_the_readme_documents_them() -> N
     assert [
         n for n in CacheSettings.model_fields if f"`PIPELINE_CACHE_{n.upper()}`" not in text
     ] == []
+
+
+@pytest.mark.parametrize("owner", ["", "tenant-a", "-/..", "SHARED", "0" * 31, "g" * 32])
+def test_a_key_names_a_scope_or_nothing(owner: str) -> None:
+    # A key segment that is no scope would let a name reach into another caller's keys.
+    with pytest.raises(ValueError, match="not a tenant scope"):
+        key(TEXT, owner=owner)

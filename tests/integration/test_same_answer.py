@@ -1,0 +1,157 @@
+# ruff: noqa: E501 - the table of cases reads best one case a line
+"""Every server gives the same answer to the same doubtful request: one rule, in the core.
+
+The router (with the GPU service behind it, and with the CPU fallback behind it as a
+Lambda function), the GPU service and the CPU fallback (over HTTP and as a direct
+invoke) get the same body: text that is not valid UTF-8 inside the JSON, parameters out
+of range for the model (``priority`` past its levels), routing parameters no server
+accepts (``mode``, ``latency_budget_ms``, ``tenant``), a version that is no number. Each
+must answer with the same status, the same stable code and the same message.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from functions.cpu_infer.app import CpuApp
+from functions.cpu_infer.direct import handle_direct
+from functions.cpu_infer.service import CpuService
+from functions.cpu_infer.settings import CpuSettings
+from functions.router.settings import RouterSettings
+from functions.router.wiring import create_app
+from spillway_cli.wsgi_server import running
+from tests.support import Service, gpu_service, link_model
+
+IMAGE = {"name": "image", "shape": [1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}
+_IMAGE = json.dumps(IMAGE).encode()
+
+
+def _with(parameters: dict[str, object]) -> bytes:
+    return json.dumps({"parameters": parameters, "inputs": [IMAGE]}).encode()
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    body: bytes
+    status: int
+    path: str = "/v2/models/digits/infer"
+
+
+CASES = [
+    Case("invalid UTF-8 byte in the id", b'{"id": "\xff", "inputs": [' + _IMAGE + b"]}", 400),
+    Case("UTF-8-encoded surrogate in the id", b'{"id": "\xed\xa0\x80", "inputs": [' + _IMAGE + b"]}", 400),
+    Case("UTF-8-encoded surrogate in a parameter", b'{"parameters": {"note": "\xed\xa0\x80"}, "inputs": [' + _IMAGE + b"]}", 400),
+    Case("UTF-8-encoded surrogate in an input name", b'{"inputs": [{"name": "image\xed\xa0\x80", "shape": [1, 8, 8], "datatype": "FP32", "data": [0.5]}]}', 400),
+    Case("overlong UTF-8 in a parameter", b'{"parameters": {"note": "\xc0\xaf"}, "inputs": [' + _IMAGE + b"]}", 400),
+    Case("escaped lone surrogate in the id", b'{"id": "\\ud800", "inputs": [' + _IMAGE + b"]}", 400),
+    Case("escaped lone surrogate in a parameter", b'{"parameters": {"note": "x\\udfff"}, "inputs": [' + _IMAGE + b"]}", 400),
+    Case("escaped surrogate pair (valid)", b'{"id": "\\ud83d\\ude00", "inputs": [' + _IMAGE + b"]}", 200),
+    Case("priority past the model's levels", _with({"priority": 99}), 400),
+    Case("priority one past the levels", _with({"priority": 3}), 400),
+    Case("priority at the lowest level", _with({"priority": 2}), 200),
+    Case("priority past the protocol's bound", _with({"priority": 2_000_000}), 400),
+    Case("priority as a string", _with({"priority": "1"}), 400),
+    Case("timeout as a float", _with({"timeout": 1.5}), 400),
+    Case("timeout past an hour", _with({"timeout": 3_600_000_001}), 400),
+    Case("mode no server knows", _with({"mode": "bogus"}), 400),
+    Case("latency budget below the floor", _with({"latency_budget_ms": 5}), 400),
+    Case("latency budget not finite", b'{"parameters": {"latency_budget_ms": NaN}, "inputs": [' + _IMAGE + b"]}", 400),
+    Case("tenant with a space", _with({"tenant": "a b"}), 400),
+    Case("valid routing parameters", _with({"mode": "auto", "latency_budget_ms": 5000, "timeout": 0}), 200),
+    Case("version that is no number", _with({}), 400, "/v2/models/digits/versions/one/infer"),
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    code: str | None
+    error: str | None
+
+
+def _call(base: str, case: Case) -> Answer:
+    request = urllib.request.Request(
+        base + case.path, case.body, {"content-type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            response.read()
+            return Answer(response.status, None, None)
+    except urllib.error.HTTPError as error:
+        body = json.loads(error.read() or b"{}")
+        return Answer(error.code, body.get("code"), body.get("error"))
+
+
+def _direct(cpu: CpuService, case: Case) -> Answer:
+    parts = case.path.split("/")  # /v2/models/<model>[/versions/<v>]/infer
+    event: dict[str, object] = {"model": parts[3], "body_b64": base64.b64encode(case.body).decode()}
+    if "versions" in parts:
+        event["version"] = parts[5]
+    answer = handle_direct(cpu, event)
+    body = json.loads(answer["body"])
+    if answer["statusCode"] == 200:
+        return Answer(200, None, None)
+    return Answer(answer["statusCode"], body.get("code"), body.get("error"))
+
+
+@pytest.fixture(scope="module")
+def repo(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("same-answer-repo")
+    link_model(models_dir, root, "digits")
+    return root
+
+
+@pytest.fixture(scope="module")
+def cpu(repo: Path) -> CpuService:
+    return CpuService.load(CpuSettings(repository=str(repo)))
+
+
+@pytest.fixture(scope="module")
+def gpu(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    with gpu_service(repo, tmp_path_factory.mktemp("same-answer-logs")) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def bases(gpu: Service, cpu: CpuService, moto_endpoint: str) -> Iterator[dict[str, str]]:
+    with running(CpuApp(cpu)) as cpu_url, pytest.MonkeyPatch.context() as env:
+        # The second router reaches the CPU fallback as a Lambda function (its invoke API).
+        env.setenv("AWS_ENDPOINT_URL_LAMBDA", cpu_url)
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            env.setenv(name, "testing")
+        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        to_gpu = RouterSettings(gpu_url=gpu.base, metrics_log=Path("/dev/null"))
+        to_cpu = RouterSettings(
+            gpu_url=None, cpu_function="spillway-cpu-infer", metrics_log=Path("/dev/null")
+        )
+        with running(create_app(to_gpu)) as router_gpu, running(create_app(to_cpu)) as router_cpu:
+            yield {
+                "gpu": gpu.base,
+                "cpu": cpu_url,
+                "router->gpu": router_gpu,
+                "router->cpu": router_cpu,
+            }
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_every_server_gives_the_same_answer(
+    case: Case, bases: dict[str, str], cpu: CpuService
+) -> None:
+    # GIVEN the GPU service, the CPU fallback and the router in front of either
+    # WHEN each gets the same request
+    answers = {name: _call(base, case) for name, base in bases.items()}
+    answers["cpu-direct"] = _direct(cpu, case)
+    # THEN every one answers with the expected status, and the same code and message
+    assert {name: a.status for name, a in answers.items()} == dict.fromkeys(answers, case.status)
+    assert len({(a.code, a.error) for a in answers.values()}) == 1, answers
+    if case.status == 400:
+        assert next(iter(answers.values())).code in ("invalid_input", "invalid_model_name")
