@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from spillway.state_table import scope
 from spillway_cli.jobs_cli import jobs_app
 from tests.integration.test_jobs_support import (
     digits_images,
@@ -83,3 +84,34 @@ def test_submit_local_wait_produces_the_outputs(
     status = runner.invoke(jobs_app, ["status", job_id])
     assert status.exit_code == 0, status.output
     assert json.loads(status.output)["records"] == 12
+
+
+def test_submit_as_a_tenant_keeps_to_its_areas(
+    aws_env: str, models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN the CLI configured with the tenants' root, and tenant A's input
+    settings = jobs_settings(aws_env, models_dir)
+    for name in ("repository", "job_queue", "job_definition", "table"):
+        monkeypatch.setenv(f"JOBS_{name.upper()}", str(getattr(settings, name)))
+    bucket = new_bucket()
+    monkeypatch.setenv("JOBS_TENANTS_ROOT", f"s3://{bucket}/tenants")
+    a, b = (f"s3://{bucket}/tenants/{scope(t)}/" for t in ("tenant-a", "tenant-b"))
+    images = digits_images(models_dir)
+    key = a.split("/", 3)[3] + "in/a.jsonl"
+    put_jsonl(bucket, key, [record(f"r{i}", image=images[i].tolist()) for i in range(3)])
+    base = ["submit", "--model", "digits", "--input", f"{a}in/"]
+    # WHEN tenant B submits over A's input, then A over its own
+    refused = runner.invoke(jobs_app, [*base, "--output", f"{b}out/", "--tenant", "tenant-b"])
+    accepted = runner.invoke(jobs_app, [*base, "--output", f"{a}out/", "--tenant", "tenant-a"])
+    # THEN B's is refused as outside its area; A's job writes to a folder of its own
+    assert refused.exit_code == 3
+    assert "error (outside_tenant_area)" in refused.output
+    assert accepted.exit_code == 0, accepted.output
+    job = json.loads(accepted.output)["job"]
+    assert job["output"] == f"{a}out/{job['job_id']}/"
+    # AND only A's tenant (or the operator, without --tenant) sees it
+    other = runner.invoke(jobs_app, ["status", job["job_id"], "--tenant", "tenant-b"])
+    mine = runner.invoke(jobs_app, ["status", job["job_id"], "--tenant", "tenant-a"])
+    operator = runner.invoke(jobs_app, ["status", job["job_id"]])
+    assert (other.exit_code, mine.exit_code, operator.exit_code) == (1, 0, 0)
+    assert "error (job_not_found)" in other.output

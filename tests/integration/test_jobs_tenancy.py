@@ -4,6 +4,8 @@ two tenants), on the moto server: who may see a job, where a job may read and wr
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -227,3 +229,36 @@ def test_the_router_vouches_for_its_callers_tenant(deployment: Deployment) -> No
     job_id = json.loads(answer["body"])["job"]["job_id"]
     assert _call("b", "GET", f"/v1/jobs/{job_id}")[0] == 200
     assert _call("a", "GET", f"/v1/jobs/{job_id}")[0] == 404
+
+
+def test_the_local_jobs_server_maps_api_keys_as_api_gateway_does(
+    deployment: Deployment,
+) -> None:
+    # GIVEN the jobs function behind the local HTTP server (`spillway serve jobs`), which
+    # passes a request's x-api-key as API Gateway passes the key's id
+    from functions.jobs.handler import handler
+    from spillway_cli.lambda_http import wsgi_app
+    from spillway_cli.wsgi_server import running
+
+    a = deployment.area("tenant-a")
+    body = json.dumps(_job(f"{a}in/", f"{a}out/")).encode()
+
+    def call(method: str, path: str, key: str | None, data: bytes | None = None) -> int:
+        headers = {"content-type": "application/json"} | ({"x-api-key": key} if key else {})
+        request = urllib.request.Request(f"{url}{path}", data, headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as refused:
+            return refused.code
+
+    with running(wsgi_app(handler, "/v1/health")) as url:
+        # WHEN tenant A submits with its key, and B, then nobody, ask for the job
+        request = urllib.request.Request(
+            f"{url}/v1/jobs", body, {"x-api-key": KEYS["a"]}, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            job_id = json.loads(answer.read())["job"]["job_id"]
+        seen = [call("GET", f"/v1/jobs/{job_id}", key) for key in (KEYS["a"], KEYS["b"], None)]
+    # THEN A sees it, B gets 404, a request without a key 401
+    assert seen == [200, 404, 401]
