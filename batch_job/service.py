@@ -38,8 +38,9 @@ from spillway.repository import aws_client, open_repository
 from spillway.state_table import scope
 from spillway.tenancy import area, require_inside
 
-# Job ids of keyed submissions are uuid5(key) in this namespace: one key, one job id.
-_NAMESPACE = uuid.UUID("6f1d7c1e-3b0a-5c4e-9a57-5b1f0e2d8c41")
+JOB_ID_NAMESPACE = uuid.UUID("6f1d7c1e-3b0a-5c4e-9a57-5b1f0e2d8c41")
+"""Job ids of keyed submissions are ``uuid5(f"{owner scope}\\0{key}")`` in this namespace:
+one key, one job id, per tenant."""
 _KEY = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 
@@ -96,7 +97,7 @@ class JobService:
         if key is not None and not _KEY.fullmatch(key):
             raise InvalidInputError("the idempotency key must be 1-128 printable characters")
         # One key, one job id, per owner: another tenant's key names another job.
-        job_id = str(uuid.uuid5(_NAMESPACE, f"{owner}\0{key}") if key else uuid.uuid4())
+        job_id = str(uuid.uuid5(JOB_ID_NAMESPACE, f"{owner}\0{key}") if key else uuid.uuid4())
         digest = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
         if per_job_output:
             request = request.model_copy(update={"output": f"{request.output}{job_id}/"})

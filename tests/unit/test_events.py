@@ -13,11 +13,16 @@ from __future__ import annotations
 import base64
 import json
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from batch_job.service import JOB_ID_NAMESPACE
+from spillway.identity import authenticated_identity
+from spillway.state_table import scope
+from spillway.tenancy import area
 from spillway_cli.sam_env import FUNCTION_TYPE, load_template
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,3 +139,23 @@ def test_infer_bodies_are_open_inference_requests(name: str, event: dict[str, An
     size = int(headers.get("inference-header-content-length", len(body)))
     request = json.loads(body[:size])
     assert request["inputs"], name
+
+
+def test_the_jobs_events_are_one_callers_within_its_area() -> None:
+    # GIVEN the jobs API's REST events: one caller, identified as API Gateway identifies
+    # it (an API key id; unmapped, its own tenant)
+    events = {name: json.loads((EVENTS / "jobs" / f"{name}.json").read_text())
+              for name in ("submit", "status", "status-of-submit")}  # fmt: skip
+    callers = {authenticated_identity(e) for e in events.values()}
+    assert len(callers) == 1
+    assert None not in callers
+    (tenant,) = callers
+    # THEN what submit.json names lies in that tenant's area of the job data bucket
+    request = json.loads(_body(events["submit"]))
+    own = area("s3://spillway-data/tenants", tenant)
+    assert request["input"].startswith(own)
+    assert request["output"].startswith(own)
+    # AND status-of-submit.json asks for the job submit.json's key makes for that tenant
+    key = {k.lower(): v for k, v in events["submit"]["headers"].items()}["idempotency-key"]
+    job = str(uuid.uuid5(JOB_ID_NAMESPACE, f"{scope(tenant)}\0{key}"))
+    assert events["status-of-submit"]["pathParameters"]["id"] == job
