@@ -59,8 +59,10 @@ class DirectInvokeEvent(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     operation: Operation = "infer"
-    model: str = Field(min_length=1, max_length=64)
-    version: str | None = Field(default=None, max_length=9)
+    # Bounded here; checked by the fallback with the core's name and version rules, so a
+    # bad one gets the answer every server gives (invalid_model_name).
+    model: str = Field(min_length=1, max_length=256)
+    version: str | None = Field(default=None, max_length=64)
     headers: dict[str, str] = Field(default_factory=dict)
     body: dict[str, Any] | str | None = None
     """A JSON infer request (object or text); or use ``body_b64``."""

@@ -59,15 +59,17 @@ class CpuService:
     def get(self, name: str, version: str | None) -> OnnxModel:
         """A loaded version: the one asked for, else the newest the policy serves (the
         stable one while the model's configuration names a canary)."""
+        # Worded as the GPU service words them: every server gives the same answer.
         versions = self.models.get(validate_model_name(name))
         if not versions:
-            raise ModelNotFoundError(f"model {name!r} is not served by the CPU fallback")
+            raise ModelNotFoundError(f"unknown model {name!r}")
         if version is None:
             newest = versions[max(versions)]
             return versions[newest.config.default_version(versions) or newest.version]
-        model = versions.get(validate_version(version))
+        number = validate_version(version)
+        model = versions.get(number)
         if model is None:
-            raise ModelNotFoundError(f"model {name!r} has no version {version} served here")
+            raise ModelNotFoundError(f"model {name!r} has no version {number} loaded")
         return model
 
     def server_metadata(self) -> dict[str, Any]:

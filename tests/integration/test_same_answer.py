@@ -5,8 +5,8 @@ The router (with the GPU service behind it, and with the CPU fallback behind it 
 Lambda function), the GPU service and the CPU fallback (over HTTP and as a direct
 invoke) get the same body: text that is not valid UTF-8 inside the JSON, parameters out
 of range for the model (``priority`` past its levels), routing parameters no server
-accepts (``mode``, ``latency_budget_ms``, ``tenant``), a version that is no number. Each
-must answer with the same status, the same stable code and the same message.
+accepts (``mode``, ``latency_budget_ms``, ``tenant``), a version or model name no server
+serves. Each must answer with the same status, the same stable code and the same message.
 """
 
 from __future__ import annotations
@@ -68,6 +68,11 @@ CASES = [
     Case("tenant with a space", _with({"tenant": "a b"}), 400),
     Case("valid routing parameters", _with({"mode": "auto", "latency_budget_ms": 5000, "timeout": 0}), 200),
     Case("version that is no number", _with({}), 400, "/v2/models/digits/versions/one/infer"),
+    Case("version with ten digits", _with({}), 400, "/v2/models/digits/versions/1234567890/infer"),
+    Case("version with a leading zero", _with({}), 200, "/v2/models/digits/versions/01/infer"),
+    Case("version not served", _with({}), 404, "/v2/models/digits/versions/7/infer"),
+    Case("unknown model", _with({}), 404, "/v2/models/nosuch/infer"),
+    Case("model name of 65 characters", _with({}), 400, "/v2/models/" + "a" * 65 + "/infer"),
 ]  # fmt: skip
 
 
@@ -155,3 +160,5 @@ def test_every_server_gives_the_same_answer(
     assert len({(a.code, a.error) for a in answers.values()}) == 1, answers
     if case.status == 400:
         assert next(iter(answers.values())).code in ("invalid_input", "invalid_model_name")
+    if case.status == 404:
+        assert next(iter(answers.values())).code == "model_not_found"
