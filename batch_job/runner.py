@@ -73,10 +73,17 @@ def load_model(repository: ModelRepository, settings: JobsSettings, plan: Plan) 
     config = repository.read_config(plan.model)
     if config.is_pipeline:
         from spillway.stepcache import CacheSettings, open_cache
+        from spillway.wire import read_tenant_scope
 
         cache = open_cache(CacheSettings.from_env())
         return load_pipeline_version(
-            repository, config, plan.model_version, settings.cache_dir, options, cache
+            repository,
+            config,
+            plan.model_version,
+            settings.cache_dir,
+            options,
+            cache,
+            scope=read_tenant_scope(settings.tenant_scope),  # the job tenant's cache entries
         )
     return load_version(repository, config, plan.model_version, settings.cache_dir, options)
 
