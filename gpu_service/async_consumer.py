@@ -4,9 +4,13 @@ Pull-based backpressure: the consumer asks the queue for work only while it has 
 fewer than ``concurrency`` of its requests in flight and no batcher holding a full batch
 of queued work — so a busy service simply stops polling; async work is never refused
 with 429, it waits in the queue (and past ``ASYNC_DRAIN_AGE_S`` the CPU fallback drains
-it). Each request runs through ``DataPlane.infer``, the path and batchers synchronous
-requests use, at the lowest priority level the model has. AWS calls (blocking boto3)
-run on a thread of their own so the event loop never waits on them.
+it). Fair across tenants: the consumer holds up to ``ASYNC_LOOKAHEAD`` deliveries beyond
+those it runs and starts them in ``fair_order`` (the tenant with the fewest requests
+running first), so one tenant's burst does not run ahead of another's single request;
+a delivery held for half its lease is let go unclaimed (the queue shows it again). Each
+request runs through ``DataPlane.infer``, the path and batchers synchronous requests use,
+at the lowest priority level the model has. AWS calls (blocking boto3) run on a thread of
+their own so the event loop never waits on them.
 """
 
 from __future__ import annotations
@@ -16,13 +20,23 @@ import contextlib
 import logging
 import os
 import socket
+import time
+from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pydantic_core
 
 from gpu_service.dataplane import DataPlane
-from spillway.async_inference import AsyncSettings, AsyncStore, Job, Message, failure_reply
+from spillway.async_inference import (
+    AsyncSettings,
+    AsyncStore,
+    Job,
+    Message,
+    failure_reply,
+    fair_order,
+)
 from spillway.wire import Reply, infer_reply, read_json_header
 
 log = logging.getLogger("spillway.gpu.async")
@@ -44,14 +58,25 @@ class AsyncConsumer:
     """Polls the async queue while the service has room and runs what it receives."""
 
     def __init__(
-        self, plane: DataPlane, store: AsyncStore, *, concurrency: int, poll_wait_s: float = 1.0
+        self,
+        plane: DataPlane,
+        store: AsyncStore,
+        *,
+        concurrency: int,
+        poll_wait_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.plane = plane
         self.store = store
         self.concurrency = concurrency
         self.poll_wait_s = poll_wait_s
+        self.lookahead = store.settings.lookahead
+        self.clock = clock
         self.owner = f"gpu:{socket.gethostname()}:{os.getpid()}"
         self._inflight: set[asyncio.Task[None]] = set()
+        # Deliveries received but not started (with when), and what runs, by tenant scope.
+        self._held: list[tuple[float, Message]] = []
+        self._running: Counter[str] = Counter()
         self._room = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -96,22 +121,48 @@ class AsyncConsumer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._room.wait(), timeout=0.05)
                 continue
-            try:
-                messages = await self._call(self.store.receive, room, self.poll_wait_s)
-            except Exception:
-                log.exception("async queue poll failed; retrying")
-                await asyncio.sleep(1.0)
-                continue
-            for message in messages:
+            wanted = min(10, room + self.lookahead - len(self._held))
+            if wanted > 0:
+                # Only a short look when deliveries are held already: they start now.
+                wait_s = 0.0 if self._held else self.poll_wait_s
+                try:
+                    messages = await self._call(self.store.receive, wanted, wait_s)
+                except Exception:
+                    log.exception("async queue poll failed; retrying")
+                    await asyncio.sleep(1.0)
+                    continue
+                now = self.clock()
+                self._held.extend((now, message) for message in messages)
+            for message in self._take(room):
+                self._running[message.scope] += 1
                 task = asyncio.get_running_loop().create_task(self._handle(message))
                 self._inflight.add(task)
                 task.add_done_callback(self._done)
+
+    def _take(self, room: int) -> list[Message]:
+        """Up to ``room`` held deliveries to start, in fair order; those held for half
+        their lease are let go (the queue shows them again once it ends)."""
+        fresh = self.clock() - self.store.settings.lease_s / 2
+        held = [(at, m) for at, m in self._held if at >= fresh]
+        order = fair_order((m for _, m in held), self._running)
+        started = order[:room]
+        when = {id(m): at for at, m in held}
+        self._held = [(when[id(m)], m) for m in order[room:]]
+        return started
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._inflight.discard(task)
         self._room.set()
 
     async def _handle(self, message: Message) -> None:
+        try:
+            await self._process(message)
+        finally:
+            self._running[message.scope] -= 1
+            if self._running[message.scope] <= 0:
+                del self._running[message.scope]
+
+    async def _process(self, message: Message) -> None:
         try:
             job = await self._call(self.store.claim, message, self.owner)
             if job is None:
@@ -138,7 +189,9 @@ class AsyncConsumer:
             levels = batching.priority_levels if batching is not None else 1
             if levels > 1:
                 body, length = as_background(body, length, levels)
-            result = await self.plane.infer(record.model, record.version, body, length)
+            result = await self.plane.infer(
+                record.model, record.version, body, length, tenant_scope=record.scope
+            )
         except Exception as error:  # noqa: BLE001 - every outcome is recorded
             return failure_reply(error)
         return infer_reply(result.body, result.header_length, result.version)

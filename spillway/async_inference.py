@@ -13,6 +13,17 @@ delivery; then its record says ``failed`` with the error and the message moves t
 queue's dead-letter queue (its redrive target: SQS's own redrive also catches a message
 whose consumers crash before settling it). A client's error (400) fails at once.
 
+One tenancy model: every place a request names lies in its caller's own *area*
+(``spillway.tenancy``: ``<root>/<scope>/``, one per root — ``<location>/inputs`` and each
+of ``input_prefixes``), anything else is 403 ``outside_tenant_area``; an input that is not
+there is a 400 ``input_not_found`` at once (and a client failure, recorded once, if it
+vanishes later); results go to keys the server chooses (``<output>/<id>/result-<attempt>``),
+never to a key a request names. An ``Idempotency-Key`` is scoped to the caller and bound
+to a digest of (model, version, payload): another request under the same key is 409.
+Admission (``submit``'s ``admit`` hook: the router's per-tenant quota) runs after a
+replay is recognised and before anything is staged. Consumers take their deliveries in
+``fair_order``: the tenant with the fewest requests running goes first.
+
 Records and results expire: DynamoDB's TTL (``expires_at``) and an S3 lifecycle rule on
 the results prefix remove them on AWS; readers treat an expired record as gone (TTL
 deletes lazily) and ``purge_expired`` removes them where no TTL runs (the local stack).
@@ -26,7 +37,8 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,6 +46,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from spillway.envsettings import prefixed_values
 from spillway.errors import (
+    IdempotencyConflictError,
+    InputNotFoundError,
     InvalidInputError,
     PayloadTooLargeError,
     RouteNotFoundError,
@@ -42,6 +56,8 @@ from spillway.errors import (
 )
 from spillway.messages import read_staged_request, stage_request
 from spillway.names import validate_model_name, validate_version
+from spillway.state_table import scope
+from spillway.tenancy import area, folder, require_inside
 from spillway.wire import (
     BINARY_CONTENT_TYPE,
     HEADER_LENGTH,
@@ -55,7 +71,10 @@ ENV_PREFIX = "ASYNC_"
 State = Literal["queued", "running", "succeeded", "failed"]
 DONE: frozenset[str] = frozenset({"succeeded", "failed"})
 MAX_INPUT_BYTES = 1024**3
-"""An ``input_location`` object may hold up to 1 GiB (beyond any synchronous limit)."""
+"""The largest ``input_location`` object ``max_input_bytes`` may allow (1 GiB)."""
+# S3's answers to a HEAD of a key that is not there: 404, or 403 for a caller without
+# s3:ListBucket (the roles have none: they read keys they are told, never list).
+_MISSING = frozenset({"404", "NoSuchKey", "NotFound", "403", "AccessDenied", "Forbidden"})
 _ID_CHARS = frozenset("0123456789abcdef")
 _PENDING = "1"  # the sparse index's one partition: only pending records carry it
 # Attribute names that are DynamoDB reserved words.
@@ -77,9 +96,10 @@ class AsyncSettings(BaseModel):
     location: str | None = None
     """``s3://bucket/prefix`` where request bodies and results are kept."""
     input_prefixes: list[str] = Field(default_factory=list)
-    """``s3://bucket/prefix`` locations a request's ``input_location`` /
-    ``output_location`` may name (besides ``<location>/inputs/``): the consumers read
-    and write there with their own roles, so nothing else may be named."""
+    """More roots of tenant areas (``s3://bucket/prefix``) besides ``<location>/inputs``:
+    a request's ``input_location`` / ``output_location`` must lie in
+    ``<root>/<tenant scope>/`` of one of them (the consumers read and write there with
+    their own roles). A root may not overlap ``<location>`` outside its ``inputs/``."""
     ttl_s: int = Field(default=86_400, ge=60, le=30 * 86_400)
     """How long a request's record and result are kept after it is accepted."""
     max_attempts: int = Field(default=3, ge=1, le=20)
@@ -93,6 +113,28 @@ class AsyncSettings(BaseModel):
     none."""
     drain_age_s: float = Field(default=120.0, ge=0)
     """Age of the oldest pending request past which the CPU fallback drains the queue."""
+    max_input_bytes: int = Field(default=MAX_INPUT_BYTES, ge=1, le=MAX_INPUT_BYTES)
+    """Largest object an ``input_location`` may name (checked with a HEAD when the
+    request is submitted: 413 beyond it)."""
+    tenant_max_inflight: int = Field(default=32, ge=1, le=2000)
+    """Async requests one tenant may have queued or running at once (counted in the
+    router's state table); past it a submission is 429 ``quota_exceeded`` with
+    Retry-After. It bounds how far one tenant's burst can get ahead of another's request."""
+    tenant_max_staged_bytes: int = Field(default=256 * 1024**2, ge=1024, le=64 * 1024**3)
+    """Request bodies the router may hold staged in S3 for one tenant: those of its async
+    requests in flight, and (a budget of its own) its batch-mode requests staged within
+    ``staging_window_s``; past it 429 ``quota_exceeded``."""
+    quota_recheck_s: float = Field(default=5.0, ge=0.1, le=3600)
+    """How long a counted request is taken as still in flight before the quota, when
+    full, reads its record again (a settled request frees its place within this)."""
+    staging_window_s: float = Field(default=3600.0, ge=1, le=30 * 86_400)
+    """The window of the batch-mode staging budget: bytes a tenant staged longer ago
+    than this no longer count."""
+    tenant_max_batch_staged: int = Field(default=1000, ge=1, le=2000)
+    """Batch-mode requests one tenant may stage within ``staging_window_s``."""
+    lookahead: int = Field(default=10, ge=0, le=100)
+    """Deliveries a consumer holds beyond those it runs, to pick the next request from
+    the tenant with the fewest running (0: first come, first served)."""
 
     @field_validator("input_prefixes", mode="before")
     @classmethod
@@ -119,6 +161,10 @@ class AsyncRecord(BaseModel):
 
     id: str
     tenant: str
+    scope: str | None = None
+    """The caller's key segment (``spillway.state_table.scope``): whose request it is."""
+    digest: str | None = None
+    """The digest of (model, version, payload) an ``Idempotency-Key`` is bound to."""
     model: str
     version: str | None = None
     state: State
@@ -157,6 +203,8 @@ class Message:
     id: str
     receipt: str
     receive_count: int
+    scope: str = ""
+    """The requesting tenant's key segment (for ``fair_order``; never its name)."""
 
 
 @dataclass(frozen=True)
@@ -194,11 +242,36 @@ def _record(item: Mapping[str, Any]) -> AsyncRecord:
 
 
 def request_id(tenant: str | None, client_key: str | None) -> str:
-    """A new request's id: random, or (with an ``Idempotency-Key``) the hash of the caller
-    and its key, so a retried submission finds the request it already made."""
+    """A new request's id: random, or (with an ``Idempotency-Key``) the hash of the
+    caller's scope and its key, so a retried submission finds the request it already made
+    (and no tenant name, ``anonymous`` included, can reach another caller's ids)."""
     if client_key is None:
         return uuid.uuid4().hex
-    return hashlib.sha256(f"{tenant or 'anonymous'}\0{client_key}".encode()).hexdigest()[:32]
+    return hashlib.sha256(f"{scope(tenant)}\0{client_key}".encode()).hexdigest()[:32]
+
+
+def request_digest(model: str, version: str | None, body: bytes, header_length: int | None) -> str:
+    """What an ``Idempotency-Key`` is bound to: the model, the version and the payload
+    (the body holds any ``input_location`` / ``output_location``)."""
+    digest = hashlib.sha256(f"{model}\0{version or ''}\0{header_length}\0".encode())
+    digest.update(body)
+    return digest.hexdigest()
+
+
+def fair_order(messages: Iterable[Message], running: Mapping[str, int]) -> list[Message]:
+    """The deliveries in the order to run them: each next one from the tenant with the
+    fewest requests running (``running``, by scope) plus those picked before it, first
+    come first served among equals. One tenant's burst so waits its turn behind
+    another's single request instead of ahead of it."""
+    load = Counter(running)
+    left = list(messages)
+    order: list[Message] = []
+    while left:
+        best = min(range(len(left)), key=lambda i: (load[left[i].scope], i))
+        message = left.pop(best)
+        load[message.scope] += 1
+        order.append(message)
+    return order
 
 
 def check_id(value: str) -> str:
@@ -206,6 +279,11 @@ def check_id(value: str) -> str:
     if len(value) != 32 or not set(value) <= _ID_CHARS:
         raise RouteNotFoundError("no such asynchronous request")
     return value
+
+
+Admit = Callable[[str, int, float], None]
+"""The router's admission of a new request (its id, the bytes staged for it, now):
+returns, or raises (``QuotaExceededError``)."""
 
 
 class AsyncStore:
@@ -224,12 +302,14 @@ class AsyncStore:
         self.table = str(settings.table)
         self.queue_url = str(settings.queue_url)
         self.location = parse_s3_url(str(settings.location))
-        self._allowed = [self.location.key("inputs") + "/"]
-        self._allowed_buckets = [self.location.bucket]
-        for prefix in settings.input_prefixes:
-            place = parse_s3_url(prefix)
-            self._allowed_buckets.append(place.bucket)
-            self._allowed.append(place.prefix)
+        own = folder(self.location.url)
+        self._roots = [f"{own}inputs/", *(folder(p) for p in settings.input_prefixes)]
+        for root in self._roots[1:]:
+            # The server's own keys (<location>/<id>/...) are never in a tenant's area.
+            if (own.startswith(root) or root.startswith(own)) and not root.startswith(
+                self._roots[0]
+            ):
+                raise ValueError(f"ASYNC_INPUT_PREFIXES {root} overlaps ASYNC_LOCATION {own}")
         self._make = clients
         self._clients: dict[str, Any] = {}
         self.clock = clock
@@ -247,6 +327,15 @@ class AsyncStore:
 
     # --- the router's side ------------------------------------------------------------
 
+    def areas(self, tenant: str | None) -> list[str]:
+        """The caller's own areas: where its ``input_location`` / ``output_location`` may
+        point (``<root>/<scope>/`` of each root)."""
+        return [area(root, tenant) for root in self._roots]
+
+    def staged_url(self, rid: str) -> str:
+        """Where the router stages a request's body (the server's own key)."""
+        return f"s3://{self.location.bucket}/{self.location.key(rid, 'request.v2req')}"
+
     def submit(
         self,
         *,
@@ -258,42 +347,49 @@ class AsyncStore:
         client_key: str | None = None,
         input_location: str | None = None,
         output_location: str | None = None,
+        admit: Admit | None = None,
     ) -> tuple[AsyncRecord, bool]:
         """Accept a request: the record (``queued``) and whether it already existed (an
-        ``Idempotency-Key`` replay; the first body stands)."""
+        ``Idempotency-Key`` replay of the same request; another one is 409)."""
         validate_model_name(model)
         if version is not None:
             validate_version(version)
+        own = self.areas(tenant)
+        source = self._input_place(input_location, own) if input_location is not None else None
         rid = request_id(tenant, client_key)
-        now = self.clock()
-        if input_location is not None:
-            source = self._allowed_place(input_location, "input_location")
-        else:
-            source = f"s3://{self.location.bucket}/{self.location.key(rid, 'request.v2req')}"
         output = (
-            self._allowed_place(output_location, "output_location")
+            f"{require_inside(output_location, own, 'output')}{rid}/"
             if output_location is not None
-            else f"s3://{self.location.bucket}/{self.location.key(rid, 'result')}"
+            else f"s3://{self.location.bucket}/{self.location.key(rid)}/"
         )
+        digest = request_digest(model, version, body, header_length)
         existing = self.find(rid)
         if existing is not None:
-            return existing, True
-        if input_location is None:
+            return _replayed(existing, digest), True
+        staged = b"" if source is not None else stage_request(body, header_length)
+        if source is not None:
+            self._check_input(source)
+        now = self.clock()
+        if admit is not None:
+            admit(rid, len(staged), now)
+        if source is None:
             self.client("s3").put_object(
                 Bucket=self.location.bucket,
                 Key=self.location.key(rid, "request.v2req"),
-                Body=stage_request(body, header_length),
+                Body=staged,
             )
         record = AsyncRecord(
             id=rid,
             tenant=tenant or "anonymous",
+            scope=scope(tenant),
+            digest=digest,
             model=model,
             version=version,
             state="queued",
             created_at=now,
             updated_at=now,
             expires_at=int(now + self.settings.ttl_s),
-            input=source,
+            input=source or self.staged_url(rid),
             output=output,
         )
         item = {**_item(record), "pending": {"S": _PENDING}}
@@ -313,23 +409,53 @@ class AsyncStore:
             found = self.find(rid)
             if found is None:
                 raise UnavailableError("the request record could not be written") from exc
-            return found, True
-        self.client("sqs").send_message(
-            QueueUrl=self.queue_url, MessageBody=json.dumps({"id": rid})
-        )
+            return _replayed(found, digest), True
+        message = {"id": rid, "scope": record.scope}
+        self.client("sqs").send_message(QueueUrl=self.queue_url, MessageBody=json.dumps(message))
         return record, False
 
-    def _allowed_place(self, url: str, field: str) -> str:
-        place = parse_s3_url(url)
-        for bucket, prefix in zip(self._allowed_buckets, self._allowed, strict=True):
-            if place.bucket == bucket and place.prefix.startswith(prefix) and place.prefix:
-                if ".." in place.prefix.split("/"):
-                    break
-                return f"s3://{place.bucket}/{place.prefix}"
-        raise InvalidInputError(
-            f"{field} must name an object under one of the locations the operator allows "
-            f"(s3://{self.location.bucket}/{self._allowed[0]}, ASYNC_INPUT_PREFIXES)"
-        )
+    def _input_place(self, url: str, own: list[str]) -> str:
+        """An ``input_location``: an object strictly inside one of the caller's areas."""
+        inside = require_inside(url, own, "input")
+        if url.endswith("/") or inside in own:
+            raise InvalidInputError(
+                f"input_location must name an object inside your area ({', '.join(own)})"
+            )
+        return inside.rstrip("/")
+
+    def _check_input(self, source: str) -> dict[str, Any]:
+        """The named input's HEAD: it is there (else 400 ``input_not_found``) and not
+        too large (else 413)."""
+        head = self._client_object(source, "head_object")
+        if int(head["ContentLength"]) > self.settings.max_input_bytes:
+            raise PayloadTooLargeError(
+                f"input_location holds {head['ContentLength']} bytes; the limit is "
+                f"{self.settings.max_input_bytes}"
+            )
+        return head
+
+    def _client_object(self, source: str, operation: str) -> dict[str, Any]:
+        """``head_object`` / ``get_object`` of a client's object; a missing (or unreadable)
+        one is the client's ``InputNotFoundError``."""
+        from botocore.exceptions import ClientError
+
+        place = parse_s3_url(source)
+        try:
+            answer: dict[str, Any] = getattr(self.client("s3"), operation)(
+                Bucket=place.bucket, Key=place.prefix
+            )
+        except ClientError as exc:
+            if str(exc.response.get("Error", {}).get("Code", "")) not in _MISSING:
+                raise
+            raise InputNotFoundError(
+                f"input_location {source[:200]!r} does not exist (or cannot be read)"
+            ) from None
+        return answer
+
+    def still_pending(self, rid: str) -> bool:
+        """Whether a request is queued or running (not settled, expired or unknown)."""
+        record = self.find(rid)
+        return record is not None and record.state not in DONE
 
     def find(self, rid: str) -> AsyncRecord | None:
         """The record of a request id, or None (also when it has expired)."""
@@ -345,7 +471,7 @@ class AsyncStore:
     def lookup(self, rid: str, tenant: str | None) -> AsyncRecord:
         """A caller's own request; another caller's, an expired or unknown one is 404."""
         record = self.find(check_id(rid))
-        if record is None or record.tenant != (tenant or "anonymous"):
+        if record is None or _owner_scope(record) != scope(tenant):
             raise RouteNotFoundError("no such asynchronous request (or it has expired)")
         return record
 
@@ -431,14 +557,16 @@ class AsyncStore:
         """The request body and its header length (a staged ``.v2req``, else a V2 body:
         binary when the object's metadata names a header length)."""
         place = parse_s3_url(job.record.input)
-        s3 = self.client("s3")
-        head = s3.head_object(Bucket=place.bucket, Key=place.prefix)
-        if head["ContentLength"] > MAX_INPUT_BYTES:
-            raise PayloadTooLargeError(
-                f"input_location holds {head['ContentLength']} bytes; the limit is "
-                f"{MAX_INPUT_BYTES}"
-            )
-        data = s3.get_object(Bucket=place.bucket, Key=place.prefix)["Body"].read()
+        if job.record.input == self.staged_url(job.record.id):
+            # The body the router staged: its absence is the server's fault (retried).
+            s3 = self.client("s3")
+            head = s3.head_object(Bucket=place.bucket, Key=place.prefix)
+            data = s3.get_object(Bucket=place.bucket, Key=place.prefix)["Body"].read()
+        else:
+            # The client's own object: gone since it was submitted, that is the client's
+            # failure (recorded once: no retry, no dead letter).
+            head = self._check_input(job.record.input)
+            data = self._client_object(job.record.input, "get_object")["Body"].read()
         if place.prefix.endswith(".v2req"):
             return read_staged_request(data)
         length = (head.get("Metadata") or {}).get(HEADER_LENGTH)
@@ -513,9 +641,8 @@ class AsyncStore:
     def _write_result(self, job: Job, reply: Reply) -> str:
         """The result object of this attempt (its own key: a late attempt never overwrites
         what the record points at); its S3 URL."""
-        place = parse_s3_url(job.record.output)
-        default = f"s3://{self.location.bucket}/{self.location.key(job.record.id, 'result')}"
-        key = place.prefix if job.record.output != default else f"{place.prefix}-{job.token}"
+        place = parse_s3_url(folder(job.record.output))
+        key = f"{place.prefix}result-{job.token}"
         headers = dict(reply.headers)
         metadata = {}
         if HEADER_LENGTH in headers:
@@ -630,9 +757,10 @@ class AsyncStore:
         removed = 0
         for item in answer.get("Items", [])[:limit]:
             record = _record(item)
+            own = f"s3://{self.location.bucket}/{self.location.key(record.id)}/"
             for url in {record.input, record.result or ""} - {""}:
-                place = parse_s3_url(url)
-                if place.prefix.startswith(self.location.prefix):  # never a client's object
+                if url.startswith(own):  # the server's own keys, never a client's object
+                    place = parse_s3_url(url)
                     self.client("s3").delete_object(Bucket=place.bucket, Key=place.prefix)
             self.client("dynamodb").delete_item(TableName=self.table, Key={"id": {"S": record.id}})
             removed += 1
@@ -642,15 +770,34 @@ class AsyncStore:
 def message_of(raw: Mapping[str, Any]) -> Message:
     """A delivery from SQS's ``ReceiveMessage`` or a Lambda SQS event record."""
     try:
-        rid = str(json.loads(raw.get("Body") or raw.get("body") or "{}").get("id", ""))
+        body = json.loads(raw.get("Body") or raw.get("body") or "{}")
+        rid, owner = str(body.get("id", "")), str(body.get("scope", ""))[:64]
     except (ValueError, AttributeError):
-        rid = ""
+        rid, owner = "", ""
     attributes = raw.get("Attributes") or raw.get("attributes") or {}
     return Message(
         id=rid,
         receipt=str(raw.get("ReceiptHandle") or raw.get("receiptHandle") or ""),
         receive_count=int(attributes.get("ApproximateReceiveCount", 1)),
+        scope=owner,
     )
+
+
+def _owner_scope(record: AsyncRecord) -> str:
+    """Whose request a record is (a record written before scopes: from its tenant)."""
+    if record.scope is not None:
+        return record.scope
+    return scope(None if record.tenant == "anonymous" else record.tenant)
+
+
+def _replayed(record: AsyncRecord, digest: str) -> AsyncRecord:
+    """The request an ``Idempotency-Key`` already made, if it is this same request."""
+    if record.digest is not None and record.digest != digest:
+        raise IdempotencyConflictError(
+            "this Idempotency-Key was used for another request (model, version or payload); "
+            "use a new key for a new request"
+        )
+    return record
 
 
 def _error_of(reply: Reply) -> tuple[str, str]:

@@ -57,6 +57,20 @@ class InvalidModelNameError(InvalidInputError):
     code = "invalid_model_name"
 
 
+class InputNotFoundError(InvalidInputError):
+    """An object a request names as its input is not there (or cannot be read)."""
+
+    code = "input_not_found"
+
+
+class IdempotencyConflictError(SpillwayError):
+    """An ``Idempotency-Key`` came back with another request (model, version or payload)
+    than the one it first made."""
+
+    status = 409
+    code = "idempotency_conflict"
+
+
 class ModelNotFoundError(SpillwayError):
     """No such model (or version) in the repository."""
 

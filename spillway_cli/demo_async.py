@@ -1,6 +1,8 @@
 """The demo's async section: requests accepted at once (202), polled, answered once.
 
-Twenty digits images go to the router with ``Prefer: respond-async``; each is polled at
+Twenty digits images go to the router with ``Prefer: respond-async``: nineteen in the
+request body, the last one named as ``input_location`` in the caller's own area (which
+every 202 receipt names), as a client with a large input would. Each is polled at
 ``/v1/results/{id}`` until its result is there, and every result is checked against the
 synchronous answer for the same image.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +53,20 @@ def _call(
         conn.close()
 
 
+def _named_input(port: int, headers: Mapping[str, str], area: str, body: Any) -> Any:
+    """Put ``body`` in the caller's area and submit it by ``input_location``."""
+    from spillway.repository import aws_client
+    from spillway_cli.stack import REGION
+
+    url = f"{area}demo/{uuid.uuid4().hex}.json"
+    bucket, _, key = url.removeprefix("s3://").partition("/")
+    aws_client("s3", REGION).put_object(Bucket=bucket, Key=key, Body=json.dumps(body).encode())
+    named = {"inputs": [], "parameters": {"input_location": url}}
+    return _call(
+        port, "POST", "/v2/models/digits/infer", {**headers, "prefer": "respond-async"}, named
+    )
+
+
 def _label(raw: bytes) -> Any:
     return {o["name"]: o["data"] for o in json.loads(raw)["outputs"]}["label"]
 
@@ -84,16 +101,24 @@ def scenario_async(
     report = AsyncReport()
     started = time.monotonic()
     ids = []
-    for body in bodies:
-        status, got, raw = _call(
-            port, "POST", "/v2/models/digits/infer", {**headers, "prefer": "respond-async"}, body
-        )
+    area = ""
+    for index, body in enumerate(bodies):
+        if index == len(bodies) - 1 and area:
+            status, got, raw = _named_input(port, headers, area, body)
+        else:
+            status, got, raw = _call(
+                port, "POST", "/v2/models/digits/infer", {**headers, "prefer": "respond-async"},
+                body,
+            )  # fmt: skip
         if status == 202:
+            receipt = json.loads(raw)
+            area = area or receipt["areas"][0]
             report.accepted += 1
-            ids.append((json.loads(raw)["id"], got.get("location", "")))
+            ids.append((receipt["id"], got.get("location", "")))
     say(
         f"\n8. async inference: {report.accepted}/{REQUESTS} requests accepted at once (202, "
-        f"Location {ids[0][1] if ids else '-'})"
+        f"Location {ids[0][1] if ids else '-'}; the last named as input_location in the "
+        f"caller's area {area or '-'})"
     )
     states: list[str] = []
     pending = dict(enumerate(ids))

@@ -10,7 +10,8 @@ can take), the CPU fallback drains the queue too:
   enables it while the oldest pending request is older than the threshold and disables
   it once the backlog is gone.
 * Locally (``spillway serve cpu`` with ``ASYNC_*`` set), ``drain_forever`` runs the same
-  check and the same per-message step on a background thread.
+  check and the same per-message step on a background thread, each batch it receives in
+  ``fair_order`` (one request per tenant in turn), as the GPU service does.
 
 Each message runs through ``CpuService.infer``, the synchronous path, and is settled
 with the store's conditional writes, so a request the GPU service also picked up after
@@ -26,7 +27,7 @@ import threading
 from typing import Any
 
 from functions.cpu_infer.service import CpuService
-from spillway.async_inference import AsyncStore, Message, failure_reply, message_of
+from spillway.async_inference import AsyncStore, Message, failure_reply, fair_order, message_of
 from spillway.wire import Reply, infer_reply
 
 log = logging.getLogger("spillway.cpu_infer.async")
@@ -42,7 +43,10 @@ def run_message(service: CpuService, store: AsyncStore, message: Message) -> boo
     reply: Reply
     try:
         body, length = store.read_input(job)
-        result = service.infer(job.record.model, job.record.version, body, length)
+        record = job.record  # its tenant's step cache entries, as on the synchronous path
+        result = service.infer(
+            record.model, record.version, body, length, tenant_scope=record.scope
+        )
         reply = infer_reply(result.body, result.header_length, result.version)
     except Exception as error:  # noqa: BLE001 - every outcome is recorded
         reply = failure_reply(error)
@@ -100,7 +104,7 @@ def drain_forever(
     while not stop.is_set():
         try:
             if should_drain(store):
-                for message in store.receive(10, 1.0):
+                for message in fair_order(store.receive(10, 1.0), {}):
                     run_message(service, store, message)
                 continue
         except Exception:

@@ -3,30 +3,43 @@
 A request asks for it with ``"mode": "async"`` in its parameters, the header
 ``x-spillway-mode: async`` or ``Prefer: respond-async``. The router stages it with
 ``spillway.async_inference.AsyncStore`` (S3, a DynamoDB record, an SQS message) and
-answers ``202 {"id", "state", "status_url"}`` with ``Location: /v1/results/{id}``; the
-GPU service consumes the queue when its batchers have room, the CPU fallback when the
-oldest request has waited too long. ``GET /v1/results/{id}`` answers 202 with the state
-while pending, 200 with the ordinary V2 response, or the request's error.
+answers ``202 {"id", "state", "status_url", "areas"}`` with ``Location:
+/v1/results/{id}``; the GPU service consumes the queue when its batchers have room, the
+CPU fallback when the oldest request has waited too long. ``GET /v1/results/{id}``
+answers 202 with the state while pending, 200 with the ordinary V2 response, or the
+request's error.
 
 A request may name its input as ``"input_location": "s3://…"`` (a V2 body of up to
-1 GiB, beyond any synchronous limit) and its result's place as ``"output_location"``,
-both under locations the operator allows. An ``Idempotency-Key`` makes a retried
-submission find the request it already made.
+``ASYNC_MAX_INPUT_BYTES``, beyond any synchronous limit) and a folder for its result as
+``"output_location"``, both inside the caller's own areas (``areas`` in every receipt;
+403 ``outside_tenant_area`` elsewhere). An ``Idempotency-Key`` makes a retried
+submission find the request it already made (409 for another request under it).
+
+Each tenant may have ``ASYNC_TENANT_MAX_INFLIGHT`` requests queued or running and
+``ASYNC_TENANT_MAX_STAGED_BYTES`` of bodies staged for them (429 ``quota_exceeded``
+with Retry-After past either), counted in a ledger in the router's state table: a
+request counts until a read of its record finds it settled or gone.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from functions.router.facts import Request
-from spillway.async_inference import AsyncStore
-from spillway.errors import InvalidInputError, ModeUnavailableError, UnavailableError
+from spillway.async_inference import AsyncSettings, AsyncStore
+from spillway.errors import (
+    InvalidInputError,
+    ModeUnavailableError,
+    PayloadTooLargeError,
+    SpillwayError,
+    UnavailableError,
+)
+from spillway.quota_ledger import QuotaLedger, QuotaLimits
+from spillway.state_table import StateStore, scope
 from spillway.wire import Reply, json_reply
 
 RESULTS_PREFIX = "/v1/results/"
 
 
-def _location(parameters: dict[str, Any], key: str) -> str | None:
+def _location(parameters: dict[str, object], key: str) -> str | None:
     value = parameters.get(key)
     if value is None:
         return None
@@ -35,21 +48,30 @@ def _location(parameters: dict[str, Any], key: str) -> str | None:
     return value
 
 
-class AsyncFront:
-    """The router's side of async inference."""
+def inflight_ledger(settings: AsyncSettings, state: StateStore) -> QuotaLedger:
+    """The per-tenant ledger of async requests in flight (count and staged bytes)."""
+    limits = QuotaLimits(settings.tenant_max_inflight, settings.tenant_max_staged_bytes)
+    return QuotaLedger(state, "async", limits, "async requests in flight")
 
-    def __init__(self, store: AsyncStore) -> None:
+
+class AsyncFront:
+    """The router's side of async inference; ``quota``: the in-flight ledger (None: no
+    per-tenant quota, for a router without a state table)."""
+
+    def __init__(self, store: AsyncStore, quota: QuotaLedger | None = None) -> None:
         self.store = store
+        self.quota = quota
 
     def submit(self, request: Request) -> Reply:
-        """Accept the request: 202 with its id and where to poll."""
+        """Accept the request: 202 with its id, where to poll and the caller's areas."""
         target = request.target
         if target.operation != "infer" or target.model is None:
             raise ModeUnavailableError("only infer requests can run asynchronously")
         parameters = (request.header or {}).get("parameters") or {}
+        tenant = request.facts.tenant
         try:
             record, replayed = self.store.submit(
-                tenant=request.facts.tenant,
+                tenant=tenant,
                 model=target.model,
                 version=target.version,
                 body=request.call.body,
@@ -57,8 +79,9 @@ class AsyncFront:
                 client_key=request.idempotency_key,
                 input_location=_location(parameters, "input_location"),
                 output_location=_location(parameters, "output_location"),
+                admit=(lambda rid, size, now: self._admit(tenant, rid, size, now)),
             )
-        except (InvalidInputError, ModeUnavailableError):
+        except SpillwayError:
             raise
         except Exception as exc:  # an AWS error: the platform's fault, never the client's
             if type(exc).__module__.startswith("botocore"):
@@ -70,8 +93,29 @@ class AsyncFront:
         headers = [("location", status_url), ("x-spillway-backend", "async")]
         if replayed:
             headers.append(("idempotent-replayed", "true"))
-        body = {"id": record.id, "state": record.state, "status_url": status_url}
+        body = {
+            "id": record.id,
+            "state": record.state,
+            "status_url": status_url,
+            "areas": self.store.areas(tenant),
+        }
         return json_reply(202, body, headers)
+
+    def _admit(self, tenant: str | None, rid: str, size: int, now: float) -> None:
+        """Count the request against its tenant's quota (429 past it)."""
+        if self.quota is None:
+            return
+        if size > self.quota.limits.bytes:
+            raise PayloadTooLargeError(
+                f"the request body ({size} bytes staged) exceeds a tenant's staging quota "
+                f"({self.quota.limits.bytes} bytes); name it as input_location instead"
+            )
+        recheck = self.store.settings.quota_recheck_s
+
+        def probe(name: str, when: float) -> float | None:
+            return when + recheck if self.store.still_pending(name) else None
+
+        self.quota.charge(scope(tenant), rid, size, now, now + recheck, probe)
 
     def result(self, path: str, tenant: str | None) -> Reply:
         """``GET /v1/results/{id}`` for the caller's own request."""

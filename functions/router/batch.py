@@ -6,22 +6,30 @@ Running jobs belongs to the batch job and the jobs function; the router only sub
 sent it (JSON or binary; ``spillway.messages.stage_request``, which the batch job reads
 back with the core codec) under ``ROUTER_JOBS_STAGING`` and submits::
 
-    PUT  s3://<staging>/<key>/in/request.v2req
+    PUT  s3://<staging>/<scope>/<key>/in/request.v2req
     POST /v1/jobs            Idempotency-Key: <key>   (jobs function, or ROUTER_JOBS_URL)
          {"model": "digits", "version": null,
-          "input": "s3://<staging>/<key>/in/", "output": "s3://<staging>/<key>/out/"}
+          "input": "s3://<staging>/<scope>/<key>/in/",
+          "output": "s3://<staging>/<scope>/<key>/out/"}
     -> 202 {"job": {"job_id": "...", ...}, "replayed": false}, Location: /v1/jobs/<id>
 
-The router makes ``<key>``; no client names it. Without an ``Idempotency-Key`` header it
-is random, so two requests never share a staging place or a job (whatever their
-``x-request-id``). With one, it is a hash of the caller (the tenant, else ``anonymous``),
+``<scope>`` is the caller's key segment (``spillway.state_table.scope``), so what is
+staged for a tenant lies in its own area of the staging prefix (``staging_area``), as
+every tenant's place does in every store (``spillway.tenancy``); the job request carries
+the caller's tenant. The router makes ``<key>``; no client names it. Without an
+``Idempotency-Key`` header it is random, so two requests never share a staging place or
+a job (whatever their ``x-request-id``). With one, it is a hash of the caller's scope,
 the client's key and the body's hash: the same caller retrying the same payload replays
 the same job, anyone else or any other payload gets a key of its own (and the jobs API
 answers 409 to a key that comes back with a different job, e.g. another model). Without
 a jobs function (or URL) and a staging prefix, batch-mode requests get 400
-``mode_unavailable`` with a message that says so. On AWS the router invokes the jobs
-function (``ROUTER_JOBS_FUNCTION``, ``lambda:Invoke`` under its own role) with the same
-``POST /v1/jobs`` as a REST proxy event; no unsigned HTTP call leaves the router.
+``mode_unavailable`` with a message that says so. With a state table, what a tenant
+stages is counted (``staging_quota``): at most ``ASYNC_TENANT_MAX_BATCH_STAGED`` requests
+and ``ASYNC_TENANT_MAX_STAGED_BYTES`` bytes within ``ASYNC_STAGING_WINDOW_S``; past
+either, 429 ``quota_exceeded`` with Retry-After, before anything is staged. On AWS the
+router invokes the jobs function (``ROUTER_JOBS_FUNCTION``, ``lambda:Invoke`` under its
+own role) with the same ``POST /v1/jobs`` as a REST proxy event; no unsigned HTTP call
+leaves the router.
 """
 
 from __future__ import annotations
@@ -32,11 +40,18 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from functions.router.backends import Backend, BackendError, BackendRequest, BackendResponse
-from spillway.errors import InvalidInputError, ModeUnavailableError, UnavailableError
+from spillway.async_inference import AsyncSettings
+from spillway.errors import (
+    InvalidInputError,
+    ModeUnavailableError,
+    PayloadTooLargeError,
+    UnavailableError,
+)
 from spillway.messages import (
     STAGED_SUFFIX,
     JobRequest,
@@ -44,6 +59,9 @@ from spillway.messages import (
     parse_message,
     stage_request,
 )
+from spillway.quota_ledger import QuotaLedger, QuotaLimits
+from spillway.state_table import StateStore, scope
+from spillway.tenancy import area
 from spillway.wire import HEADER_LENGTH, JSON_CONTENT_TYPE, parse_header_length, parse_s3_url
 
 STAGED_NAME = f"request{STAGED_SUFFIX}"
@@ -77,9 +95,48 @@ def staging_key(tenant: str | None, client_key: str | None, body: bytes) -> tupl
     if client_key is None:
         key = uuid.uuid4().hex
         return key, key
-    scope = "\0".join((tenant or "anonymous", client_key))
-    key = hashlib.sha256(scope.encode()).hexdigest()
+    caller = "\0".join((scope(tenant), client_key))
+    key = hashlib.sha256(caller.encode()).hexdigest()
     return key, f"{key}/{hashlib.sha256(body).hexdigest()[:32]}"
+
+
+def staging_area(staging: str, tenant: str | None) -> str:
+    """The caller's own area of the staging prefix (``<staging>/<scope>/``): everything
+    the router stages for it lies there, and only there."""
+    return area(staging, tenant)
+
+
+@dataclass(frozen=True)
+class StagingQuota:
+    """What one tenant may stage for batch mode: a ledger of its staged requests, each
+    counted for ``window_s`` after it was staged."""
+
+    ledger: QuotaLedger
+    window_s: float
+    clock: Callable[[], float] = time.time
+
+    def admit(self, tenant: str | None, place: str, size: int) -> None:
+        """Count a request about to be staged (429 past the quota, 413 if it never fits)."""
+        if size > self.ledger.limits.bytes:
+            raise PayloadTooLargeError(
+                f"the request ({size} bytes staged) exceeds a tenant's staging quota "
+                f"({self.ledger.limits.bytes} bytes)"
+            )
+        now = self.clock()
+        # Nothing tells the router when a job is done with its input: an entry counts for
+        # the window, then it is gone for the quota.
+        self.ledger.charge(scope(tenant), place, size, now, now + self.window_s, _gone)
+
+
+def staging_quota(settings: AsyncSettings, state: StateStore) -> StagingQuota:
+    """The per-tenant batch staging quota ``ASYNC_*`` sets, counted in ``state``."""
+    limits = QuotaLimits(settings.tenant_max_batch_staged, settings.tenant_max_staged_bytes)
+    ledger = QuotaLedger(state, "staging", limits, "batch requests staged")
+    return StagingQuota(ledger, settings.staging_window_s)
+
+
+def _gone(name: str, now: float) -> float | None:
+    return None
 
 
 class JobsApiSubmitter:
@@ -87,11 +144,19 @@ class JobsApiSubmitter:
     jobs function through ``lambda:Invoke`` on AWS, or an ``HttpBackend`` on
     ``ROUTER_JOBS_URL`` locally)."""
 
-    def __init__(self, api: Backend, staging: str, *, s3: Any = None) -> None:
+    def __init__(
+        self,
+        api: Backend,
+        staging: str,
+        *,
+        s3: Any = None,
+        quota: StagingQuota | None = None,
+    ) -> None:
         self._api = api
         self._staging = parse_s3_url(staging)
         self._s3 = s3
         self._lock = threading.Lock()
+        self.quota = quota
 
     def _client(self) -> Any:
         with self._lock:
@@ -113,13 +178,15 @@ class JobsApiSubmitter:
         key, place = staging_key(request.tenant, client_key, request.body)
         length = parse_header_length(request.headers.get(HEADER_LENGTH))
         staged = stage_request(request.body, length)
-        self._stage(self._staging.key(place, "in", STAGED_NAME), staged)
-        bucket = self._staging.bucket
+        if self.quota is not None:
+            self.quota.admit(request.tenant, place, len(staged))
+        own = parse_s3_url(staging_area(self._staging.url, request.tenant))
+        self._stage(own.key(place, "in", STAGED_NAME), staged)
         job = JobRequest(
             model=request.model,
             version=int(request.version) if request.version else None,
-            input=f"s3://{bucket}/{self._staging.key(place, 'in')}/",
-            output=f"s3://{bucket}/{self._staging.key(place, 'out')}/",
+            input=f"s3://{own.bucket}/{own.key(place, 'in')}/",
+            output=f"s3://{own.bucket}/{own.key(place, 'out')}/",
         )
         post = BackendRequest(
             "POST",
@@ -128,6 +195,7 @@ class JobsApiSubmitter:
             headers={"content-type": JSON_CONTENT_TYPE, "idempotency-key": key},
             body=job.model_dump_json().encode(),
             request_id=request.request_id,
+            tenant=request.tenant,
         )
         return _receipt(self._api.send(post, timeout_s))
 

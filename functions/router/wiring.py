@@ -16,9 +16,9 @@ from typing import Any
 
 from functions.router.accounting import EmfSink, Pricing, event_metric, load_pricing
 from functions.router.app import RouterApp
-from functions.router.async_mode import AsyncFront
+from functions.router.async_mode import AsyncFront, inflight_ledger
 from functions.router.backends import Backend, HttpBackend
-from functions.router.batch import BatchBackend, BatchSubmitter, JobsApiSubmitter
+from functions.router.batch import BatchBackend, BatchSubmitter, JobsApiSubmitter, staging_quota
 from functions.router.canary import Affinity, CanaryRouter, backend_config
 from functions.router.decide import SpillState
 from functions.router.lambda_backend import LambdaBackend, Payload, cpu_payload, jobs_payload
@@ -50,8 +50,11 @@ class Overrides:
     async_store: AsyncStore | None = None
 
 
-def make_backends(settings: RouterSettings, submitter: BatchSubmitter | None) -> dict[str, Backend]:
-    """The backends the settings name (an unset one is left out of every chain)."""
+def make_backends(
+    settings: RouterSettings, submitter: BatchSubmitter | None, state: StateStore | None = None
+) -> dict[str, Backend]:
+    """The backends the settings name (an unset one is left out of every chain); batch
+    staging is counted per tenant in ``state`` when there is one."""
 
     def http(name: str, url: str) -> HttpBackend:
         return HttpBackend(
@@ -85,7 +88,8 @@ def make_backends(settings: RouterSettings, submitter: BatchSubmitter | None) ->
         elif settings.jobs_url:
             jobs = HttpBackend("jobs", settings.jobs_url, pool_size=4)
         if jobs is not None:
-            submitter = JobsApiSubmitter(jobs, settings.jobs_staging)
+            quota = staging_quota(AsyncSettings.from_env(), state) if state is not None else None
+            submitter = JobsApiSubmitter(jobs, settings.jobs_staging, quota=quota)
     backends["batch"] = BatchBackend(submitter)
     return backends
 
@@ -155,14 +159,18 @@ def canary_router(
     )
 
 
-def async_front(store: AsyncStore | None) -> AsyncFront | None:
-    """Async mode over the given store, else over the one ``ASYNC_*`` names (if any)."""
+def async_front(store: AsyncStore | None, state: StateStore | None = None) -> AsyncFront | None:
+    """Async mode over the given store, else over the one ``ASYNC_*`` names (if any); its
+    per-tenant quota counted in the state table ``state``."""
     if store is None:
         settings = AsyncSettings.from_env()
         if not settings.enabled:
             return None
         store = AsyncStore(settings)
-    return AsyncFront(store)
+    if state is None:
+        log.warning("async mode without ROUTER_STATE_TABLE: no per-tenant async quota")
+        return AsyncFront(store)
+    return AsyncFront(store, inflight_ledger(store.settings, state))
 
 
 def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> RouterApp:
@@ -171,10 +179,10 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
     clock = o.clock or time.monotonic
     rng = o.rng or random.Random(settings.spill_seed)  # noqa: S311 - spill draws, not secrets
     sink = o.sink or EmfSink(settings.metrics_log)
-    backends = o.backends if o.backends is not None else make_backends(settings, o.submitter)
+    store = o.state if o.state is not None else state_store(settings)
+    backends = o.backends if o.backends is not None else make_backends(settings, o.submitter, store)
     spills = SpillState(rng)
     epoch = o.epoch or time.time
-    store = o.state if o.state is not None else state_store(settings)
     canaries = None
     if store is not None:
         draws = random.Random(settings.canary_seed)  # noqa: S311 - canary draws, not secrets
@@ -198,7 +206,7 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
         clock=clock,
         wall=o.wall or (lambda: datetime.now(UTC)),
         canaries=canaries,
-        async_front=async_front(o.async_store),
+        async_front=async_front(o.async_store, store),
     )
     log.info(
         "router up: backends %s, policy from %s, state table %s",

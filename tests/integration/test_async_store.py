@@ -10,8 +10,16 @@ import uuid
 import pytest
 
 from spillway.async_inference import AsyncRecord, AsyncStore, Message
-from spillway.errors import InferenceError, InvalidInputError, RouteNotFoundError
+from spillway.errors import (
+    IdempotencyConflictError,
+    InferenceError,
+    InputNotFoundError,
+    InvalidInputError,
+    OutsideTenantAreaError,
+    RouteNotFoundError,
+)
 from spillway.repository import aws_client
+from spillway.state_table import scope
 from spillway.wire import error_reply, infer_reply, json_reply
 from spillway_cli.local_async import create_async_resources
 
@@ -155,23 +163,38 @@ def test_an_idempotency_key_finds_the_request_already_made(store: AsyncStore) ->
                             header_length=None, client_key="k1")  # fmt: skip
 
     first, replayed = submit("alice", BODY.encode())
-    again, replayed_again = submit("alice", b"{}")
+    again, replayed_again = submit("alice", BODY.encode())
     other, _ = submit("bob", BODY.encode())
     assert (replayed, replayed_again) == (False, True)
     assert again.id == first.id != other.id
-    assert len(store.receive(10, 0)) == 2  # one message per request, none for the replay
+    # AND the same key with another payload is a conflict, not the first request's answer
+    with pytest.raises(IdempotencyConflictError):
+        submit("alice", b"{}")
+    # AND an unauthenticated caller's key never meets a tenant named "anonymous"
+    assert submit(None, BODY.encode())[0].id != submit("anonymous", BODY.encode())[0].id  # type: ignore[arg-type]
+    assert len(store.receive(10, 0)) == 4  # one message per request, none for the replay
     # AND once the record has expired (before DynamoDB's TTL removes it) the key is free
     store.clock.now += store.settings.ttl_s + 1  # type: ignore[attr-defined]
     renewed, replayed_late = submit("alice", BODY.encode())
     assert (renewed.id, replayed_late) == (first.id, False)
 
 
-def test_input_locations_are_limited_to_allowed_places(store: AsyncStore) -> None:
-    with pytest.raises(InvalidInputError):
-        _submit(store, input_location="s3://someone-elses-bucket/secret.json")
-    with pytest.raises(InvalidInputError):
-        _submit(store, input_location=f"s3://{store.location.bucket}/async/other/x")
-    key = "async/inputs/big.json"
+def test_input_locations_are_limited_to_the_callers_area(store: AsyncStore) -> None:
+    (area,) = store.areas("alice")
+    assert area == f"s3://{store.location.bucket}/async/inputs/{scope('alice')}/"
+    for outside in (
+        "s3://someone-elses-bucket/secret.json",
+        f"s3://{store.location.bucket}/async/other/x",
+        f"s3://{store.location.bucket}/async/inputs/big.json",
+        f"{store.areas('bob')[0]}big.json",
+    ):
+        with pytest.raises(OutsideTenantAreaError):
+            _submit(store, input_location=outside)
+    with pytest.raises(InvalidInputError):  # the area itself is no object
+        _submit(store, input_location=area)
+    with pytest.raises(InputNotFoundError):
+        _submit(store, input_location=f"{area}big.json")
+    key = f"async/inputs/{scope('alice')}/big.json"
     store.client("s3").put_object(Bucket=store.location.bucket, Key=key, Body=BODY.encode())
     rid = _submit(store, input_location=f"s3://{store.location.bucket}/{key}")
     job = store.claim(_one(store), "gpu")

@@ -29,6 +29,7 @@ from unittest import mock
 from infra.checks.cfn_eval import Stack, arn
 from spillway.async_inference import AsyncSettings, AsyncStore, message_of
 from spillway.errors import InferenceError
+from spillway.state_table import scope
 from spillway.wire import error_reply, infer_reply
 from tests.unit.stacks import Deployment, serverless_config
 
@@ -274,7 +275,14 @@ class _Service:
     def __init__(self, fail: bool) -> None:
         self.fail = fail
 
-    def infer(self, model: str, version: str | None, body: bytes, length: int | None) -> Any:
+    def infer(
+        self,
+        model: str,
+        version: str | None,
+        body: bytes,
+        length: int | None,
+        tenant_scope: str | None = None,
+    ) -> Any:
         if self.fail:
             raise InferenceError("the model failed")
         return SimpleNamespace(body=RESULT, header_length=None, version=1)
@@ -344,7 +352,8 @@ def _submit(store: AsyncStore, tenant: str, **places: str) -> str:
         version=None,
         body=BODY.encode(),
         header_length=None,
-        **places,
+        input_location=places.get("input_location"),
+        output_location=places.get("output_location"),
     )
     assert not replayed
     return record.id
@@ -367,14 +376,16 @@ def record_calls(
     with _moto():
         _create_stores(storage, settings["router"])
         bucket = str(settings["router"].location).removeprefix("s3://").split("/", 1)[0]
-        _raw_client("s3").put_object(Bucket=bucket, Key="async/inputs/b.json", Body=BODY.encode())
+        # alice's own area (async/inputs/<scope>/): where she may name inputs and outputs
+        area = f"async/inputs/{scope('alice')}"
+        _raw_client("s3").put_object(Bucket=bucket, Key=f"{area}/b.json", Body=BODY.encode())
         stores = {
             name: AsyncStore(settings[name], clients=recorders[name].client) for name in settings
         }
         router = stores["router"]
         places = {
-            "input_location": f"s3://{bucket}/async/inputs/b.json",
-            "output_location": f"s3://{bucket}/async/inputs/b-out.json",
+            "input_location": f"s3://{bucket}/{area}/b.json",
+            "output_location": f"s3://{bucket}/{area}/b-out/",
         }
         ids = [
             _submit(router, "alice"),

@@ -16,6 +16,7 @@ from typing import Any
 from functions.router.backends import BackendRequest, BackendResponse
 from functions.router.batch import STAGED_NAME, JobsApiSubmitter, staging_key
 from spillway.messages import JobRequest, JobView, SubmitReceipt, read_staged_request
+from spillway.state_table import scope
 from tests.unit.test_router import BODY, Stack, make_stack
 
 STAGING = "s3://staging/router"
@@ -100,9 +101,10 @@ def test_the_request_is_staged_as_sent_and_the_job_reads_it() -> None:
     job = JobRequest.parse(post.body)
     key = post.headers["idempotency-key"]
     assert (job.model, job.version) == ("digits", None)
-    assert job.input == f"{STAGING}/{key}/in/"
-    assert job.output == f"{STAGING}/{key}/out/"
-    staged = s3.objects[("staging", f"router/{key}/in/{STAGED_NAME}")]
+    # (in the caller's own area of the staging prefix: here the anonymous one)
+    assert job.input == f"{STAGING}/-/{key}/in/"
+    assert job.output == f"{STAGING}/-/{key}/out/"
+    staged = s3.objects[("staging", f"router/-/{key}/in/{STAGED_NAME}")]
     assert read_staged_request(staged) == (BODY, None)
 
 
@@ -203,12 +205,12 @@ def test_the_same_key_and_payload_for_another_model_is_the_jobs_apis_409() -> No
 
 def test_the_key_is_scoped_to_the_caller_and_the_place_to_the_payload() -> None:
     key, place = staging_key("acme", "order-7", b"body")
-    assert key == hashlib.sha256(b"acme\0order-7").hexdigest()
+    assert key == hashlib.sha256(f"{scope('acme')}\0order-7".encode()).hexdigest()
     assert place == f"{key}/{hashlib.sha256(b'body').hexdigest()[:32]}"
     other_key, other_place = staging_key("acme", "order-7", b"body2")
     assert (other_key, other_place != place) == (key, True)
     assert staging_key("globex", "order-7", b"body")[0] != key
-    assert staging_key(None, "order-7", b"body") == staging_key("anonymous", "order-7", b"body")
+    assert staging_key(None, "order-7", b"body") != staging_key("anonymous", "order-7", b"body")
     randoms = [staging_key("acme", None, b"body") for _ in range(3)]
     assert len({k for k, _ in randoms}) == 3
     assert all(k == p and len(k) == 32 for k, p in randoms)
