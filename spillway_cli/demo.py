@@ -238,8 +238,9 @@ def scenario_batch(stack: LocalStack, models: Path, out: Path) -> None:
 def run_batch_job(
     stack: LocalStack, model: str, inputs: str, outputs: str, log_dir: Path
 ) -> JobStatus:
-    """Submit a job as the jobs API does, run its array children here (moto records Batch
-    jobs but runs none) and show its shards as a progress bar until it ends."""
+    """Submit a job as the operator does (``spillway jobs submit``: the operator tenant's,
+    writing where it says), run its array children here (moto records Batch jobs but runs
+    none) and show its shards as a progress bar until it ends."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from batch_job.service import JobService
@@ -253,7 +254,7 @@ def run_batch_job(
     service = JobService(settings)
     fields = {"model": model, "input": f"s3://{DATA_BUCKET}/{inputs}"}
     request = JobRequest.parse(json.dumps({**fields, "output": f"s3://{DATA_BUCKET}/{outputs}"}))
-    job = service.submit(request).job
+    job = service.submit_as_operator(request).job
     if job.batch_job_id is None:
         raise RuntimeError(f"job {job.job_id} reached no Batch queue")
     children = threading.Thread(
@@ -267,7 +268,7 @@ def run_batch_job(
         # is over when its children are, and its status then reads the shard markers.
         while True:
             ended = not children.is_alive()
-            status = service.status(job.job_id)
+            status = service.status_as_operator(job.job_id)
             bar.update(task, completed=status.shards_done)
             if ended:
                 return status
