@@ -15,7 +15,7 @@ import tritonclient.http as triton
 
 from spillway.repository import aws_client
 from spillway_cli.demo import Client, under_load
-from spillway_cli.stack import DATA_BUCKET, REGION, LocalStack
+from spillway_cli.stack import DATA_BUCKET, LOCAL_API_KEY, REGION, LocalStack
 from tests.fakes import eventually
 from tests.support import load_engine
 
@@ -134,3 +134,12 @@ def test_batch_mode_through_the_router_runs_a_job(stack: LocalStack, models_dir:
     assert state.get("state") == "SUCCEEDED", state
     assert state.get("records") == 6
     assert state.get("errors") == 0
+    # AND the job is the router's (anonymous) caller's alone: the local API key's tenant
+    # gets the 404 of a job that does not exist
+    conn = http.client.HTTPConnection("127.0.0.1", stack.ports.jobs, timeout=30)
+    try:
+        conn.request("GET", f"/v1/jobs/{job_id}", headers={"x-api-key": LOCAL_API_KEY})
+        other = conn.getresponse()
+        assert (other.status, json.loads(other.read())["code"]) == (404, "job_not_found")
+    finally:
+        conn.close()
