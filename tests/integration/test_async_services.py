@@ -2,7 +2,8 @@
 consumes the queue (moto's SQS, S3, DynamoDB), and when the GPU service is killed
 halfway the CPU fallback drains what is left. Every request ends with exactly one
 result, equal to the synchronous answer for the same input; a poison message lands in
-the dead-letter queue with its error recorded."""
+the dead-letter queue with its error recorded; the demo's async section, which names
+one input in the caller's own area, passes against the same services."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from functions.router.settings import RouterSettings
 from functions.router.wiring import create_app
 from spillway.async_inference import AsyncStore
 from spillway.repository import aws_client
+from spillway_cli.demo_async import scenario_async
 from spillway_cli.local_async import async_env, create_async_resources
+from spillway_cli.wsgi_server import running
 from tests.fakes import eventually
 from tests.support import gpu_service
 
@@ -170,3 +173,35 @@ def test_a_poison_request_is_dead_lettered_with_its_error(
     record = store.find(rid)
     assert record is not None
     assert (record.attempts, record.code) == (2, "internal")
+
+
+def test_the_demos_async_section_names_an_input_in_its_area(
+    aws_env: str,
+    serving_repo: Path,
+    models_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN the router on 127.0.0.1 and the GPU service consuming the queue
+    suffix = uuid.uuid4().hex[:8]
+    settings = create_async_resources(
+        f"async-{suffix}", names=(f"t-{suffix}", f"q-{suffix}", f"dlq-{suffix}")
+    )
+    for key, value in async_env(settings).items():
+        monkeypatch.setenv(key, value)
+    said: list[str] = []
+    with gpu_service(serving_repo, tmp_path / "logs") as gpu:
+        app = create_app(RouterSettings(gpu_url=gpu.base, metrics_log=tmp_path / "m.log"))
+        with running(app) as url:
+            # WHEN the demo's async section runs against it
+            report = scenario_async(
+                int(url.rsplit(":", 1)[1]), {}, models_dir, said.append, timeout_s=90
+            )
+    # THEN every request, the one named by input_location in the caller's area included,
+    # was accepted, finished and equal to its synchronous answer
+    assert report.ok, report
+    assert f"{settings.location}/inputs/-/" in said[0]
+    listed = aws_client("s3").list_objects_v2(
+        Bucket=f"async-{suffix}", Prefix="async/inputs/-/demo/"
+    )
+    assert listed["KeyCount"] == 1
