@@ -9,7 +9,10 @@ two routers that decide the same rollback at once record it once.
 
 * ``start`` begins a canary (or changes its percentage): ``spillway models canary``.
 * ``promote`` makes the canary the stable version (explicit, never automatic).
-* ``rollback`` sends the canary 0 % with a reason (the router's guard, or an operator).
+* ``rollback`` sends the canary 0 % with a reason (the router's guard, or an operator),
+  and lists the version as rolled back: a request that pins it is refused (409
+  ``version_rolled_back``) unless the operator set ``allow_pinned`` on the record
+  (``spillway models canary --allow-pinned``); starting the version again takes it off.
 * ``seed`` applies a model's ``config.json`` ``spillway.canary`` once per version: a
   version the record already knows (stable, canary or in its history) is never restarted
   by the configuration, so a rolled-back canary stays rolled back.
@@ -72,7 +75,7 @@ class CanaryEvent(_Strict):
 
     at: float
     """Epoch seconds."""
-    event: Literal["started", "percent", "rolled_back", "promoted"]
+    event: Literal["started", "percent", "rolled_back", "promoted", "pinning"]
     version: int
     """The canary version the event is about."""
     stable: int
@@ -91,6 +94,11 @@ class CanaryState(_Strict):
     status: Status = "promoted"
     bounds: RollbackBounds = RollbackBounds()
     history: tuple[CanaryEvent, ...] = ()
+    rolled_back: tuple[int, ...] = ()
+    """Versions rolled back and not started again since (the latest ``HISTORY_LENGTH``)."""
+    allow_pinned: bool = False
+    """Whether a request that pins a rolled-back version is still served by it; by
+    default it is refused, so a rollback takes the version out of service for everyone."""
 
     @property
     def running(self) -> bool:
@@ -107,6 +115,11 @@ class CanaryState(_Strict):
         """Whether a session bound to ``version`` keeps it: the stable version, or the
         running canary. A rolled-back or retired version is given up."""
         return version == self.stable or (self.running and version == self.canary)
+
+    def refuses(self, version: int) -> bool:
+        """Whether a request pinning ``version`` is refused: it was rolled back and the
+        operator has not allowed pinned requests to reach it."""
+        return not self.allow_pinned and version in self.rolled_back
 
     def knows(self, version: int) -> bool:
         """Whether this record has ever had ``version`` as stable or canary."""
@@ -159,6 +172,7 @@ def start(
         percent=float(percent),
         status="running",
         bounds=bounds or state.bounds,
+        rolled_back=tuple(v for v in state.rolled_back if v != version),
     )
 
 
@@ -182,7 +196,25 @@ def rollback(
     event = CanaryEvent(
         at=at, event="rolled_back", version=version, stable=state.stable, percent=0, reason=reason
     )
-    return state._with(event, percent=0.0, status="rolled_back")
+    withdrawn = (*(v for v in state.rolled_back if v != version), version)[-HISTORY_LENGTH:]
+    return state._with(event, percent=0.0, status="rolled_back", rolled_back=withdrawn)
+
+
+def allow_pinned(state: CanaryState | None, allow: bool, *, at: float) -> CanaryState:
+    """Let requests that pin a rolled-back version reach it (``allow``), or refuse them."""
+    if state is None:
+        raise InvalidInputError("this model has no canary record")
+    version = state.canary if state.canary is not None else state.stable
+    reason = "pinned requests reach rolled-back versions" if allow else "pinned requests refused"
+    event = CanaryEvent(
+        at=at,
+        event="pinning",
+        version=version,
+        stable=state.stable,
+        percent=state.percent,
+        reason=reason,
+    )
+    return state._with(event, allow_pinned=allow)
 
 
 def seed(
@@ -271,6 +303,11 @@ class CanaryStore:
         """Roll ``version`` back; ``None`` if it was not the running canary."""
         at = self.wall()
         return self.apply(model, lambda s: rollback(s, version, reason, at=at))
+
+    def set_allow_pinned(self, model: str, allow: bool) -> CanaryState:
+        """Let pinned requests reach rolled-back versions, or refuse them (the default)."""
+        at = self.wall()
+        return _written(self.apply(model, lambda s: allow_pinned(s, allow, at=at)))
 
     def seed(self, model: str, spec: CanarySpec) -> CanaryState | None:
         """Start the configuration's canary unless the record knows its version."""

@@ -86,6 +86,14 @@ class SessionNotFoundError(SpillwayError):
     code = "session_not_found"
 
 
+class VersionRolledBackError(SpillwayError):
+    """A request pins a model version whose canary was rolled back, and the operator has
+    not let pinned requests reach it (``spillway models canary --allow-pinned``)."""
+
+    status = 409
+    code = "version_rolled_back"
+
+
 class PayloadTooLargeError(SpillwayError):
     """The body or a tensor exceeds a configured size cap."""
 

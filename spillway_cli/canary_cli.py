@@ -62,17 +62,31 @@ def models_canary(
         int | None, typer.Option(help="Requests per version in the window before judging.")
     ] = None,
     window_s: Annotated[float | None, typer.Option(help="The sliding window in seconds.")] = None,
+    allow_pinned: Annotated[
+        bool | None,
+        typer.Option(
+            "--allow-pinned/--refuse-pinned",
+            help="Whether a request that pins a rolled-back version is still served by it "
+            "(refused with 409 version_rolled_back unless allowed).",
+        ),
+    ] = None,
 ) -> None:
-    """Start a canary or change its share (--version V --percent P), or --promote it."""
+    """Start a canary or change its share (--version V --percent P), or --promote it;
+    --allow-pinned / --refuse-pinned decide whether pinned requests reach rolled-back
+    versions (alone, or with either)."""
     store = _store(table)
     if promote:
         current = _run(lambda: store.load(model))
         if version is not None and current is not None and current.canary != version:
             raise _fail(f"the running canary of {model} is v{current.canary}, not v{version}")
-        typer.echo(describe(_run(lambda: store.promote(model)), model))
+        state = _run(lambda: store.promote(model))
+        typer.echo(describe(_pinning(store, model, allow_pinned) or state, model))
+        return
+    if version is None and percent is None and allow_pinned is not None:
+        typer.echo(describe(_pinning(store, model, allow_pinned), model))
         return
     if version is None or percent is None:
-        raise _fail("--version and --percent are required (or --promote)")
+        raise _fail("--version and --percent are required (or --promote, or --allow-pinned)")
     changes = {
         "max_error_rate_increase": max_error_increase,
         "max_p99_ratio": max_p99_ratio,
@@ -89,7 +103,14 @@ def models_canary(
         except ValueError as exc:
             raise _fail(f"invalid rollback bounds: {exc}") from None
     state = _run(lambda: store.start(model, version, percent, stable=stable, bounds=bounds))
-    typer.echo(describe(state, model))
+    typer.echo(describe(_pinning(store, model, allow_pinned) or state, model))
+
+
+def _pinning(store: CanaryStore, model: str, allow: bool | None) -> CanaryState | None:
+    """The record after setting ``allow_pinned`` (``None``: left as it is)."""
+    if allow is None:
+        return None
+    return _run(lambda: store.set_allow_pinned(model, allow))
 
 
 def models_status(
@@ -123,6 +144,10 @@ def describe(state: CanaryState | None, model: str) -> str:
         f"version: fault rate > stable + {b.max_error_rate_increase * 100:g} points, or p99 > "
         f"stable x {b.max_p99_ratio:g} (and + {b.min_p99_increase_ms:g} ms)",
     ]
+    if state.rolled_back:
+        versions = ", ".join(f"v{v}" for v in state.rolled_back)
+        served = "served" if state.allow_pinned else "refused (409 version_rolled_back)"
+        lines.append(f"  rolled back: {versions}; requests that pin them are {served}")
     if state.history:
         lines.append("  history:")
     for event in state.history:

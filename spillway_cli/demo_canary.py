@@ -1,6 +1,7 @@
 """The demo's canary section: a new digits version built to fail 20 % of its inputs runs
-as a 10 % canary; the router sends it its share, keeps every session on one version, and
-rolls it back on its own. ``scenario_canary`` runs it on a started ``LocalStack``.
+as a 10 % canary; the router sends it its share, keeps every session on one version,
+rolls it back on its own, and then refuses requests that pin the rolled-back version.
+``scenario_canary`` runs it on a started ``LocalStack``.
 
 Its requests are counted here, apart from the demo's other records: the canary's own
 failures are the point of the section, and what must hold is that no session on the
@@ -44,25 +45,30 @@ class CanaryReport:
     stable_session_failures: int = 0
     rolled_back_after_s: float | None = None
     after_rollback: Counter[str] = field(default_factory=Counter)
+    pinned_after_rollback: int | None = None
     state: CanaryState | None = None
 
     @property
     def ok(self) -> bool:
-        """Rolled back, no session switched version, no stable session failed, and only
-        the stable version served after the rollback."""
+        """Rolled back, no session switched version, no stable session failed, only the
+        stable version served after the rollback, and a request pinning the rolled-back
+        version refused (409)."""
         return (
             self.rolled_back_after_s is not None
             and all(len(v) == 1 for v in self.session_versions.values())
             and self.stable_session_failures == 0
             and set(self.after_rollback) == {f"v{self.stable}:200"}
+            and self.pinned_after_rollback == 409
         )
 
 
-def _post(port: int, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+def _post(
+    port: int, body: bytes, headers: dict[str, str], path: str = f"/v2/models/{MODEL}/infer"
+) -> tuple[int, str]:
     """One infer request through the router: its status and the version that answered."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        conn.request("POST", f"/v2/models/{MODEL}/infer", body=body, headers=headers)
+        conn.request("POST", path, body=body, headers=headers)
         response = conn.getresponse()
         response.read()
         return response.status, response.getheader("x-spillway-model-version") or "?"
@@ -152,6 +158,8 @@ def scenario_canary(stack: LocalStack, models: Path, say: Callable[[str], None])
         sent = {**headers, **({"x-spillway-session": session} if session else {})}
         status, version = _post(stack.ports.router, _body(images[step]), sent)
         report.after_rollback[f"v{version}:{status}"] += 1
+    pinned = f"/v2/models/{MODEL}/versions/{canary}/infer"
+    report.pinned_after_rollback = _post(stack.ports.router, _body(images[0]), headers, pinned)[0]
     report.state = store.load(MODEL)
     _tell(report, say)
     return report
@@ -180,6 +188,11 @@ def _tell(report: CanaryReport, say: Callable[[str], None]) -> None:
         say(f"   rolled back automatically {report.rolled_back_after_s:.1f} s after the start")
     after = ", ".join(f"{k} x{n}" for k, n in sorted(report.after_rollback.items()))
     say(f"   then 200 requests (canary sessions included): {after}")
+    say(
+        f"   a request pinning v{report.canary} (/versions/{report.canary}/infer): "
+        f"{report.pinned_after_rollback} (409 version_rolled_back unless the operator runs "
+        "spillway models canary --allow-pinned)"
+    )
     say("   spillway models status digits:\n" + _indent(describe(report.state, MODEL)))
 
 

@@ -7,7 +7,9 @@ draws, else the stable version, and the response names V (``x-spillway-model-ver
 A request carrying ``x-spillway-session: <id>`` keeps the version its session first got
 (an affinity item in the state table, scoped to the caller's tenant, renewed on use)
 whatever the percentage does later; a session bound to a canary that was rolled back, or
-to a version a promotion retired, moves to the stable version. Records are cached for
+to a version a promotion retired, moves to the stable version. A request that pins a
+rolled-back version is refused (409 ``version_rolled_back``, ``admit``) unless the
+operator set ``allow_pinned`` on the record. Records are cached for
 ``canary_ttl_s``; once per ``canary_config_check_s`` the model's ``config.json`` (asked
 from a backend) may start the canary it names (``spillway.canary.seed``).
 
@@ -47,6 +49,7 @@ from functions.router.canary_guard import SizeClass, Window, outcome, size_class
 from functions.router.facts import Request
 from functions.router.sessions import check_session_id
 from spillway.canary import CanarySpec, CanaryState, CanaryStore
+from spillway.errors import VersionRolledBackError
 from spillway.state_table import StateStore, StateUnavailableError, scope
 from spillway.wire import Reply, Target
 
@@ -168,6 +171,19 @@ class CanaryRouter:
         self._states: OrderedDict[str, _Cached] = OrderedDict()
         self._windows: dict[tuple[str, int], Window] = {}
         self._lock = threading.Lock()
+
+    def admit(self, request: Request) -> None:
+        """Refuse an infer request that pins a rolled-back version the operator has not
+        allowed pinned requests to reach: in every mode, before a backend or queue sees it."""
+        target = request.target
+        if target.operation != "infer" or target.model is None or target.version is None:
+            return
+        state = self.state(target.model)
+        if state is not None and state.refuses(int(target.version)):
+            raise VersionRolledBackError(
+                f"version {target.version} of {target.model} was rolled back; pin another "
+                "version or none"
+            )
 
     def pick(self, request: Request) -> Pick | None:
         """The version of an infer request that pins none, for a model with a canary

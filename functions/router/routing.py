@@ -162,6 +162,8 @@ class Router:
         """Decide, walk the chain within the deadline, account, and answer."""
         started = self.clock()
         request = read_request(call, target, trust_tenant_hints=self.config.trust_tenant_hints)
+        if self.canaries is not None:
+            self.canaries.admit(request)
         policy = self.policies.policy
         facts = with_allowed_priority(policy, request.facts)
         if facts is not request.facts:

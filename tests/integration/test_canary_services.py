@@ -127,6 +127,29 @@ def test_a_failing_canary_is_rolled_back_and_stable_sessions_never_fail(
         assert status.exit_code == 0, status.output
         assert "canary v2 at 0% (rolled back)" in status.output
         assert "fault rate" in status.output
+        # AND a request that pins v2 is refused by the router, until the operator allows it
+        pinned = "/v2/models/digits/versions/2/infer"
+        refused = router.post(pinned, data=_body(images[0]))
+        assert refused.status_code == 409
+        assert json.loads(refused.data)["code"] == "version_rolled_back"
+        assert "requests that pin them are refused" in status.output
+        allow = ["models", "canary", "--model", "digits", "--allow-pinned", "--table", state_table]
+        allowed = CliRunner().invoke(cli, allow)
+        assert allowed.exit_code == 0, allowed.output
+        assert "rolled back: v2; requests that pin them are served" in allowed.output
+        served = _first_answer(lambda: router.post(pinned, data=_body(images[0])), 409, 10.0)
+        assert served.status_code in (200, 500)  # v2 fails a fifth of its inputs by design
+        assert served.headers["x-spillway-model-version"] == "2"
+
+
+def _first_answer(send: Any, unwanted: int, within_s: float) -> Any:
+    """The first answer of ``send()`` whose status is not ``unwanted`` (the routers follow a
+    changed record within their cache period), tried until ``within_s`` has passed."""
+    deadline = time.monotonic() + within_s
+    answer = send()
+    while answer.status_code == unwanted and time.monotonic() < deadline:
+        answer = send()
+    return answer
 
 
 def test_the_cpu_fallback_serves_both_versions_and_the_stable_one_by_default(

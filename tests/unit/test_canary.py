@@ -346,3 +346,59 @@ def test_slow_client_errors_on_the_canary_never_roll_it_back() -> None:
     last = state.history[-1]
     assert state.status == "running", f"{last.reason} after {last.at - START:.1f} s"
     assert statuses[400] > 200
+
+
+# --- pinned requests after a rollback ---------------------------------------------------
+
+PINNED = "/v2/models/digits/versions/2/infer"
+
+
+def test_after_a_rollback_a_request_pinning_the_rolled_back_version_is_refused() -> None:
+    # GIVEN a canary v2 that a request may pin while it runs
+    store, clock = MemoryStateStore(), Clock()
+    canaries = CanaryStore(store, clock)
+    canaries.start("digits", 2, 50, stable=1)
+    backend = VersionedBackend(clock)
+    router = make_router(store, clock, backend)
+    assert router.infer(path=PINNED, tenant="acme").headers[VERSION] == "2"
+    # WHEN it is rolled back, and a request pins it (in any mode)
+    canaries.rollback("digits", 2, "operator")
+    clock.advance(5.01)
+    answers = [
+        router.infer(path=PINNED, tenant="acme"),
+        router.infer(path=PINNED, tenant="acme", **{"x-spillway-mode": "async"}),
+        router.infer(path=PINNED, tenant="acme", **{"x-spillway-mode": "batch"}),
+    ]
+    # THEN it is refused with a stable code, and v2 is never asked again
+    assert [a.status_code for a in answers] == [409] * 3
+    assert json.loads(answers[0].data) == {
+        "error": "version 2 of digits was rolled back; pin another version or none",
+        "code": "version_rolled_back",
+    }
+    assert backend.infer_paths() == [PINNED]
+    # AND the stable version, pinned or not, is served
+    assert router.infer(path="/v2/models/digits/versions/1/infer").status_code == 200
+    assert router.infer().headers[VERSION] == "1"
+
+
+def test_the_operator_may_let_pinned_requests_reach_a_rolled_back_version() -> None:
+    store, clock = MemoryStateStore(), Clock()
+    canaries = CanaryStore(store, clock)
+    canaries.start("digits", 2, 50, stable=1)
+    canaries.rollback("digits", 2, "p99")
+    router = make_router(store, clock, VersionedBackend(clock))
+    assert router.infer(path=PINNED).status_code == 409
+    # WHEN the operator allows pinned requests to rolled-back versions
+    state = canaries.set_allow_pinned("digits", True)
+    assert state.allow_pinned
+    clock.advance(5.01)
+    # THEN a pinned request is served by v2 again; unpinned ones still get v1
+    assert router.infer(path=PINNED).headers[VERSION] == "2"
+    assert router.infer().headers[VERSION] == "1"
+    # AND refusing again, or restarting v2 as the canary, is followed too
+    canaries.set_allow_pinned("digits", False)
+    clock.advance(5.01)
+    assert router.infer(path=PINNED).status_code == 409
+    canaries.start("digits", 2, 10)
+    clock.advance(5.01)
+    assert router.infer(path=PINNED).headers[VERSION] == "2"
