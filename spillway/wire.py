@@ -141,7 +141,9 @@ def utf8_text(raw: bytes) -> str:
 def has_surrogate_escape(raw: bytes) -> bool:
     """Whether JSON text escapes a UTF-16 surrogate (``\\ud83d``, paired or not): such
     text is read the long way, through ``load_json_object``, which refuses a lone one."""
-    return b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) is not None
+    # A one-byte search first (memchr: a tenth of a millisecond for a 2.6 MB body of
+    # numbers); only text with a backslash is searched for the escape itself.
+    return b"\\" in raw and _SURROGATE_ESCAPE.search(raw) is not None
 
 
 def _check_escapes(raw: bytes, value: Any) -> None:
