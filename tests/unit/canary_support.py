@@ -116,10 +116,10 @@ class RouterUnderTest:
         body: bytes = BODY,
         tenant: str | None = None,
         path: str = PATH,
-        **headers: str,
+        headers: dict[str, str] | None = None,
     ) -> Any:
         """One infer request, as ``tenant`` (vouched for by an authorizer) when given."""
-        sent = {**headers, **({SESSION: session} if session else {})}
+        sent = {**(headers or {}), **({SESSION: session} if session else {})}
         environ = {"serverless.authorizer": {"tenant": tenant}} if tenant else {}
         return self.client.post(path, data=body, headers=sent, environ_overrides=environ)
 

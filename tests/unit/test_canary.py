@@ -96,7 +96,7 @@ def test_one_session_id_is_two_sessions_for_two_tenants() -> None:
     CanaryStore(store, clock).start("digits", 2, 50, stable=1)
     router = make_router(store, clock, VersionedBackend(clock), trust_tenant_hints=True)
     for tenant in ("acme", "globex"):
-        router.infer("chat-1", **{"x-spillway-tenant": tenant})
+        router.infer("chat-1", headers={"x-spillway-tenant": tenant})
     affinity = [k for k in store.items if k.startswith("affinity#")]
     assert len(affinity) == 2
     assert all(k.endswith("#digits#chat-1") and "acme" not in k for k in affinity)
@@ -366,8 +366,8 @@ def test_after_a_rollback_a_request_pinning_the_rolled_back_version_is_refused()
     clock.advance(5.01)
     answers = [
         router.infer(path=PINNED, tenant="acme"),
-        router.infer(path=PINNED, tenant="acme", **{"x-spillway-mode": "async"}),
-        router.infer(path=PINNED, tenant="acme", **{"x-spillway-mode": "batch"}),
+        router.infer(path=PINNED, tenant="acme", headers={"x-spillway-mode": "async"}),
+        router.infer(path=PINNED, tenant="acme", headers={"x-spillway-mode": "batch"}),
     ]
     # THEN it is refused with a stable code, and v2 is never asked again
     assert [a.status_code for a in answers] == [409] * 3
