@@ -33,13 +33,15 @@ from spillway.errors import (
     SpillwayError,
     UnsupportedDatatypeError,
 )
+from spillway.modelconfig import ModelConfig
+from spillway.pipeline import check_priority
 from spillway.protocol import (
     InferenceRequest,
     MetadataModelResponse,
     MetadataServerResponse,
 )
 from spillway.tensors import tensor_from_bytes, tensor_to_bytes
-from spillway.wire import parse_header_length
+from spillway.wire import NOT_UTF8, InferParameters, load_json_object, parse_header_length
 
 DATATYPES = list(NUMPY_DTYPES)
 PROPERTY = settings(max_examples=40, deadline=None)
@@ -534,3 +536,70 @@ def test_a_timeout_of_zero_means_none() -> None:
     assert InferParameters.of({"timeout": 2_500}).timeout_s == 0.0025
     with pytest.raises(InvalidInputError):
         InferParameters.of({"timeout": 10**400})
+
+
+_FOUR = b'"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]'
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b'{"id": "\xff", ' + _FOUR + b"}",  # not UTF-8 at all
+        b'{"id": "\xc0\xaf", ' + _FOUR + b"}",  # an overlong form
+        b'{"id": "\xed\xa0\x80", ' + _FOUR + b"}",  # an encoded surrogate (pydantic takes it)
+        b'{"parameters": {"n": "\xed\xbf\xbf"}, ' + _FOUR + b"}",
+        b'{"id": "\\ud800", ' + _FOUR + b"}",  # an escaped lone surrogate
+        b'{"parameters": {"n": ["x\\uDFFF"]}, ' + _FOUR + b"}",
+        b'{"id": "\\udc00\\ud800", ' + _FOUR + b"}",  # a pair in the wrong order
+    ],
+)
+def test_text_that_is_not_utf8_is_refused_by_one_rule(header: bytes) -> None:
+    # GIVEN JSON text no UTF-8 answer could carry back WHEN a server decodes it (the fast
+    # path) or the router reads it (load_json_object) THEN both refuse it, word for word
+    with pytest.raises(InvalidInputError) as decoded:
+        decode_request(header, None)
+    with pytest.raises(InvalidInputError) as read:
+        load_json_object(header)
+    assert decoded.value.message == read.value.message == NOT_UTF8
+
+
+def test_escaped_pairs_and_non_ascii_text_are_read() -> None:
+    header = '{"id": "\\ud83d\\ude00 ünï", ' + _FOUR.decode() + "}"
+    request, _ = decode_request(header.encode(), None)
+    assert request.id == "\U0001f600 ünï"
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"mode": "bogus"}, "mode must be one of"),
+        ({"latency_budget_ms": 99}, "latency_budget_ms must be between 100 and 3600000"),
+        ({"latency_budget_ms": float("inf")}, "latency_budget_ms must be a finite number"),
+        ({"tenant": "no spaces"}, "tenant must be 1-128 letters"),
+        ({"priority": 1_000_001}, "parameter 'priority' must be at most 1000000"),
+    ],
+)
+def test_routing_parameters_are_checked_by_the_core(
+    parameters: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        InferParameters.of(parameters)
+
+
+def test_a_priority_is_checked_against_the_models_levels() -> None:
+    two = ModelConfig.model_validate(
+        {
+            "name": "m",
+            "max_batch_size": 4,
+            "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+            "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}],
+            "dynamic_batching": {"priority_levels": 2},
+        }
+    )
+    one = two.model_copy(update={"dynamic_batching": None})
+    for priority in (0, 1, 2):
+        check_priority(two, InferParameters(priority=priority))
+    with pytest.raises(InvalidInputError, match="between 1 and 2 for 'm', or 0"):
+        check_priority(two, InferParameters(priority=3))
+    with pytest.raises(InvalidInputError, match="between 1 and 1 for 'm', or 0"):
+        check_priority(one, InferParameters(priority=2))
