@@ -28,6 +28,7 @@ from spillway.errors import (
 )
 from spillway.processing import Tensors
 from spillway.protocol import server_metadata
+from spillway.wire import read_tenant_scope
 
 log = logging.getLogger("spillway.server")
 T = TypeVar("T")
@@ -47,26 +48,45 @@ class InferResult:
 
 
 class BodyBudget:
-    """Bytes of request bodies held at once; a request that does not fit is refused with
-    503 and ``Retry-After`` before its body is read. Used from the event loop only."""
+    """Bytes of request bodies held at once, charged as they are received (an announced
+    size reserves nothing). A request whose declared size does not fit what is held now
+    is refused with 503 and ``Retry-After`` before its body is read; a piece of body that
+    would pass the limit ends its request with the same 503. Event loop only."""
+
+    READY_ROOM = 64 * 1024
+    """Readiness turns false while less than this (or a quarter of the limit, if less) is
+    free: a small request would not fit."""
 
     def __init__(self, limit: int, retry_after_s: float) -> None:
         self.limit = limit
         self.in_use = 0
         self._retry_after_s = retry_after_s
 
-    def reserve(self, size: int) -> None:
-        """Reserve ``size`` bytes for a request; the caller releases them when done
+    def admit(self, size: int) -> None:
+        """Refuse a request announcing ``size`` bytes that cannot fit beside what is held
+        now; reserves nothing."""
+        if self.in_use + size > self.limit:
+            raise self._full()
+
+    def charge(self, size: int) -> None:
+        """Hold ``size`` more bytes just received; the caller releases them when done
         (a pair of calls, not a context manager: this is on every request's path)."""
         if self.in_use + size > self.limit:
-            raise UnavailableError(
-                "too many request bytes in flight; retry shortly",
-                retry_after_s=self._retry_after_s,
-            )
+            raise self._full()
         self.in_use += size
 
     def release(self, size: int) -> None:
         self.in_use -= size
+
+    @property
+    def saturated(self) -> bool:
+        """Too little is free for another small request."""
+        return self.limit - self.in_use < min(self.READY_ROOM, self.limit // 4)
+
+    def _full(self) -> UnavailableError:
+        return UnavailableError(
+            "too many request bytes in flight; retry shortly", retry_after_s=self._retry_after_s
+        )
 
 
 class DataPlane:
@@ -118,7 +138,9 @@ class DataPlane:
         return self.settings.model_control_mode == "explicit"
 
     def ready(self) -> bool:
-        return not self.draining and self.registry.ready
+        """Whether the service can admit work: not draining, its start-up models loaded,
+        and room in the body budget (a load balancer then sends work elsewhere)."""
+        return not self.draining and self.registry.ready and not self.bodies.saturated
 
     def model_ready(self, name: str, version: str | None) -> bool:
         if self.registry.pipelines.serves(name):
@@ -182,14 +204,24 @@ class DataPlane:
             )
 
     async def infer(
-        self, name: str, version: str | None, body: bytes, header_length: int | None
+        self,
+        name: str,
+        version: str | None,
+        body: bytes,
+        header_length: int | None,
+        *,
+        tenant_scope: str | None = None,
     ) -> InferResult:
         """Run one request through the core pipeline, executing on the version's batcher.
 
         Big bodies are decoded, prepared and encoded on the parse threads; text requests
         are tokenised there together with the others that arrived meanwhile. The model is
-        looked up once, by the lease (the transport checked it before the body)."""
+        looked up once, by the lease (the transport checked it before the body).
+        ``tenant_scope`` is the caller's tenant scope as the router sent it
+        (``x-spillway-tenant-scope``; anonymous without one): a pipeline's step cache
+        entries are that tenant's."""
         self._check_draining()
+        scope = read_tenant_scope(tenant_scope)
         arrived = time.perf_counter()
         big = len(body) > self.settings.inline_parse_bytes
         if big:
@@ -198,7 +230,7 @@ class DataPlane:
             decoded = pipeline.decode(body, header_length, self.settings.max_body_bytes)
         if self.registry.pipelines.serves(name):
             answer = await self.registry.pipelines.infer(
-                name, version, decoded, arrived, self._offload
+                name, version, decoded, arrived, self._offload, scope=scope
             )
             done = answer.encoded
             return InferResult(

@@ -1,11 +1,18 @@
 """The service's HTTP handling, apart from any server: route, admit, answer.
 
-A request is handled in two steps, so everything that can refuse it is checked before
+A request is handled in three steps, so everything that can refuse it is checked before
 its body is read: ``begin`` routes it on its method, path and headers (an infer request
-is checked for its model, its declared length and the body budget here) and returns an
-``Exchange``; ``finish`` answers the exchange once its body has arrived. Two servers use
-the steps: the service's own HTTP/1.1 server (``gpu_service.transport``) and, through
-``GpuServiceApp.__call__``, any ASGI server (uvicorn, in-process test clients).
+is checked for its model, its declared length and the room left in the body budget
+here) and returns an ``Exchange``; ``took`` charges each piece of body as it arrives
+(past the request's limit a 413, past the body budget a 503); ``finish`` answers the
+exchange once its body has arrived. Two servers use the steps: the service's own
+HTTP/1.1 server (``gpu_service.transport``) and, through ``GpuServiceApp.__call__``, any
+ASGI server (uvicorn, in-process test clients).
+
+Requests are routed on the raw path, split on ``/`` before each segment is
+percent-decoded (``route_path``): an encoded ``/`` is part of a name, never a separator.
+``HEAD`` is served wherever ``GET`` is (the server sends the head alone). An HTTP/1.1
+request without exactly one ``Host`` header is a 400 (RFC 9112, section 3.2).
 
 Errors are mapped here once: a ``SpillwayError`` becomes its status and
 ``{"error", "code"}`` body (with ``Retry-After`` when it carries one); anything else is
@@ -14,6 +21,7 @@ logged with its traceback and answered with a generic 500.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -21,13 +29,16 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, unquote
 
 from gpu_service import metrics, openapi
 from gpu_service.async_consumer import AsyncConsumer, start_consumer
 from gpu_service.dataplane import DataPlane
 from spillway.errors import (
     InvalidInputError,
+    MethodNotAllowedError,
     PayloadTooLargeError,
+    RequestTimeoutError,
     RouteNotFoundError,
     SpillwayError,
     UnauthorizedError,
@@ -57,6 +68,9 @@ _BINARY = (b"content-type", b"application/octet-stream")
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 _OPENAPI = openapi.document_bytes()
 _MAX_TARGETS = 1024
+_SEGMENT_SAFE = "!$&'()*+,;=:@-._~"
+"""What ``route_path`` leaves as it is when it re-encodes a segment (RFC 3986 pchar)."""
+_GET_ROUTES = frozenset({"/v2/health/live", "/v2/health/ready", "/v2", "/openapi.json", "/metrics"})
 _OTHER_BODY_BYTES = 1024 * 1024
 """The most body any request but an infer request may send (none reads its body)."""
 
@@ -79,8 +93,9 @@ class Exchange:
     """The most body bytes accepted; past it the request is a 413."""
     header_length: int | None = None
     """An infer request's ``Inference-Header-Content-Length``."""
-    reserved: int = 0
-    """Body-budget bytes this request holds until it is answered or abandoned."""
+    held: int = 0
+    """Body bytes received and charged to the body budget; given back when the request
+    is answered or abandoned."""
 
 
 class GpuServiceApp:
@@ -89,6 +104,7 @@ class GpuServiceApp:
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
+        self.bodies = plane.bodies
         self.consumer: AsyncConsumer | None = None
         # Parsed model paths: a regex and two name checks saved on every request.
         self._targets: dict[str, Target] = {}
@@ -110,19 +126,22 @@ class GpuServiceApp:
 
     # -- the two steps -----------------------------------------------------------------
 
-    def begin(self, method: str, path: str, headers: Headers) -> Exchange:
-        """Route a request on its headers; raises ``SpillwayError`` to refuse it before
-        its body is read."""
+    def begin(self, method: str, path: str, headers: Headers, http_version: str) -> Exchange:
+        """Route a request on its headers (``path`` as ``route_path`` gives it); raises
+        ``SpillwayError`` to refuse it before its body is read."""
+        _check_host(headers, http_version)
         target = None
         if path.startswith("/v2/models/") and (target := self._target(path)) is not None:
-            allow(method, path, target.method)
+            _allow(method, path, target.method)
             if target.model is not None and target.operation == "infer":
                 return self._begin_infer(method, path, headers, target)
         elif path.startswith("/v2/repository/"):
             allow(method, path, "POST")
             self._authorize(headers)
+        elif path in _GET_ROUTES:
+            _allow(method, path, "GET")
         else:
-            allow(method, path, "GET")
+            raise RouteNotFoundError(f"no route for {path[:200]}")
         # No other route reads its body (a load request's parameters are not used).
         declared = self._declared_length(_header(headers, b"content-length"), _OTHER_BODY_BYTES)
         limit = _OTHER_BODY_BYTES if declared is None else declared
@@ -133,16 +152,27 @@ class GpuServiceApp:
         header_length, content_length = _infer_headers(headers)
         length = parse_header_length(header_length)
         plane.check_infer(target.model)  # type: ignore[arg-type]
-        declared = self._declared_length(content_length, plane.settings.max_body_bytes)
-        size = declared or plane.settings.max_body_bytes
-        plane.bodies.reserve(size)
-        return Exchange(method, path, headers, target, declared, size, length, size)
+        limit = plane.settings.max_body_bytes
+        declared = self._declared_length(content_length, limit)
+        # A declared size is checked against what the budget holds now, but reserves
+        # nothing: a client that announces 32 MiB and sends nothing holds nothing.
+        plane.bodies.admit(declared or 1)
+        return Exchange(method, path, headers, target, declared, declared or limit, length)
+
+    def took(self, exchange: Exchange, size: int, received: int) -> None:
+        """Charge ``size`` more body bytes (``received`` in all, them included) to the
+        exchange: past its limit a 413, past the body budget a 503 with ``Retry-After``
+        (the request then ends; what it held is given back by ``abandon``)."""
+        if received > exchange.limit:
+            raise PayloadTooLargeError(f"request body exceeds the limit of {exchange.limit} bytes")
+        self.bodies.charge(size)
+        exchange.held += size
 
     def abandon(self, exchange: Exchange) -> None:
         """Give back what an exchange holds when it will never be finished."""
-        if exchange.reserved:
-            self.plane.bodies.release(exchange.reserved)
-            exchange.reserved = 0
+        if exchange.held:
+            self.bodies.release(exchange.held)
+            exchange.held = 0
 
     async def finish(self, exchange: Exchange, body: bytes) -> Response:
         """The response to an exchange whose body has arrived; never raises."""
@@ -196,25 +226,54 @@ class GpuServiceApp:
                 return
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        method, path = scope["method"], scope["path"]
+        method = scope["method"]
         try:
-            exchange = self.begin(method, path, scope["headers"])
+            path = route_path(scope.get("raw_path") or scope["path"].encode())
+            exchange = self.begin(method, path, scope["headers"], scope["http_version"])
         except SpillwayError as error:
-            status, body, headers = self.refusal(error, method, path)
+            status, body, headers = self.refusal(error, method, scope["path"])
         except Exception:
             log.exception("unhandled error on %s", method)
             status, body, headers = encoded(INTERNAL_ERROR)
         else:
             try:
-                request_body = await _asgi_body(receive, exchange)
+                request_body = await self._asgi_body(receive, exchange)
             except SpillwayError as error:
                 self.abandon(exchange)
                 status, body, headers = self.refusal(error, method, path)
             else:
-                status, body, headers = await self.finish(exchange, request_body)
+                answered = await _unless_disconnected(self.finish(exchange, request_body), receive)
+                if answered is None:
+                    return  # the client went away: its work was cancelled, nobody to answer
+                status, body, headers = answered
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    async def _asgi_body(self, receive: Receive, exchange: Exchange) -> bytes:
+        """An ASGI request's body, charged as it arrives; a gap of ``body_timeout_s``
+        between two pieces is a 408 (the one time limit an ASGI app can set itself)."""
+        timeout_s = self.plane.settings.body_timeout_s
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    message = await receive()
+            except TimeoutError:
+                raise RequestTimeoutError(f"no request body received for {timeout_s:g} s") from None
+            if message["type"] == "http.disconnect":
+                # The client went away mid-body: never parse what arrived as a request.
+                raise InvalidInputError("the client disconnected before its body arrived")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            self.took(exchange, len(chunk), size)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                declared = exchange.declared
+                if declared is not None and size < declared:
+                    raise InvalidInputError(f"the body ended after {size} of {declared} bytes")
+                return b"".join(chunks)
 
     # -- routes --------------------------------------------------------------------------
 
@@ -252,7 +311,9 @@ class GpuServiceApp:
         if model is None:  # /v2/models/stats
             return 200, _json(plane.model_stats(None, None)), [_JSON]
         if op == "infer":
-            return await self._infer(model, version, body, exchange.header_length)
+            # The caller's tenant scope as the router in front names it (none: anonymous).
+            scope = _header(exchange.headers, b"x-spillway-tenant-scope")
+            return await self._infer(model, version, body, exchange.header_length, scope)
         if op == "ready":
             return self._flag(plane.model_ready(model, version), f"model {model} is not ready")
         if op == "config":
@@ -262,9 +323,14 @@ class GpuServiceApp:
         return 200, _json(plane.model_metadata(model, version)), [_JSON]
 
     async def _infer(
-        self, model: str, version: str | None, body: bytes, header_length: int | None
+        self,
+        model: str,
+        version: str | None,
+        body: bytes,
+        header_length: int | None,
+        scope: str | None,
     ) -> Response:
-        result = await self.plane.infer(model, version, body, header_length)
+        result = await self.plane.infer(model, version, body, header_length, tenant_scope=scope)
         headers: Headers = [
             (b"x-spillway-model-version", str(result.version).encode()),
             (b"x-spillway-queue-depth", str(result.queue_depth).encode()),
@@ -324,25 +390,63 @@ class GpuServiceApp:
         return 400, _json({"error": reason, "code": "not_ready"}), [_JSON]
 
 
-async def _asgi_body(receive: Receive, exchange: Exchange) -> bytes:
-    """An ASGI request's body, never more than the exchange's limit."""
-    limit, declared = exchange.limit, exchange.declared
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            # The client went away mid-body: never parse what arrived as a request.
-            raise InvalidInputError("the client disconnected before its body arrived")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            if declared is not None and size < declared:
-                raise InvalidInputError(f"the body ended after {size} of {declared} bytes")
-            return b"".join(chunks)
+async def _unless_disconnected(answer: Awaitable[Response], receive: Receive) -> Response | None:
+    """``answer``'s response, or ``None`` once the client disconnects first (its work is
+    then cancelled, so a request still queued never reaches compute)."""
+    work = asyncio.ensure_future(answer)
+    gone = asyncio.ensure_future(_disconnect(receive))
+    try:
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()
+    if work.cancelled() or not work.done():
+        return None
+    return work.result()
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Returns when the client disconnects (after the body, an ASGI server's ``receive``
+    waits for that, or for the response to be sent)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def route_path(raw: bytes) -> str:
+    """The path a request is routed on: the raw path split on ``/`` first, then each
+    segment percent-decoded. An encoded ``/`` stays in its segment, written ``%2F`` (so
+    it can never name a route, and in a model's place is an invalid name); ``/`` for an
+    absolute URL without a path. A path that is not ASCII, or whose escapes are not
+    UTF-8, is the client's 400."""
+    try:
+        path = raw.decode("ascii") or "/"
+        if "%" not in path:
+            return path
+        return "/".join(_segment(s) for s in path.split("/"))
+    except UnicodeDecodeError:
+        raise InvalidInputError("the request's path is not percent-encoded UTF-8") from None
+
+
+def _segment(segment: str) -> str:
+    decoded = unquote(segment, errors="strict") if "%" in segment else segment
+    return quote(decoded, safe=_SEGMENT_SAFE) if "/" in decoded else decoded
+
+
+def _check_host(headers: Headers, http_version: str) -> None:
+    """RFC 9112, section 3.2: a 400 for an HTTP/1.1 request without a ``Host`` header,
+    and for any request with more than one (HTTP/1.0 may omit it)."""
+    hosts = sum(1 for key, _ in headers if key == b"host")
+    if hosts > 1 or (hosts == 0 and http_version != "1.0"):
+        raise InvalidInputError("a request needs exactly one Host header")
+
+
+def _allow(method: str, path: str, allowed: str) -> None:
+    """Like ``wire.allow``, with ``HEAD`` served wherever ``GET`` is."""
+    if method == allowed or (method == "HEAD" and allowed == "GET"):
+        return
+    names = "GET, HEAD" if allowed == "GET" else allowed
+    raise MethodNotAllowedError(f"{method[:16]} is not allowed on {path[:200]}", allow=names)
 
 
 def encoded(reply: Reply) -> Response:

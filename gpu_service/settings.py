@@ -48,6 +48,28 @@ class GpuSettings(BaseSettings):
     keep_alive_s: float = Field(default=75.0, gt=0)
     """An idle keep-alive connection closes after this long; keep it above the load
     balancer's idle timeout (ALB: 60 s), so the balancer, not the service, closes first."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """A request's line and headers must arrive within this long of their first byte (a
+    new connection's first request: of the connection's opening); else 408 and the
+    connection closes (nginx's ``client_header_timeout``, 60 s there). A load balancer
+    sends a head at once; only a stalling or dripping client needs longer."""
+    body_timeout_s: float = Field(default=10.0, gt=0)
+    """The longest wait for the next piece of a request's body (also for its first piece,
+    after the headers or a ``100 Continue``); else 408 and the connection closes (nginx's
+    ``client_body_timeout``, 60 s there)."""
+    body_min_bytes_per_s: int = Field(default=16 * 1024, ge=1)
+    """A body must also arrive at this average rate once ``body_timeout_s`` has passed
+    (a body of n bytes may take ``body_timeout_s + n / rate``), so a client dripping a
+    byte now and then cannot hold a connection for long (Apache's ``mod_reqtimeout``
+    ``MinRate``, 500 B/s there). 16 KiB/s is 128 kbit/s, below any real client's link."""
+    write_timeout_s: float = Field(default=30.0, gt=0)
+    """A client that takes none of its answers' bytes for this long, while they wait to
+    be sent, is disconnected: its answers are dropped and its requests' work cancelled
+    (nginx's ``send_timeout``, 60 s there)."""
+    output_buffer_bytes: int = Field(default=1024 * 1024, ge=64 * 1024)
+    """Answer bytes one connection may hold unsent (written but not yet taken by the
+    client, plus answers waiting for an earlier one); past it the connection's requests
+    are neither read nor started until its client catches up."""
     http_server: Literal["native", "uvicorn"] = "native"
     """``native``: the service's own HTTP/1.1 server (``gpu_service/transport.py``; a bare
     app built that way answers about 4x the requests/s of one under uvicorn,

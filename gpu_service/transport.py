@@ -5,18 +5,33 @@ throughput once the model is fast (on a GPU, always). A bare ASGI app under uvic
 answered 43,001 requests/s on the benchmark machine and the same answer from an
 ``asyncio.Protocol`` over httptools 188,596 (c64, one run, docs/benchmarks.md): the ASGI
 messages and uvicorn's per-request task and flow-control objects cost about 3.4 times
-what parsing and writing do. This server parses with httptools, routes
-with ``GpuServiceApp.begin`` as soon as the headers are in (so a refusal comes before the
-body is read), buffers the body within the exchange's limit and answers with
-``GpuServiceApp.finish``.
+what parsing and writing do. This server parses with httptools, routes with
+``GpuServiceApp.begin`` as soon as the headers are in (so a refusal comes before the
+body is read), charges the body to the body budget as it arrives (``took``) and answers
+with ``GpuServiceApp.finish``.
 
-HTTP/1.1 as clients use it: keep-alive (idle connections close after
-``GPU_KEEP_ALIVE_S``), pipelined requests answered in order, chunked bodies,
-``Expect: 100-continue``, ``HEAD``, ``Connection: close`` and HTTP/1.0; an ``Upgrade``
-(WebSocket, h2c) is ignored and the connection closes after the answer. Limits: a body
-past its exchange's limit is a 413 and the connection closes; request line and headers
-past ``MAX_HEAD_BYTES`` a 431; connections past ``GPU_MAX_CONNECTIONS`` a 503; a
-malformed request a 400 (each closes the connection).
+HTTP/1.1 as clients use it: keep-alive, pipelined requests answered in order, chunked
+bodies, ``Expect: 100-continue``, ``HEAD``, ``Connection: close`` and HTTP/1.0; an
+``Upgrade`` (WebSocket, h2c) is ignored and the connection closes after the answer.
+
+Limits, so that no slow or greedy client holds the service (each closes the connection):
+
+* size: a body past its exchange's limit is a 413; request line and headers past
+  ``MAX_HEAD_BYTES`` a 431; connections past ``GPU_MAX_CONNECTIONS`` a 503; a
+  malformed request a 400.
+* time (checked by one sweep a second, no timer per request): the head must arrive
+  within ``GPU_HEADER_TIMEOUT_S`` of its first byte (of the connection's opening, for
+  its first request), and a body may pause at most ``GPU_BODY_TIMEOUT_S`` and must keep
+  an average of ``GPU_BODY_MIN_BYTES_PER_S`` after that, else 408; an idle connection
+  closes after ``GPU_KEEP_ALIVE_S``; a client that takes none of its answers' bytes for
+  ``GPU_WRITE_TIMEOUT_S`` is disconnected. Time the server itself stops reading a
+  connection (pipelining cap, output above its mark) never counts against its client.
+* output: at most ``MAX_PIPELINED`` requests of a connection wait for answers before its
+  reading pauses, at most ``_MAX_RUNNING`` of them compute at once, and once its unsent
+  answers pass ``GPU_OUTPUT_BUFFER_BYTES`` (or the socket stops draining) no more of its
+  requests are read or started.
+* a client that disconnects cancels its requests' work: queued rows leave the batcher
+  without being computed, and what their bodies held is given back.
 
 Stopping (SIGTERM or SIGINT): readiness turns false and new infer requests get 503 at
 once, the listener closes, idle connections close, requests in flight are answered
@@ -31,15 +46,16 @@ import logging
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from email.utils import formatdate
 from http import HTTPStatus
-from urllib.parse import unquote
+from typing import Protocol
 
 import httptools
 
-from gpu_service.http import Exchange, GpuServiceApp, Response, encoded
+from gpu_service.http import Exchange, GpuServiceApp, Headers, Response, encoded, route_path
 from gpu_service.settings import GpuSettings
-from spillway.errors import PayloadTooLargeError, SpillwayError, UnavailableError
+from spillway.errors import RequestTimeoutError, SpillwayError, UnavailableError
 from spillway.wire import INTERNAL_ERROR, error_reply
 
 log = logging.getLogger("spillway.transport")
@@ -48,6 +64,9 @@ MAX_HEAD_BYTES = 64 * 1024
 """Request line plus headers; more is a 431."""
 MAX_PIPELINED = 32
 """Requests of one connection awaiting their answers before reading pauses."""
+_MAX_RUNNING = 8
+"""Requests of one connection computing at once; later pipelined ones wait their turn,
+so a client that sends many and reads none holds few answers."""
 _SWEEP_S = 1.0
 _DROP_BODY_BYTES = 1024 * 1024
 """A refused request's body is read and dropped up to this size, else the connection
@@ -77,7 +96,30 @@ _HEAD_TOO_LARGE = _plain(431, "invalid_input", "request line and headers are too
 _TOO_MANY = encoded(
     error_reply(UnavailableError("too many connections; retry shortly", retry_after_s=1.0))
 )
+_HEAD_LATE = encoded(
+    error_reply(RequestTimeoutError("the request line and headers did not arrive in time"))
+)
+_BODY_LATE = encoded(error_reply(RequestTimeoutError("the request body did not arrive in time")))
 _INTERNAL = encoded(INTERNAL_ERROR)
+
+
+class Handler(Protocol):
+    """What the server asks of the service for each request (``GpuServiceApp``)."""
+
+    def begin(self, method: str, path: str, headers: Headers, http_version: str) -> Exchange:
+        """Route and admit a request on its head; raises ``SpillwayError`` to refuse it."""
+
+    def took(self, exchange: Exchange, size: int, received: int) -> None:
+        """Charge body bytes as they arrive; raises ``SpillwayError`` to end the request."""
+
+    async def finish(self, exchange: Exchange, body: bytes) -> Response:
+        """The answer to a request whose body has arrived; never raises."""
+
+    def abandon(self, exchange: Exchange) -> None:
+        """Give back what a request holds that will never be finished."""
+
+    def refusal(self, error: SpillwayError, method: str, path: str) -> Response:
+        """The answer to a refused request, logged."""
 
 
 class _Slot:
@@ -91,6 +133,9 @@ class _Slot:
         self.head_only = head_only
 
 
+_Parked = tuple[_Slot, Exchange, bytes]
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: parses requests, answers them in order."""
 
@@ -100,15 +145,29 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.slots: deque[_Slot] = deque()
-        self.last_active = server.now
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.parked: deque[_Parked] = deque()
+        """Requests read but not started (``_MAX_RUNNING`` computing, or output above
+        its mark), in order."""
+        self.unsent = 0
+        """Bytes of answers ready but waiting for an earlier one."""
         self.closing = False
         self.broken = False  # a request ended the connection: parse nothing more
         self.read_paused = False
         self.write_paused = False
+        # Clocks (the server's cached ``now``), read by the once-a-second sweep.
+        self.last_active = server.now  # bytes last arrived
+        self.head_at = server.now  # the current head began; -1 between requests
+        self.body_at = 0.0  # the current request's headers were in
+        self.paused_at = 0.0  # the server stopped reading
+        self.write_at = 0.0  # the client last took bytes while writing was paused
+        self.written = 0  # bytes handed to the transport
+        self.drained = 0  # of them, taken by the socket when last looked at
         # The request being parsed.
         self.in_message = False
+        self.head_done = False
         self.url = b""
-        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers: Headers = []
         self.head_bytes = 0
         self.body: list[bytes] = []
         self.size = 0
@@ -121,7 +180,7 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         server = self.server
         server.connections.add(self)
-        if len(server.connections) > server.max_connections or server.stopping:
+        if len(server.connections) > server.settings.max_connections or server.stopping:
             self._fail(_TOO_MANY)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -130,6 +189,12 @@ class _Connection(asyncio.Protocol):
         if self.exchange is not None:
             self.app.abandon(self.exchange)
             self.exchange = None
+        for _slot, exchange, _body in self.parked:
+            self.app.abandon(exchange)
+        self.parked.clear()
+        # Nobody is left to answer: queued work leaves the batcher without being computed.
+        for task in self.tasks:
+            task.cancel()
         self.slots.clear()
 
     def data_received(self, data: bytes) -> None:
@@ -154,11 +219,13 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self.write_at = self.server.now
+        self.drained = self._drained()
         self._pause_reading()
 
     def resume_writing(self) -> None:
         self.write_paused = False
-        self._resume_reading()
+        self._flush()
 
     # -- httptools callbacks -----------------------------------------------------------
 
@@ -166,6 +233,9 @@ class _Connection(asyncio.Protocol):
         if self.broken:
             return
         self.in_message = True
+        self.head_done = False
+        if self.head_at < 0:
+            self.head_at = self.server.now
         self.url = b""
         self.headers = []
         self.head_bytes = 0
@@ -200,10 +270,13 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         if self.broken:
             return
+        self.head_done = True
+        self.body_at = self.server.now  # the body's time starts (after any 100 Continue)
         method = self.parser.get_method().decode("ascii", "replace")
         try:
             path = _path(self.url)
-            self.exchange = self.app.begin(method, path, self.headers)
+            version = self.parser.get_http_version()
+            self.exchange = self.app.begin(method, path, self.headers, version)
         except SpillwayError as error:
             self.refused = self.app.refusal(error, method, self.url[:200].decode("latin-1"))
         except (httptools.HttpParserError, UnicodeDecodeError):
@@ -230,27 +303,26 @@ class _Connection(asyncio.Protocol):
             self._fail(response)
             return
         slot = _Slot(self.parser.should_keep_alive(), self.parser.get_method() == b"HEAD")
-        slot.response = response
         self.slots.append(slot)
-        self._flush()
+        self._ready(slot, response)
 
     def on_body(self, body: bytes) -> None:
         exchange = self.exchange
         self.size += len(body)
         if exchange is None:
             return  # refused and answered: the (small) body is dropped
-        if self.size > exchange.limit:
+        try:
+            self.app.took(exchange, len(body), self.size)
+        except SpillwayError as error:  # past its limit (413) or the body budget (503)
             self.app.abandon(exchange)
             self.exchange = None
-            error = PayloadTooLargeError(
-                f"request body exceeds the limit of {exchange.limit} bytes"
-            )
             self._fail(self.app.refusal(error, exchange.method, exchange.path))
             return
         self.body.append(body)
 
     def on_message_complete(self) -> None:
         self.in_message = False
+        self.head_at = -1.0  # the next head's time starts at its first byte
         if self.broken or self.closing:
             return
         exchange, self.exchange = self.exchange, None
@@ -260,32 +332,60 @@ class _Connection(asyncio.Protocol):
         self.slots.append(slot)
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body = []
-        task = self.server.loop.create_task(self._answer(slot, exchange, body))
-        self.server.tasks.add(task)
-        task.add_done_callback(self.server.tasks.discard)
+        if self.parked or not self._may_start():
+            self.parked.append((slot, exchange, body))
+        else:
+            self._start(slot, exchange, body)
         if len(self.slots) >= MAX_PIPELINED:
             self._pause_reading()
 
     # -- answering -------------------------------------------------------------------------
 
+    def _may_start(self) -> bool:
+        """Whether another request may start computing: few are, and the client takes
+        its answers."""
+        return (
+            len(self.tasks) < _MAX_RUNNING
+            and not self.write_paused
+            and self.unsent <= self.server.settings.output_buffer_bytes
+        )
+
+    def _start(self, slot: _Slot, exchange: Exchange, body: bytes) -> None:
+        task = self.server.loop.create_task(self._answer(slot, exchange, body))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
     async def _answer(self, slot: _Slot, exchange: Exchange, body: bytes) -> None:
-        slot.response = await self.app.finish(exchange, body)
+        response = await self.app.finish(exchange, body)
         if not self.closing:
-            self._flush()
+            self._ready(slot, response)
+
+    def _ready(self, slot: _Slot, response: Response) -> None:
+        slot.response = response
+        self.unsent += len(response[1])
+        self._flush()
 
     def _flush(self) -> None:
-        """Write every answer that is next in order; close after a last one."""
-        transport = self.transport
+        """Write every answer that is next in order (close after a last one), start the
+        requests that may start, and read on if the client keeps up."""
         slots = self.slots
         while slots and slots[0].response is not None and not self.closing:
             slot = slots.popleft()
+            response: Response = slot.response  # type: ignore[assignment]
+            self.unsent -= len(response[1])
             keep_alive = slot.keep_alive and not self.server.stopping
-            self._write(slot.response, keep_alive, slot.head_only)  # type: ignore[arg-type]
+            self._write(response, keep_alive, slot.head_only)
             if not keep_alive:
                 self._close()
-        if self.read_paused and len(slots) < MAX_PIPELINED // 2:
+        parked = self.parked
+        while parked and not self.closing:
+            # The next answer's request always starts: the ones behind it wait on it.
+            if not self._may_start() and (self.write_paused or parked[0][0] is not slots[0]):
+                break
+            self._start(*parked.popleft())
+        if self.read_paused:
             self._resume_reading()
-        if transport is not None and self.server.stopping and not slots and not self.in_message:
+        if self.server.stopping and not slots and not self.in_message:
             self._close()
 
     def _write(self, response: Response, keep_alive: bool, head_only: bool = False) -> None:
@@ -301,13 +401,20 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
+        # Counted before writing: a write may call ``pause_writing``, which reads it.
         if head_only or not body:
-            transport.write(b"".join(parts))
+            data = b"".join(parts)
+            self.written += len(data)
+            transport.write(data)
         elif len(body) <= _INLINE_BODY:
             parts.append(body)
-            transport.write(b"".join(parts))
+            data = b"".join(parts)
+            self.written += len(data)
+            transport.write(data)
         else:
-            transport.writelines([b"".join(parts), body])
+            data = b"".join(parts)
+            self.written += len(data) + len(body)
+            transport.writelines([data, body])
 
     def _fail(self, response: Response) -> None:
         """Answer a request that ends the connection (after the answers before it)."""
@@ -319,35 +426,103 @@ class _Connection(asyncio.Protocol):
             self.app.abandon(self.exchange)
             self.exchange = None
         slot = _Slot(keep_alive=False, head_only=False)
-        slot.response = response
         self.slots.append(slot)
         # Earlier answers may still be computing: read nothing more, answer in order.
         self._pause_reading()
-        self._flush()
+        self._ready(slot, response)
 
     def _close(self) -> None:
+        """Close once what is written has been sent."""
         self.closing = True
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
+    def _abort(self) -> None:
+        """Close now, dropping what is unsent (``connection_lost`` cancels the work)."""
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
+
     def _pause_reading(self) -> None:
         if not self.read_paused and self.transport is not None:
             self.read_paused = True
+            self.paused_at = self.server.now
             self.transport.pause_reading()
 
     def _resume_reading(self) -> None:
         transport = self.transport
         if transport is None or transport.is_closing() or self.broken:
             return
-        if self.read_paused and not self.write_paused and len(self.slots) < MAX_PIPELINED:
+        if (
+            self.read_paused
+            and not self.write_paused
+            and len(self.slots) < MAX_PIPELINED // 2
+            and self.unsent <= self.server.settings.output_buffer_bytes
+        ):
             self.read_paused = False
+            # Time the server spent not reading is not the client's delay.
+            now = self.server.now
+            paused = now - self.paused_at
+            if self.head_at >= 0:
+                self.head_at += paused
+            self.body_at += paused
+            self.last_active = max(self.last_active, now)
             transport.resume_reading()
+
+    # -- time limits -------------------------------------------------------------------
+
+    def check(self, now: float) -> None:
+        """End the connection if its client stalled past a time limit (the sweep's,
+        once a second)."""
+        limits = self.server.settings
+        if self.closing:
+            return
+        if self.write_paused:
+            self._check_writing(now, limits.write_timeout_s)
+        elif self.read_paused:
+            return  # the server stopped reading: the client is not late
+        elif self.in_message:
+            if not self.head_done:
+                if now - self.head_at > limits.header_timeout_s:
+                    self._time_out(_HEAD_LATE, now - self.head_at)
+            elif now - self.last_active > limits.body_timeout_s or (
+                now - self.body_at > limits.body_timeout_s + self.size / limits.body_min_bytes_per_s
+            ):
+                self._time_out(_BODY_LATE, now - self.body_at)
+        elif not self.slots:
+            if self.head_at >= 0:  # a new connection that has sent nothing
+                if now - self.head_at > limits.header_timeout_s:
+                    self._close()
+            elif now - self.last_active > limits.keep_alive_s:
+                self._close()
+
+    def _drained(self) -> int:
+        """Bytes written so far that the socket has taken."""
+        return self.written - (self.transport.get_write_buffer_size() if self.transport else 0)
+
+    def _check_writing(self, now: float, timeout_s: float) -> None:
+        drained = self._drained()
+        if drained > self.drained:  # the client took some: it is reading
+            self.drained, self.write_at = drained, now
+        elif now - self.write_at > timeout_s:
+            log.info(
+                "client took none of its answers: disconnected",
+                extra={"unsent_bytes": self.written - drained + self.unsent},
+            )
+            self._abort()
+
+    def _time_out(self, response: Response, after_s: float) -> None:
+        log.info(
+            "request timed out",
+            extra={"status": 408, "code": "request_timeout", "after_s": round(after_s, 1)},
+        )
+        self._fail(response)
 
     def idle(self) -> bool:
         return not self.slots and not self.in_message
 
 
-def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+def _header(headers: Headers, name: bytes) -> str | None:
     for key, value in headers:
         if key == name:
             return value.decode("latin-1")
@@ -355,98 +530,105 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
 
 
 def _path(url: bytes) -> str:
-    """The request's path, percent-decoded (as ASGI servers give it); ``/`` for an
-    absolute URL without one. Raises ``HttpParserError`` or ``UnicodeDecodeError`` for
-    a URL that is not one."""
-    path = (httptools.parse_url(url).path or b"/").decode("ascii")
-    return unquote(path) if "%" in path else path
+    """The request's routing path (``route_path``); ``/`` for an absolute URL without one.
+    Raises ``HttpParserError`` for a URL that is not one."""
+    return route_path(httptools.parse_url(url).path or b"/")
 
 
 class HttpServer:
-    """Listens, serves connections, drains on a signal."""
+    """Serves connections with the settings' limits; ``clock`` is the one time source of
+    its time limits (the sweep reads it once a second)."""
 
     def __init__(
-        self, app: GpuServiceApp, host: str, port: int, max_connections: int, keep_alive_s: float
+        self,
+        app: Handler,
+        settings: GpuSettings,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.app = app
-        self.host = host
-        self.port = port
-        self.max_connections = max_connections
-        self.keep_alive_s = keep_alive_s
+        self.settings = settings
+        self.clock = clock
         self.connections: set[_Connection] = set()
-        self.tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
-        self.now = time.monotonic()
+        self.now = clock()
         self.date_header = b""
-        self._stop = asyncio.Event()
-        self._signals = 0
         self.loop = asyncio.get_running_loop()
+
+    async def start(self, host: str, port: int) -> asyncio.Server:
+        """Listen, and sweep once a second from now on."""
+        listener = await self.loop.create_server(
+            lambda: _Connection(self), host, port, backlog=2048, reuse_address=True
+        )
         self._tick()
+        return listener
 
     def _tick(self) -> None:
-        """Once a second: the cached ``Date`` header, and idle connections closed."""
-        self.now = time.monotonic()
-        self.date_header = b"date: %s\r\n" % formatdate(usegmt=True).encode()
-        for connection in list(self.connections):
-            if connection.idle() and self.now - connection.last_active > self.keep_alive_s:
-                connection._close()
+        self.sweep()
         self.loop.call_later(_SWEEP_S, self._tick)
 
-    def request_stop(self, sig: int = signal.SIGTERM) -> None:
-        """Start draining (a second SIGINT stops without waiting)."""
-        self._signals += 1
-        if self._signals > 1 and sig == signal.SIGINT:
-            log.warning("second interrupt: stopping without draining")
-            for connection in list(self.connections):
-                connection._close()
-            for task in list(self.tasks):
-                task.cancel()
-        self.app.plane.start_draining(f"signal {sig}")
-        self._stop.set()
+    def sweep(self) -> None:
+        """The cached time and ``Date`` header, and every connection's time limits."""
+        self.now = now = self.clock()
+        self.date_header = b"date: %s\r\n" % formatdate(usegmt=True).encode()
+        for connection in list(self.connections):
+            connection.check(now)
 
-    async def run(self) -> int:
-        """Serve until stopped; the process's exit status."""
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self.loop.add_signal_handler(sig, self.request_stop, sig)
-        try:
-            await self.app.startup()
-        except Exception:
-            log.exception("start-up failed")
-            return 3
-        listener = await self.loop.create_server(
-            lambda: _Connection(self), self.host, self.port, backlog=2048, reuse_address=True
-        )
-        ports = sorted({s.getsockname()[1] for s in listener.sockets})
-        log.info("listening on http://%s:%s", self.host, ",".join(map(str, ports)))
-        await self._stop.wait()
-        await self._drain(listener)
-        await self.app.shutdown()
-        log.info("stopped")
-        return 0
+    def stop_now(self) -> None:
+        """Drop every connection and its work (a second interrupt)."""
+        for connection in list(self.connections):
+            connection._abort()
 
-    async def _drain(self, listener: asyncio.Server) -> None:
+    async def drain(self, listener: asyncio.Server, timeout_s: float) -> None:
+        """Stop listening; answer the requests in flight, up to ``timeout_s``; close."""
         self.stopping = True
         listener.close()
-        for connection in list(self.connections):
-            if connection.idle():
-                connection._close()
-        deadline = time.monotonic() + self.app.plane.settings.drain_timeout_s
-        while (self.tasks or self.connections) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        deadline = time.monotonic() + timeout_s
+        while True:
             for connection in list(self.connections):
                 if connection.idle():
                     connection._close()
+            if not self.connections or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.05)
         for connection in list(self.connections):
             connection._close()
+
+
+async def serve(app: GpuServiceApp, settings: GpuSettings) -> int:
+    """Serve ``app`` until a signal; the process's exit status."""
+    loop = asyncio.get_running_loop()
+    server = HttpServer(app, settings)
+    stop = asyncio.Event()
+    signals = 0
+
+    def request_stop(sig: int) -> None:
+        nonlocal signals
+        signals += 1
+        if signals > 1 and sig == signal.SIGINT:
+            log.warning("second interrupt: stopping without draining")
+            server.stop_now()
+        app.plane.start_draining(f"signal {sig}")
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, request_stop, sig)
+    try:
+        await app.startup()
+    except Exception:
+        log.exception("start-up failed")
+        return 3
+    listener = await server.start(settings.host, settings.port)
+    ports = sorted({s.getsockname()[1] for s in listener.sockets})
+    log.info("listening on http://%s:%s", settings.host, ",".join(map(str, ports)))
+    await stop.wait()
+    await server.drain(listener, settings.drain_timeout_s)
+    await app.shutdown()
+    log.info("stopped")
+    return 0
 
 
 def run(app: GpuServiceApp, settings: GpuSettings) -> int:
     """Serve ``app`` on uvloop until a signal; returns the exit status."""
     import uvloop
 
-    async def main() -> int:
-        return await HttpServer(
-            app, settings.host, settings.port, settings.max_connections, settings.keep_alive_s
-        ).run()
-
-    return uvloop.run(main())
+    return uvloop.run(serve(app, settings))

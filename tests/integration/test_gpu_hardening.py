@@ -73,11 +73,12 @@ def test_an_oversized_body_is_refused_before_it_is_read(service: Service) -> Non
 
 
 def test_bodies_past_the_in_flight_budget_get_503_with_retry_after(service: Service) -> None:
-    # GIVEN one connection holding a 32 MiB reservation (headers sent, body never sent)
+    # GIVEN one connection that has sent 30 MiB of a 32 MiB body (the budget is charged
+    # by bytes received: an announced size alone holds nothing)
     with socket.create_connection(("127.0.0.1", service.port), timeout=30) as holder:
         holder.sendall(
             b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Length: 33554432\r\n\r\n" + b"{" * 1024
+            b"Content-Length: 33554432\r\n\r\n" + b"{" * (30 << 20)
         )
         # WHEN another client announces a 16 MiB body (the 40 MiB budget cannot hold both)
         deadline_status = None
