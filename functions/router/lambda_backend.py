@@ -88,9 +88,14 @@ def jobs_payload(request: BackendRequest) -> bytes:
     """The jobs function's invoke payload: ``POST /v1/jobs`` as a REST (v1) proxy event.
 
     The body is the router's own ``JobRequest`` JSON (small, never the client's input: that
-    is staged in S3 first)."""
+    is staged in S3 first). The router vouches for its caller's tenant as an API Gateway
+    authorizer would, in ``requestContext.authorizer``: only callers allowed
+    ``lambda:InvokeFunction`` on the jobs function (the router's role) can write it."""
     if request.operation != "submit":
         raise CannotServe(f"the jobs function is not invoked for {request.operation}")
+    context: dict[str, object] = {"requestId": request.request_id or ""}
+    if request.tenant is not None:
+        context["authorizer"] = {"tenant": request.tenant}
     event = {
         "resource": "/v1/jobs",
         "path": "/v1/jobs",
@@ -98,7 +103,7 @@ def jobs_payload(request: BackendRequest) -> bytes:
         "headers": dict(request.headers),
         "body": request.body.decode(),
         "isBase64Encoded": False,
-        "requestContext": {"requestId": request.request_id or ""},
+        "requestContext": context,
     }
     return json.dumps(event).encode()
 
