@@ -242,7 +242,7 @@ def test_batch_mode_stages_the_request_in_s3_and_submits_a_job(
     assert "nightly-42" not in key
     job = JobRequest.parse(seen["body"])
     assert job.model == "digits"
-    assert job.input == f"s3://staging/router/{key}/in/"
+    assert job.input == f"s3://staging/router/-/{key}/in/"  # the anonymous caller's area
     # AND its input is the request as sent, which the core codec reads back: three rows
     bucket, _, prefix = job.input.removeprefix("s3://").partition("/")
     staged = s3.get_object(Bucket=bucket, Key=f"{prefix}request{STAGED_SUFFIX}")["Body"].read()
