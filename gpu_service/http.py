@@ -241,6 +241,7 @@ class GpuServiceApp:
             except SpillwayError as error:
                 self.abandon(exchange)
                 status, body, headers = self.refusal(error, method, path)
+                headers.append((b"connection", b"close"))  # the body's rest is not read
             else:
                 answered = await _unless_disconnected(self.finish(exchange, request_body), receive)
                 if answered is None:

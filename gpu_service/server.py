@@ -4,6 +4,15 @@ same app as ASGI under uvicorn (``GPU_HTTP_SERVER=uvicorn``); httptools and uvlo
 On SIGTERM (an ECS stop) readiness turns false at once and new infer requests get 503;
 the server stops accepting connections, in-flight requests finish, the batchers drain
 their queues, and the process exits 0 within ``drain_timeout_s``.
+
+Under uvicorn the limits are the ones uvicorn offers (``GPU_KEEP_ALIVE_S`` as
+``timeout_keep_alive``, ``GPU_MAX_CONNECTIONS`` as ``limit_concurrency``) plus what the
+app sets itself: the body budget, ``GPU_BODY_TIMEOUT_S`` between two pieces of a body,
+a disconnect cancelling the request's work, raw-path routing, ``HEAD`` and the ``Host``
+rule. uvicorn has no time limit for a request's head (a byte a minute keeps a connection
+forever), no minimum body rate, no write timeout and, with httptools, no cap on the
+head's size; it answers a connection's pipelined requests one at a time, which bounds
+what it holds of their answers. The service's own server has all of these.
 """
 
 from __future__ import annotations

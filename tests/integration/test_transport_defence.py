@@ -665,8 +665,10 @@ def test_a_stalled_body_under_uvicorn_gets_408(repo: Path, tmp_path: Path) -> No
     with gpu_service(repo, tmp_path, http_server="uvicorn", body_timeout_s="1") as svc:
         client = Client(svc.port)
         client.send(_post("/v2/models/digits/infer", b"").replace(b"Length: 0", b"Length: 99"))
-        status, _, body = client.answer()
+        status, headers, body = client.answer()
         assert (status, json.loads(body)["code"]) == (408, "request_timeout")
+        assert headers["connection"] == "close"
+        assert client.closed()
         client.close()
 
 
