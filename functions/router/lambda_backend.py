@@ -38,6 +38,7 @@ from functions.router.backends import (
 )
 from spillway.errors import InvalidInputError, OverloadedError, SpillwayError, UnavailableError
 from spillway.messages import DirectInvokeAnswer, DirectInvokeEvent, parse_message
+from spillway.state_table import scope
 from spillway.wire import (
     FAULT_HEADER,
     HEADER_LENGTH,
@@ -66,7 +67,8 @@ def read_timeout_step(budget_s: float, ceiling_s: float) -> float:
 
 
 def direct_event(request: BackendRequest) -> DirectInvokeEvent:
-    """The cpu_infer direct-invoke event for a request (the schema cpu_infer reads)."""
+    """The cpu_infer direct-invoke event for a request (the schema cpu_infer reads), with
+    the caller's tenant scope (its pipeline step cache entries are the tenant's)."""
     return DirectInvokeEvent.for_request(
         request.operation,
         request.model or "",
@@ -74,6 +76,7 @@ def direct_event(request: BackendRequest) -> DirectInvokeEvent:
         request.body,
         parse_header_length(request.headers.get(HEADER_LENGTH)),
         request.request_id,
+        scope(request.tenant),
     )
 
 
