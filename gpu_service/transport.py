@@ -44,6 +44,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
@@ -73,6 +75,9 @@ _DROP_BODY_BYTES = 1024 * 1024
 closes after the refusal."""
 _INLINE_BODY = 64 * 1024
 """A response body up to this size is joined to its head (one write, one copy)."""
+
+_RESET_ON_CLOSE = struct.pack("ii", 1, 0)
+"""``SO_LINGER`` on, zero seconds: closing sends a reset and drops unsent bytes."""
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -438,10 +443,16 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     def _abort(self) -> None:
-        """Close now, dropping what is unsent (``connection_lost`` cancels the work)."""
+        """Close now with a reset, dropping what is unsent, the socket's buffers included
+        (a plain close would leave them to the kernel until the client reads);
+        ``connection_lost`` cancels the work."""
         self.closing = True
-        if self.transport is not None:
-            self.transport.abort()
+        transport = self.transport
+        if transport is not None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+            transport.abort()
 
     def _pause_reading(self) -> None:
         if not self.read_paused and self.transport is not None:

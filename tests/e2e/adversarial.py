@@ -12,12 +12,22 @@ The cases come from seeded generators (``tests/e2e/gen.py``): the same on every 
 contract: a 2xx or 4xx, never a 5xx; every 4xx is ``{"error": str, "code": str}``; every
 2xx body is well-formed JSON (or, for a binary infer answer, a JSON header of the length
 it declares).
+
+The slow-client family (``Attack``) opens raw connections that stall or starve a server:
+heads dripped a byte at a time, bodies that stop, ``Expect: 100-continue`` then silence,
+and pipelined requests whose answers are never read. ``Attack.wait_closed`` waits for
+the server to close each one without reading from it (a read would be progress).
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import select
+import socket
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -627,3 +637,113 @@ def check_answer(request: Request, answer: Answer) -> None:
         json.loads(answer.body)
     elif answer.body:
         assert content_type.startswith("text/plain"), where  # /metrics
+
+
+# --- slow clients -----------------------------------------------------------------------
+
+
+class Attack:
+    """Raw connections that hold a server: each sends its opening bytes, then stalls."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.socks: list[socket.socket] = []
+        self.drippers: list[socket.socket] = []
+
+    def _open(self, receive_buffer: int | None = None) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if receive_buffer is not None:  # a small window: the server's writes back up soon
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        sock.settimeout(TIMEOUT_S)
+        sock.connect(("127.0.0.1", self.port))
+        self.socks.append(sock)
+        return sock
+
+    def slow_heads(self, count: int) -> None:
+        """Request heads begun and then dripped a byte at a time (slowloris)."""
+        for _ in range(count):
+            self._open().sendall(b"POST /v2/models/digits/infer HTTP/1.1\r\nHo")
+            self.drippers.append(self.socks[-1])
+
+    def stalled_bodies(self, count: int, path: str) -> None:
+        """A 1 MiB body announced, 1 KiB of it sent."""
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {1 << 20}\r\n\r\n"
+        for _ in range(count):
+            self._open().sendall(head.encode() + b" " * 1024)
+
+    def silent_continues(self, count: int, path: str) -> None:
+        """``Expect: 100-continue``, the 100 read, and no body."""
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 4096\r\n"
+            "Expect: 100-continue\r\n\r\n"
+        ).encode()
+        for _ in range(count):
+            sock = self._open()
+            sock.sendall(head)
+            assert sock.recv(64).startswith(b"HTTP/1.1 100 "), "no 100 Continue"
+
+    def never_reading(self, count: int, request: bytes, depth: int) -> None:
+        """``depth`` pipelined requests per connection (as much of them as the server
+        takes without waiting), answers never read."""
+        for _ in range(count):
+            sock = self._open(receive_buffer=4096)
+            sock.setblocking(False)
+            with contextlib.suppress(BlockingIOError):  # the server stopped reading
+                sock.sendall(request * depth)
+
+    def wait_closed(self, within_s: float) -> list[float]:
+        """Seconds until the server closed each connection (a FIN or a reset, read or
+        not), dripping a byte to the slow heads every half second meanwhile."""
+        started = time.monotonic()
+        poller = select.poll()
+        hang_up = select.POLLRDHUP | select.POLLHUP | select.POLLERR
+        open_ = {sock.fileno(): sock for sock in self.socks}
+        for fd in open_:
+            poller.register(fd, hang_up)
+        closed: list[float] = []
+        while open_:
+            left = started + within_s - time.monotonic()
+            assert left > 0, f"{len(open_)} of {len(self.socks)} connections still open"
+            for fd, _ in poller.poll(min(left, 0.5) * 1000):
+                poller.unregister(fd)
+                open_.pop(fd)
+                closed.append(time.monotonic() - started)
+            for sock in self.drippers:
+                if sock.fileno() in open_:
+                    with contextlib.suppress(OSError):  # closed since the poll
+                        sock.send(b"s")
+        return closed
+
+    def close(self) -> None:
+        for sock in self.socks:
+            sock.close()
+
+
+class Steady(threading.Thread):
+    """A well-behaved client sending ``request`` on one keep-alive connection until
+    stopped; the statuses it got, in order."""
+
+    def __init__(self, base: str, request: Request) -> None:
+        super().__init__(daemon=True)
+        self.client = Client(base)
+        self.request = request
+        self.statuses: list[int] = []
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self.statuses.append(self.client.send(self.request).status)
+        except (AssertionError, OSError, http.client.HTTPException) as exc:
+            self.error = exc  # the test reads it: a hang or a dropped connection
+        finally:
+            self.client.close()
+
+    def __enter__(self) -> Steady:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.join(TIMEOUT_S)

@@ -10,6 +10,12 @@ request still gets the right answer.
 The cases come from seeded generators (``tests/e2e/gen.py``, Hypothesis-shaped but ~50×
 faster to draw): the same ones on every run; a failure names its case index, and
 ``strategy.example(gen.seed(label, index))`` rebuilds the request.
+
+The slow-client family: GIVEN a GPU service with short time limits — WHEN hundreds of
+connections stall it (heads dripped a byte at a time, bodies that stop, ``Expect:
+100-continue`` then silence, pipelined requests whose big answers are never read) —
+THEN the service closes every one within seconds, computes little for the clients that
+read nothing, and a well-behaved client gets 200 for every request meanwhile.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from functions.cpu_infer.settings import CpuSettings
 from functions.jobs.handler import dispatch
 from functions.router.settings import RouterSettings
 from functions.router.wiring import create_app
+from spillway.codec import encode_request
 from spillway.identity import Authenticator
 from spillway_cli.lambda_http import wsgi_app
 from spillway_cli.wsgi_server import running
@@ -40,8 +47,10 @@ from tests.conftest import AWS_REGION
 from tests.e2e import gen as st
 from tests.e2e.adversarial import (
     Answer,
+    Attack,
     Client,
     Request,
+    Steady,
     check_answer,
     inference_requests,
     job_requests,
@@ -268,3 +277,99 @@ def test_jobs_api_answers_every_adversarial_request(jobs_url: str) -> None:
     client.close()
     assert answer.status == 404
     assert json.loads(answer.body)["code"] == "job_not_found"
+
+
+# --- slow clients -----------------------------------------------------------------------
+
+STRICT = {
+    "header_timeout_s": "1",
+    "body_timeout_s": "1",
+    "write_timeout_s": "2",
+    "keep_alive_s": "3",
+    "parse_processes": "1",
+}
+"""Short time limits, so every slow client is cut within seconds."""
+CUT_WITHIN_S = 20.0
+"""The longest a slow client may hold its connection: its limit and the once-a-second
+sweep, with room for a busy machine computing the big answers first."""
+NEVER_READING = 10
+PIPELINED = 32
+BIG_ROWS = 64
+
+
+@pytest.fixture(scope="module")
+def strict_gpu(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    root = tmp_path_factory.mktemp("slow-client-models")
+    for name in ("digits", "mlp-bench"):
+        link_model(models_dir, root, name)
+    with gpu_service(root, tmp_path_factory.mktemp("strict-gpu-logs"), **STRICT) as service:
+        yield service
+
+
+def _big_answer_request() -> bytes:
+    """An mlp-bench request whose JSON answer is about 1.3 MB."""
+    rows = np.random.default_rng(0).random((BIG_ROWS, 1024), dtype=np.float32)
+    body, length = encode_request({"input": rows}, binary=True, binary_outputs=False)
+    head = (
+        "POST /v2/models/mlp-bench/infer HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Length: {len(body)}\r\nInference-Header-Content-Length: {length}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def _rows_computed(base: str, model: str) -> int:
+    client = Client(base)
+    try:
+        answer = client.send(Request("GET", f"/v2/models/{model}/stats"))
+    finally:
+        client.close()
+    return int(json.loads(answer.body)["model_stats"][0]["inference_count"])
+
+
+@pytest.mark.parametrize(
+    "family", ["slow-heads", "stalled-bodies", "silent-continues", "never-reading"]
+)
+def test_gpu_service_cuts_slow_clients_while_serving_others(
+    strict_gpu: Service, models_dir: Path, family: str
+) -> None:
+    images = np.load(models_dir / "digits" / "samples" / "images.npy")[:1].astype(np.float32)
+    infer = "/v2/models/digits/infer"
+    rows_before = _rows_computed(strict_gpu.base, "mlp-bench")
+    attack = Attack(strict_gpu.port)
+    # GIVEN a client that keeps sending valid requests
+    with Steady(strict_gpu.base, _digits_request(images)) as steady:
+        try:
+            # WHEN slow clients open connections and stall them
+            if family == "slow-heads":
+                attack.slow_heads(200)
+            elif family == "stalled-bodies":
+                attack.stalled_bodies(100, infer)
+            elif family == "silent-continues":
+                attack.silent_continues(100, infer)
+            else:
+                attack.never_reading(NEVER_READING, _big_answer_request(), PIPELINED)
+            # THEN the service closes every one of them
+            closed = attack.wait_closed(CUT_WITHIN_S)
+        finally:
+            attack.close()
+    # AND the steady client got 200 for every request meanwhile
+    assert steady.error is None, steady.error
+    assert steady.statuses
+    assert set(steady.statuses) == {200}
+    computed = (_rows_computed(strict_gpu.base, "mlp-bench") - rows_before) // BIG_ROWS
+    print(
+        json.dumps(
+            {
+                family: {
+                    "connections_cut": len(closed),
+                    "last_cut_s": round(max(closed), 1),
+                    "steady_200s": len(steady.statuses),
+                    "big_answers_computed": computed,
+                }
+            }
+        )
+    )
+    # AND for clients that read nothing, little was computed (a few answers each, not 32)
+    assert computed <= NEVER_READING * PIPELINED // 2
+    assert strict_gpu.child.proc.poll() is None
+    assert_still_serves(strict_gpu.base, models_dir)
