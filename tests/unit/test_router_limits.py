@@ -156,23 +156,25 @@ class _Jobs:
     """The jobs service seen by the handler: records what it was asked."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[JobRequest, str | None]] = []
+        self.calls: list[tuple[JobRequest, str | None, str | None]] = []
 
-    def submit(self, request: JobRequest, key: str | None = None) -> SubmitReceipt:
+    def submit(
+        self, request: JobRequest, key: str | None = None, *, tenant: str | None
+    ) -> SubmitReceipt:
         if self.calls and self.calls[0][1] == key and self.calls[0][0] != request:
             raise JobConflictError("the key was used for another job")
-        self.calls.append((request, key))
+        self.calls.append((request, key, tenant))
         view = JobView(job_id="j-1", state="SUBMITTED", model=request.model,
                        input=request.input, output=request.output,
                        created_at="2026-11-30T00:00:00Z")  # fmt: skip
         return SubmitReceipt(job=view, replayed=len(self.calls) > 1)
 
-    def status(self, job_id: str) -> Any:
+    def status(self, job_id: str, *, tenant: str | None) -> Any:
         raise AssertionError("not called")
 
 
 def test_the_jobs_invoke_event_is_what_the_jobs_handler_reads() -> None:
-    # GIVEN the submission the router's batch mode makes
+    # GIVEN the submission the router's batch mode makes for its caller, tenant-a
     job = JobRequest(model="digits", input="s3://bkt/s/k/in/", output="s3://bkt/s/k/out/")
     post = BackendRequest(
         "POST",
@@ -181,13 +183,18 @@ def test_the_jobs_invoke_event_is_what_the_jobs_handler_reads() -> None:
         headers={"content-type": "application/json", "idempotency-key": "k" * 64},
         body=job.model_dump_json().encode(),
         request_id="req-1",
+        tenant="tenant-a",
     )
     # WHEN the jobs function's handler gets it as its invoke event
     jobs = _Jobs()
     answer = dispatch(json.loads(jobs_payload(post)), jobs)
-    # THEN it submits that job under the router's key and answers 202 with its receipt
+    # THEN it submits that job for that tenant under the router's key, answering 202
     assert answer["statusCode"] == 202
-    assert jobs.calls == [(job, "k" * 64)]
+    assert jobs.calls == [(job, "k" * 64, "tenant-a")]
+    # AND the same event without the router's word for a tenant is refused
+    anonymous = BackendRequest("POST", "", "submit", headers=post.headers, body=post.body)
+    refused = dispatch(json.loads(jobs_payload(anonymous)), _Jobs())
+    assert (refused["statusCode"], json.loads(refused["body"])["code"]) == (401, "unauthenticated")
     assert SubmitReceipt.model_validate_json(answer["body"]).job.job_id == "j-1"
     assert answer["headers"]["location"] == "/v1/jobs/j-1"
     # AND neither payload builder takes the other's operations
