@@ -133,12 +133,14 @@ def test_no_auth_cookie_or_hop_by_hop_header_reaches_the_backend(recorder: str) 
                 "TE": "trailers",
                 "X-Forwarded-Host": "evil.example",
                 "X-Request-Id": "trace-7",
+                "X-Spillway-Tenant-Scope": "f" * 32,
             },
         )
         # WHEN the request is routed
         with urllib.request.urlopen(request, timeout=10) as response:
             client_headers = {k.lower() for k in response.headers}
-    # THEN the backend saw only the protocol's own headers, on the canonical path
+    # THEN the backend saw only the protocol's own headers, on the canonical path, and the
+    # caller's tenant scope as the router knows it (anonymous here), never the client's
     (seen,) = _Recorder.seen
     names = {k.lower() for k in seen["headers"]}
     assert names == {
@@ -148,7 +150,10 @@ def test_no_auth_cookie_or_hop_by_hop_header_reaches_the_backend(recorder: str) 
         "content-type",
         "user-agent",
         "x-request-id",
+        "x-spillway-tenant-scope",
     }
+    scopes = [v for k, v in seen["headers"].items() if k.lower() == "x-spillway-tenant-scope"]
+    assert scopes == ["-"]
     assert seen["headers"]["Host"] == recorder.removeprefix("http://")
     assert seen["headers"]["x-request-id"] == "trace-7"
     assert seen["path"] == "/v2/models/digits/infer"
