@@ -3,7 +3,15 @@
 Scenarios, in order: digits on the GPU tier (accuracy), minilm similarity, a request the
 policy sends to the CPU fallback, an offline batch job over S3, the GPU service killed
 under load (nothing fails: the router falls back), a hot swap under load (nothing fails),
-then a summary per backend and a chart of latency and routing over time.
+then a canary that fails on purpose, async requests and a pipeline, a summary per backend
+and a chart of latency and routing over time.
+
+Each section ends with its checks (``spillway_cli.console.Check``: a figure against its
+bound). A failed check is printed at once with its name, figure and bound; the run ends
+by listing the failed ones and exits 1. The canary section fails requests by design:
+those failures are reported in that section and counted in no error total. No check
+depends on how fast a loaded machine is: deadlines are generous, and the checks count
+requests and compare versions and statuses.
 
 The terminal gets the report only: every log line (the stack's, boto's, the batch job's)
 goes to ``<out>/demo.log`` and each service's own log file; ``--verbose`` also shows the
@@ -14,9 +22,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,10 +39,21 @@ import typer
 from spillway.codec import decode_response, encode_request
 from spillway.messages import JobStatus
 from spillway.wire import parse_header_length
+from spillway_cli.console import Check, CheckFailed, Checks, at_least, at_most, equal
 from spillway_cli.demo_async import scenario_async
-from spillway_cli.demo_canary import scenario_canary
+from spillway_cli.demo_canary import CanaryReport, scenario_canary
 from spillway_cli.demo_pipelines import scenario_topics
 from spillway_cli.stack import DATA_BUCKET, REGION, LocalStack, offline_missing
+
+log = logging.getLogger("spillway.demo")
+
+ACCURACY_BOUND = 0.9
+"""The least accuracy the digits model may have on its held-out images (it has 0.97)."""
+RECOVERY_LIMIT_S = 300.0
+"""How long the router may take to go back to a restarted GPU service: more than the
+breaker's longest wait (``ROUTER_BREAKER_MAX_RESET_S``, 120 s) plus a loaded start."""
+ASYNC_LIMIT_S = 300.0
+"""How long the async section's requests may take to finish."""
 
 SENTENCES = (
     "A cat sits on the mat.",
@@ -86,12 +107,14 @@ class Client:
                 response = conn.getresponse()
                 raw = response.read()
                 return response.status, {k.lower(): v for k, v in response.getheaders()}, raw
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
                 self.local.conn = None
                 if not reused or attempt == 2:
+                    log.info("no answer from the router to %s: %r", path, exc)
                     break
-            except (OSError, http.client.HTTPException):
+            except (OSError, http.client.HTTPException) as exc:
                 self.local.conn = None
+                log.info("no answer from the router to %s: %r", path, exc)
                 break
         return 599, {}, b""
 
@@ -111,6 +134,8 @@ class Client:
         elapsed = (time.monotonic() - started) * 1e3
         self._record(scenario, status, got, elapsed)
         if status != 200:
+            # The demo's own log file (the terminal shows the checks): what the router said.
+            log.info("%s request answered %d: %s", scenario, status, raw[:300])
             return status, got, raw
         length_out = parse_header_length(got.get("inference-header-content-length"))
         return status, got, decode_response(raw, length_out)[1]
@@ -143,7 +168,8 @@ def under_load(
 
     with ThreadPoolExecutor(threads + 1) as pool:
         futures = [pool.submit(worker, t) for t in range(threads)]
-        while len(client.records) - before < count // 4:
+        # ``during`` runs once a quarter of the requests are answered: counted, not timed.
+        while len(client.records) - before < count // 4 and not all(f.done() for f in futures):
             time.sleep(0.01)
         during()
         for future in futures:
@@ -156,37 +182,57 @@ def say(text: str) -> None:
     typer.echo(text)
 
 
-def scenario_digits(client: Client, models: Path) -> None:
+def failed(records: list[Record]) -> Check:
+    """Every request of ``records`` answered 200; the figure names the failed statuses
+    (599: no answer reached the client)."""
+    statuses = Counter(r.status for r in records if r.status != 200)
+    detail = ", ".join(f"{status} x{n}" for status, n in sorted(statuses.items()))
+    unit = f"of {len(records)}" + (f" ({detail})" if detail else "")
+    return equal("requests that failed", sum(statuses.values()), 0, unit)
+
+
+def scenario_digits(client: Client, models: Path) -> list[Check]:
     images = np.load(models / "digits/samples/images.npy", allow_pickle=False).astype(np.float32)
     labels = np.load(models / "digits/samples/labels.npy", allow_pickle=False)
-    predicted = []
+    correct = 0
     for start in range(0, len(images), 16):
         status, _, out = client.infer("digits", "digits", {"image": images[start : start + 16]})
         if status != 200:
-            raise RuntimeError(f"digits request failed with {status}")
-        predicted.append(out["label"][:, 0])
-    accuracy = float((np.concatenate(predicted) == labels).mean())
+            continue
+        correct += int((out["label"][:, 0] == labels[start : start + 16]).sum())
+    accuracy = correct / len(labels)
     backends = {r.backend for r in client.records if r.scenario == "digits"}
     say(
         f"1. digits via the router: accuracy {accuracy:.4f} on {len(labels)} held-out images "
         f"(served by: {', '.join(sorted(backends))})"
     )
+    return [
+        failed([r for r in client.records if r.scenario == "digits"]),
+        at_least("accuracy on the held-out images", round(accuracy, 4), ACCURACY_BOUND),
+    ]
 
 
-def scenario_minilm(client: Client) -> None:
+def scenario_minilm(client: Client) -> list[Check]:
     texts = np.array([[s.encode()] for s in SENTENCES], dtype=np.object_)
     status, headers, out = client.infer("minilm", "minilm", {"text": texts})
+    answered = [equal("the request was answered", status, 200, "(HTTP status)")]
     if status != 200:
-        raise RuntimeError(f"minilm request failed with {status}")
+        return answered
     emb = np.asarray(out["embedding"], dtype=np.float32)
     sims = emb @ emb.T
     say(f"\n2. minilm via the router ({headers.get('x-spillway-backend')}): cosine similarity")
-    say("      " + "".join(f"    s{i}" for i in range(len(SENTENCES))))
+    say("      " + "".join(f"     s{i}" for i in range(len(SENTENCES))))
     for i, row in enumerate(sims):
-        say(f"  s{i}  " + "".join(f"{v:6.3f}" for v in row) + f"   {SENTENCES[i]}")
+        say(f"  s{i}  " + "".join(f"{v:7.3f}" for v in row) + f"   {SENTENCES[i]}")
+    # s0/s1 and s2/s3 are paraphrases: each is closer to its own than to the other pair.
+    margin = min(sims[0, 1], sims[2, 3]) - max(sims[0, 2], sims[0, 3], sims[1, 2], sims[1, 3])
+    return [
+        *answered,
+        at_least("paraphrases closer than unrelated sentences by", round(float(margin), 3), 0.1),
+    ]
 
 
-def scenario_serverless(client: Client) -> None:
+def scenario_serverless(client: Client) -> list[Check]:
     image = {"image": np.zeros((1, 8, 8), np.float32)}
     status, headers, _ = client.infer(
         "serverless", "digits", image, {"x-spillway-mode": "serverless", "x-spillway-priority": "3"}
@@ -196,9 +242,13 @@ def scenario_serverless(client: Client) -> None:
         f"{headers.get('x-spillway-backend')} (rule {headers.get('x-spillway-rule')}, "
         f"cost ${float(headers.get('x-spillway-cost-usd', 0)):.7f})"
     )
+    return [
+        equal("the request was answered", status, 200, "(HTTP status)"),
+        equal("the CPU fallback served it", headers.get("x-spillway-backend"), "cpu"),
+    ]
 
 
-def scenario_batch(stack: LocalStack, models: Path, out: Path) -> None:
+def scenario_batch(stack: LocalStack, models: Path, out: Path, checks: Checks) -> None:
     from spillway.repository import aws_client
 
     images = np.load(models / "digits/samples/images.npy", allow_pickle=False)[:300]
@@ -219,8 +269,8 @@ def scenario_batch(stack: LocalStack, models: Path, out: Path) -> None:
         f"   job {status.job_id[:8]} {status.state}: {status.shards_done}/{status.shards_total} "
         f"shards, {status.records} records, {status.errors} errors (logs: {out / 'jobs'})"
     )
-    if status.state != "SUCCEEDED":
-        raise RuntimeError(f"the batch job ended {status.state}")
+    section = "4. batch job"
+    checks.require(section, equal("the job's state", status.state, "SUCCEEDED"))
     listing = s3.list_objects_v2(Bucket=DATA_BUCKET, Prefix="outputs/digits/")
     keys = [o["Key"] for o in listing.get("Contents", [])]
     outputs = [k for k in keys if k.endswith(".jsonl") and not k.endswith(".errors.jsonl")]
@@ -232,7 +282,17 @@ def scenario_batch(stack: LocalStack, models: Path, out: Path) -> None:
             shard, index = (int(x) for x in record["id"].split("-")[1:])
             correct += int(np.ravel(record["outputs"]["label"])[0] == truth[shard * 100 + index])
             total += 1
-    say(f"   {total} output records in {len(outputs)} files; accuracy {correct / total:.4f}")
+    accuracy = correct / total if total else 0.0
+    say(f"   {total} output records in {len(outputs)} files; accuracy {accuracy:.4f}")
+    checks.record(
+        section,
+        [
+            equal("records the job counted", status.records, 300),
+            equal("records the job failed", status.errors, 0),
+            equal("output records", total, 300),
+            at_least("accuracy of the output records", round(accuracy, 4), ACCURACY_BOUND),
+        ],
+    )
 
 
 def run_batch_job(
@@ -275,32 +335,42 @@ def run_batch_job(
             time.sleep(0.5)
 
 
-def scenario_kill_gpu(client: Client, stack: LocalStack) -> None:
+def scenario_kill_gpu(client: Client, stack: LocalStack, checks: Checks) -> None:
     def kill() -> None:
         stack.children["gpu"].signal(9)
 
     records = under_load(client, "gpu-killed", 600, 8, kill)
-    failed = sum(r.status != 200 for r in records)
+    failures = sum(r.status != 200 for r in records)
     fallback = sum(r.fallback is not None or r.backend == "cpu" for r in records)
     say(
-        f"\n5. GPU service SIGKILLed under load: {len(records)} requests, {failed} failed, "
+        f"\n5. GPU service SIGKILLed under load: {len(records)} requests, {failures} failed, "
         f"{fallback} answered by the CPU fallback"
     )
+    section = "5. GPU service killed"
+    checks.record(section, [failed(records)])
     stack.children.pop("gpu").proc.wait(10)
     stack.start_gpu()
     # The router's circuit breaker reopens the GPU route after its half-open probe succeeds.
-    deadline = time.monotonic() + 120
+    started = time.monotonic()
+    back_after: float | None = None
     image = {"image": np.zeros((1, 8, 8), np.float32)}
-    while client.infer("recovery", "digits", image)[1].get("x-spillway-backend") != "gpu":
-        if time.monotonic() > deadline:
-            raise RuntimeError("the router never went back to the GPU service")
+    while time.monotonic() - started < RECOVERY_LIMIT_S:
+        if client.infer("recovery", "digits", image)[1].get("x-spillway-backend") == "gpu":
+            back_after = round(time.monotonic() - started, 1)
+            break
         time.sleep(0.5)
-    say("   GPU service restarted; the router's breaker closed again")
+    back = at_most(
+        "the router went back to the GPU service after", back_after, RECOVERY_LIMIT_S, "s"
+    )
+    checks.require(section, back)
+    say(f"   GPU service restarted; the router's breaker closed again ({back.figure} later)")
 
 
-def scenario_hot_swap(client: Client, stack: LocalStack, models: Path) -> None:
+def scenario_hot_swap(client: Client, stack: LocalStack, models: Path) -> list[Check]:
     from spillway.repository import open_repository
     from spillway_cli.stack import REPOSITORY
+
+    loaded: list[int] = []
 
     def swap() -> None:
         version = open_repository(REPOSITORY).publish_version(
@@ -310,18 +380,25 @@ def scenario_hot_swap(client: Client, stack: LocalStack, models: Path) -> None:
         conn.request("POST", "/v2/repository/models/digits/load")
         response = conn.getresponse()
         response.read()
+        loaded.append(response.status)
         say(f"   published digits v{version}; load call answered {response.status}")
 
     records = under_load(client, "hot-swap", 1500, 8, swap)
-    failed = sum(r.status != 200 for r in records)
+    failures = sum(r.status != 200 for r in records)
     on_gpu = sum(r.backend == "gpu" for r in records)
     say(
         f"\n6. hot swap of digits under load: {len(records)} requests ({on_gpu} on the GPU "
-        f"service), {failed} failed"
+        f"service), {failures} failed"
     )
+    return [
+        equal("the load call was answered", loaded[0] if loaded else None, 200, "(HTTP status)"),
+        failed(records),
+    ]
 
 
 def summary(client: Client) -> str:
+    """Requests per backend of sections 1 to 6 (the only ones the client records), with
+    their latencies, errors (non-200 answers) and cost."""
     rows = [
         "| backend | requests | p50 ms | p99 ms | errors | cost USD |",
         "|---|---|---|---|---|---|",
@@ -335,6 +412,17 @@ def summary(client: Client) -> str:
             f"{sum(r.cost_usd for r in mine):.6f} |"
         )
     return "\n".join(rows)
+
+
+def apart(canary: CanaryReport) -> str:
+    """The by-design failures of the canary section, reported apart from the errors."""
+    total = sum(canary.requests.values())
+    return (
+        f"Intentional failures, apart from the error totals: section 7's canary v{canary.canary} "
+        f"fails 20 % of its inputs on purpose; it failed {canary.by_design_failures} of the "
+        f"section's {total} requests before the router rolled it back. They are counted in "
+        "no error total above, and the section's checks say what had to hold there."
+    )
 
 
 def chart(client: Client, path: Path) -> None:
@@ -371,7 +459,9 @@ def chart(client: Client, path: Path) -> None:
 def run_demo(
     models: Path, out: Path, router_runtime: str = "wsgi", router_fallback: bool = False
 ) -> None:
-    """Bring the stack up, run every scenario through the router, stop everything."""
+    """Bring the stack up, run every scenario through the router, stop everything; exit
+    1 naming every failed check."""
+    checks = Checks(say)
     say(f"Starting the platform on 127.0.0.1 (logs: {out / 'demo.log'}, {out / 'stack'}) ...")
     stack = LocalStack(
         models, out / "stack", router_runtime=router_runtime, router_fallback=router_fallback
@@ -386,20 +476,34 @@ def run_demo(
         say(f"The router runs as {stack.router_runtime}{why}.")
         say(f"Live dashboard: {stack.url('dashboard')}/\n")
         client = Client(stack.ports.router, dict(stack.router_headers))
-        scenario_digits(client, models)
-        scenario_minilm(client)
-        scenario_serverless(client)
-        scenario_batch(stack, models, out)
-        scenario_kill_gpu(client, stack)
-        scenario_hot_swap(client, stack, models)
-        canary = scenario_canary(stack, models, say)
-        asynchronous = scenario_async(stack.ports.router, dict(stack.router_headers), models, say)
-        topics = scenario_topics(stack.ports.router, dict(stack.router_headers), say)
-        say("\nSummary per backend:\n" + summary(client))
-        chart(client, out / "demo.png")
-        say(f"\nChart: {out / 'demo.png'}")
-        failures = [r for r in client.records if r.status != 200]
-        if failures or not asynchronous.ok or not canary.ok or not topics.ok:
-            raise typer.Exit(1)
+        _scenarios(stack, client, models, out, checks)
+    except CheckFailed:
+        pass  # printed as it was recorded; the verdict below names it again
     finally:
         stack.stop()
+    say("\n" + checks.verdict())
+    if checks.failed:
+        raise typer.Exit(1)
+
+
+def _scenarios(stack: LocalStack, client: Client, models: Path, out: Path, checks: Checks) -> None:
+    """Every section, in order, each followed by its checks."""
+    checks.record("1. digits", scenario_digits(client, models))
+    checks.record("2. minilm", scenario_minilm(client))
+    checks.record("3. serverless", scenario_serverless(client))
+    scenario_batch(stack, models, out, checks)
+    scenario_kill_gpu(client, stack, checks)
+    checks.record("6. hot swap", scenario_hot_swap(client, stack, models))
+    canary = scenario_canary(stack, models, say)
+    checks.record("7. canary (fails on purpose)", canary.checks())
+    asynchronous = scenario_async(
+        stack.ports.router, dict(stack.router_headers), models, say, timeout_s=ASYNC_LIMIT_S
+    )
+    checks.record("8. async", asynchronous.checks())
+    topics = scenario_topics(stack.ports.router, dict(stack.router_headers), say)
+    checks.record("9. topics", topics.checks())
+    say("\nSummary per backend (sections 1-6):\n" + summary(client))
+    checks.record("summary (sections 1-6)", [failed(client.records)])
+    say(apart(canary))
+    chart(client, out / "demo.png")
+    say(f"\nChart: {out / 'demo.png'}")

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from spillway_cli.console import Check, equal
+
 REQUESTS = 20
 
 
@@ -33,10 +35,19 @@ class AsyncReport:
     states_seen: tuple[str, ...] = ()
     seconds: float = 0.0
 
+    def checks(self) -> list[Check]:
+        """Every request accepted, finished and equal to its synchronous answer."""
+        of = f"of {REQUESTS} requests"
+        return [
+            equal("accepted at once (202)", self.accepted, REQUESTS, of),
+            equal("finished before the deadline", self.finished, REQUESTS, of),
+            equal("equal to the synchronous answer", self.matching, REQUESTS, of),
+        ]
+
     @property
     def ok(self) -> bool:
-        """Every request accepted, finished and equal to its synchronous answer."""
-        return self.accepted == self.finished == self.matching == REQUESTS
+        """Every check passed."""
+        return all(check.passed for check in self.checks())
 
 
 def _call(

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from spillway_cli.console import Check, equal
+
 SENTENCES = (
     ("Our striker scored a late winner in the derby.", "sports"),
     ("The central bank kept interest rates on hold.", "finance"),
@@ -33,10 +35,17 @@ class TopicsReport:
     cached: int = 0
     lines: list[str] = field(default_factory=list)
 
+    def checks(self) -> list[Check]:
+        """Every sentence answered twice, the repeat from the cache."""
+        return [
+            equal("answers (each sentence twice)", self.answered, 2 * len(SENTENCES)),
+            equal("repeats answered from the step cache", self.cached, len(SENTENCES)),
+        ]
+
     @property
     def ok(self) -> bool:
-        """Every sentence answered twice, the repeat from the cache."""
-        return self.answered == 2 * len(SENTENCES) and self.cached == len(SENTENCES)
+        """Every check passed."""
+        return all(check.passed for check in self.checks())
 
 
 def _classify(port: int, headers: Mapping[str, str], text: str) -> tuple[int, dict[str, Any]]:

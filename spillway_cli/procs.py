@@ -26,14 +26,22 @@ def wait_http(
     proc: subprocess.Popen[bytes] | None = None,
     headers: dict[str, str] | None = None,
 ) -> None:
-    """Wait until ``url`` answers 200; fail early if ``proc`` exits."""
+    """Wait until ``url`` answers 200; fail early if ``proc`` exits.
+
+    One probe at a time, and a probe the server accepted waits for its answer until the
+    deadline: a server that starts its workers on the first request (serverless-offline
+    starts one per request it cannot give to an idle one) would otherwise get a new
+    request, and start a new worker, every time a slow first answer outlasted a short
+    probe timeout, and a loaded machine would never see it come up. A refused connection
+    fails at once, and is tried again shortly.
+    """
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while (remaining := deadline - time.monotonic()) > 0:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} was up")
         try:
             request = urllib.request.Request(url, headers=headers or {})  # noqa: S310
-            with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=remaining) as response:  # noqa: S310
                 if response.status == 200:
                     return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
