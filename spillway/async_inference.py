@@ -38,7 +38,7 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -77,6 +77,15 @@ MAX_INPUT_BYTES = 1024**3
 _MISSING = frozenset({"404", "NoSuchKey", "NotFound", "403", "AccessDenied", "Forbidden"})
 _ID_CHARS = frozenset("0123456789abcdef")
 _PENDING = "1"  # the sparse index's one partition: only pending records carry it
+_QUEUE_COUNTS = (
+    "ApproximateNumberOfMessages",
+    "ApproximateNumberOfMessagesNotVisible",
+    "ApproximateNumberOfMessagesDelayed",
+)
+_PAGE = 25  # pending index entries read per query
+ORPHAN_AFTER_S = 300.0
+"""How long a pending record must have been untouched, with the queue empty, before the
+drain check takes its message as lost (SQS's counts lag by about a minute)."""
 # Attribute names that are DynamoDB reserved words.
 _NAMES = {"#s": "state", "#st": "status", "#o": "owner"}
 
@@ -728,21 +737,115 @@ class AsyncStore:
 
     # --- queue age and expiry ---------------------------------------------------------
 
+    def pending(self, limit: int = 100) -> Iterator[AsyncRecord]:
+        """Live queued or running requests, oldest first, at most ``limit`` of them.
+
+        The sparse ``pending`` index (only pending records carry its key; it projects
+        keys only) is read from ``now - ttl_s`` on, so the records DynamoDB's TTL has not
+        deleted yet (it takes up to days) cost nothing; each candidate is then read from
+        the table, which also skips one that expired or settled meanwhile. An expired
+        record is nobody's backlog: nobody can read its result."""
+        since = self.clock() - self.settings.ttl_s
+        query: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": "pending",
+            "KeyConditionExpression": "pending = :p AND created_at >= :since",
+            "ExpressionAttributeValues": {":p": {"S": _PENDING}, ":since": {"N": repr(since)}},
+            "ScanIndexForward": True,
+            "Limit": _PAGE,
+        }
+        seen = 0
+        while True:
+            answer = self.client("dynamodb").query(**query)
+            for item in answer.get("Items") or []:
+                record = self.find(str(item["id"]["S"]))
+                if record is None or record.state in DONE:
+                    continue
+                yield record
+                seen += 1
+                if seen >= limit:
+                    return
+            if "LastEvaluatedKey" not in answer:
+                return
+            query["ExclusiveStartKey"] = answer["LastEvaluatedKey"]
+
     def oldest_pending_age(self) -> float | None:
-        """Seconds the oldest queued or running request has waited (None: none), from
-        the sparse ``pending`` index (only pending records carry its key)."""
-        answer = self.client("dynamodb").query(
-            TableName=self.table,
-            IndexName="pending",
-            KeyConditionExpression="pending = :p",
-            ExpressionAttributeValues={":p": {"S": _PENDING}},
-            ScanIndexForward=True,
-            Limit=1,
+        """Seconds the oldest live queued or running request has waited (None: none)."""
+        oldest = next(self.pending(1), None)
+        return None if oldest is None else max(0.0, self.clock() - oldest.created_at)
+
+    def queue_is_empty(self) -> bool:
+        """Whether the queue holds no message at all: none waiting, in flight or delayed
+        (SQS's approximate counts, about a minute behind)."""
+        counts = (
+            self.client("sqs")
+            .get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=list(_QUEUE_COUNTS))
+            .get("Attributes", {})
         )
-        items = answer.get("Items") or []
-        if not items:
-            return None
-        return max(0.0, self.clock() - float(items[0]["created_at"]["N"]))
+        return all(int(counts.get(name, 0)) == 0 for name in _QUEUE_COUNTS)
+
+    def reconcile_pending(self, *, queue_empty: bool, limit: int = 100) -> int:
+        """Fail the pending requests whose message is gone; how many were failed.
+
+        A record not held by a live lease has lost its message when its deliveries are
+        used up (the queue's redrive moved the message to the dead-letter queue after a
+        consumer crashed on the last one), or when the queue holds no message at all and
+        it has waited more than ``orphan_after_s`` (a send that failed after the record
+        was written, a purge). Such a record is failed as the server's fault (500
+        ``delivery_lost``), once: the write is conditional on the attempt count read, so
+        a consumer that claims it meanwhile wins. A failed record leaves the pending index,
+        and a tenant's in-flight quota frees its place at the next read of it. Failing
+        rather than sending again keeps the drain function off the queue's send side and
+        never runs a request twice; the client sees the failure and may submit again."""
+        now = self.clock()
+        orphan_after = max(float(self.settings.lease_s), ORPHAN_AFTER_S)
+        failed = 0
+        for record in list(self.pending(limit)):
+            if record.state == "running" and record.lease_until >= now:
+                continue
+            exhausted = record.attempts >= self.settings.max_attempts
+            lost = queue_empty and now - record.updated_at > orphan_after
+            if (exhausted or lost) and self._fail_lost(record, now):
+                failed += 1
+        return failed
+
+    def _fail_lost(self, record: AsyncRecord, now: float) -> bool:
+        """Record a lost request as failed unless a consumer touched it since it was read."""
+        from botocore.exceptions import ClientError
+
+        message = (
+            "the request's message was lost after "
+            f"{record.attempts} of {self.settings.max_attempts} deliveries; submit it again"
+        )
+        try:
+            self.client("dynamodb").update_item(
+                TableName=self.table,
+                Key={"id": {"S": record.id}},
+                UpdateExpression=(
+                    "SET #s = :failed, #st = :status, code = :code, #e = :error, "
+                    "updated_at = :now REMOVE pending, lease_until"
+                ),
+                ConditionExpression=(
+                    "attribute_exists(pending) AND attempts = :attempts AND "
+                    "(#s = :queued OR lease_until < :now)"
+                ),
+                ExpressionAttributeNames={"#s": "state", "#st": "status", "#e": "error"},
+                ExpressionAttributeValues={
+                    ":failed": {"S": "failed"},
+                    ":queued": {"S": "queued"},
+                    ":status": {"N": "500"},
+                    ":code": {"S": "delivery_lost"},
+                    ":error": {"S": message},
+                    ":now": {"N": repr(now)},
+                    ":attempts": {"N": str(record.attempts)},
+                },
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise
+            return False
+        self._notify(record.id, "failed", 500)
+        return True
 
     def purge_expired(self, limit: int = 100) -> int:
         """Delete expired records and their objects (what DynamoDB's TTL and the S3

@@ -8,7 +8,9 @@ can take), the CPU fallback drains the queue too:
   (``handle_sqs_event``, with partial batch responses). It starts disabled; a scheduled
   event (``{"spillway": "async-drain-check"}``, every minute) runs ``drain_check``, which
   enables it while the oldest pending request is older than the threshold and disables
-  it once the backlog is gone.
+  it once the backlog is gone. Expired records are no backlog, and a pending record
+  whose message is gone (its deliveries used up, or an empty queue) is failed first,
+  so a lost message never keeps the CPU function competing for the queue.
 * Locally (``spillway serve cpu`` with ``ASYNC_*`` set), ``drain_forever`` runs the same
   check and the same per-message step on a background thread, each batch it receives in
   ``fair_order`` (one request per tenant in turn), as the GPU service does.
@@ -33,6 +35,8 @@ from spillway.wire import Reply, infer_reply
 log = logging.getLogger("spillway.cpu_infer.async")
 DRAIN_CHECK = "async-drain-check"
 OWNER = f"cpu:{socket.gethostname()}:{os.getpid()}"
+RECONCILE_EVERY_S = 60.0
+"""How often the local drain loop reconciles stale pending records (on AWS: each check)."""
 
 
 def run_message(service: CpuService, store: AsyncStore, message: Message) -> bool:
@@ -79,9 +83,19 @@ def should_drain(store: AsyncStore) -> bool:
     return age is not None and age >= store.settings.drain_age_s
 
 
+def reconcile(store: AsyncStore) -> int:
+    """Fail the pending requests whose message is gone (``AsyncStore.reconcile_pending``),
+    so that they stop counting as backlog; how many were failed."""
+    failed = store.reconcile_pending(queue_empty=store.queue_is_empty())
+    if failed:
+        log.warning("async drain check failed %d request(s) whose message was lost", failed)
+    return failed
+
+
 def drain_check(store: AsyncStore, function_name: str, lambda_client: Any) -> bool:
-    """Enable this function's SQS event source mapping while draining is due, disable it
-    otherwise; whether it is now enabled."""
+    """Reconcile stale pending requests, then enable this function's SQS event source
+    mapping while draining is due and disable it otherwise; whether it is now enabled."""
+    reconcile(store)
     wanted = should_drain(store)
     queue_arn = store.client("sqs").get_queue_attributes(
         QueueUrl=store.queue_url, AttributeNames=["QueueArn"]
@@ -101,8 +115,12 @@ def drain_forever(
     service: CpuService, store: AsyncStore, stop: threading.Event, interval_s: float = 1.0
 ) -> None:
     """The local form: check every ``interval_s``; while due, take and run messages."""
+    checked = float("-inf")
     while not stop.is_set():
         try:
+            if store.clock() - checked >= RECONCILE_EVERY_S:
+                reconcile(store)
+                checked = store.clock()
             if should_drain(store):
                 for message in fair_order(store.receive(10, 1.0), {}):
                     run_message(service, store, message)
