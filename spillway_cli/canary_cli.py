@@ -1,6 +1,12 @@
 """``spillway models canary`` and ``spillway models status``: a model's canary in the
 router's shared state table (``ROUTER_STATE_TABLE``), the record every router reads.
 
+``models canary`` asks the router's backends (``--gpu-url``, ``--cpu-url`` or
+``--cpu-function``, defaulting to the router's own ``ROUTER_*`` variables) whether they
+serve the canary version and prints what each said; ``--promote`` refuses a version that
+one of them answers it does not serve (after promotion every unpinned request would get
+it). A backend that cannot be asked is reported, not counted as a refusal.
+
 Registered by ``spillway_cli.main`` on the ``models`` group.
 """
 
@@ -9,17 +15,71 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from spillway.canary import CanaryState, CanaryStore, RollbackBounds
 from spillway.errors import SpillwayError
 
+if TYPE_CHECKING:
+    from functions.router.backends import Backend
+
 TableOption = Annotated[
     str,
     typer.Option(envvar="ROUTER_STATE_TABLE", help="The routers' state table (DynamoDB)."),
 ]
+
+
+GpuUrlOption = Annotated[
+    str | None,
+    typer.Option(envvar="ROUTER_GPU_URL", help="The GPU service the routers send to."),
+]
+CpuUrlOption = Annotated[
+    str | None,
+    typer.Option(envvar="ROUTER_CPU_URL", help="The CPU fallback over HTTP (local stacks)."),
+]
+CpuFunctionOption = Annotated[
+    str | None,
+    typer.Option(envvar="ROUTER_CPU_FUNCTION", help="The CPU fallback function (lambda:Invoke)."),
+]
+PROBE_TIMEOUT_S = 10.0
+
+
+def version_backends(
+    gpu_url: str | None, cpu_url: str | None, cpu_function: str | None
+) -> dict[str, Backend]:
+    """The backends a router with these settings sends to."""
+    from functions.router.backends import HttpBackend
+    from functions.router.lambda_backend import LambdaBackend
+
+    backends: dict[str, Backend] = {}
+    if gpu_url:
+        backends["gpu"] = HttpBackend("gpu", gpu_url, pool_size=1)
+    if cpu_function:
+        backends["cpu"] = LambdaBackend("cpu", cpu_function, read_timeout_s=PROBE_TIMEOUT_S)
+    elif cpu_url:
+        backends["cpu"] = HttpBackend("cpu", cpu_url, pool_size=1)
+    return backends
+
+
+def serving(backends: dict[str, Backend], model: str, version: int) -> dict[str, bool | None]:
+    """What each backend says about serving ``version`` (``None``: it could not tell)."""
+    from functions.router.canary import version_served
+
+    return {
+        name: version_served(backend, model, version, PROBE_TIMEOUT_S)
+        for name, backend in backends.items()
+    }
+
+
+def describe_serving(version: int, answers: dict[str, bool | None]) -> str:
+    """One line: which backends serve ``version``."""
+    if not answers:
+        return f"  v{version} served by: not checked (no --gpu-url, --cpu-url or --cpu-function)"
+    words = {True: "serves it", False: "does not serve it", None: "could not be asked"}
+    parts = ", ".join(f"{name} {words[answer]}" for name, answer in answers.items())
+    return f"  v{version}: {parts}"
 
 
 def _store(table: str) -> CanaryStore:
@@ -70,15 +130,32 @@ def models_canary(
             "(refused with 409 version_rolled_back unless allowed).",
         ),
     ] = None,
+    gpu_url: GpuUrlOption = None,
+    cpu_url: CpuUrlOption = None,
+    cpu_function: CpuFunctionOption = None,
 ) -> None:
     """Start a canary or change its share (--version V --percent P), or --promote it;
     --allow-pinned / --refuse-pinned decide whether pinned requests reach rolled-back
-    versions (alone, or with either)."""
+    versions (alone, or with either). Says which backends serve the canary version, and
+    refuses to promote one that a backend does not serve."""
     store = _store(table)
+    backends = version_backends(gpu_url, cpu_url, cpu_function)
     if promote:
         current = _run(lambda: store.load(model))
         if version is not None and current is not None and current.canary != version:
             raise _fail(f"the running canary of {model} is v{current.canary}, not v{version}")
+        served: dict[str, bool | None] = {}
+        if current is not None and current.canary is not None:
+            served = serving(backends, model, current.canary)
+            typer.echo(describe_serving(current.canary, served))
+            refusing = [name for name, answer in served.items() if answer is False]
+            if refusing:
+                raise _fail(
+                    f"v{current.canary} of {model} is not served by {', '.join(refusing)}: "
+                    "promoted, it would get every unpinned request there; publish it where "
+                    "that backend reads its repository (and a version_policy that serves it) "
+                    "first"
+                )
         state = _run(lambda: store.promote(model))
         typer.echo(describe(_pinning(store, model, allow_pinned) or state, model))
         return
@@ -104,6 +181,7 @@ def models_canary(
             raise _fail(f"invalid rollback bounds: {exc}") from None
     state = _run(lambda: store.start(model, version, percent, stable=stable, bounds=bounds))
     typer.echo(describe(_pinning(store, model, allow_pinned) or state, model))
+    typer.echo(describe_serving(version, serving(backends, model, version)))
 
 
 def _pinning(store: CanaryStore, model: str, allow: bool | None) -> CanaryState | None:

@@ -2,18 +2,23 @@
 
 Every version each model's ``version_policy`` serves is loaded through the core loader
 (downloaded from S3 into the cache, verified, warmed) at init, so a provisioned instance
-answers its first request without a load, and the fallback serves the same versions as
-the GPU service. A request runs alone, unbatched, through the core pipeline with the
-engine run directly; a ``timeout`` (microseconds, set by the router) that has passed by
-the time the request would run fails it with 504 instead of computing it. Pipelines are
-checked at init and run their steps over these models through the core step runner
-(``spillway.ensemble_serve``).
+answers its first request without a load. The fallback serves the same versions as the
+GPU service later too: the repository's index is read again (``CPU_INDEX_REFRESH_S``, and
+at once when a request names a version it did not list), and a version published after
+init is loaded by the first request for it (``spillway.loader.OnDemandVersions``: one
+load however many requests wait, checksums verified, within ``CPU_MEMORY_BUDGET_MB``).
+So a canary the router sends here is served, not refused. A request runs alone,
+unbatched, through the core pipeline with the engine run directly; a ``timeout``
+(microseconds, set by the router) that has passed by the time the request would run
+fails it with 504 instead of computing it. Pipelines are checked at init and run their
+steps over these models through the core step runner (``spillway.ensemble_serve``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from functions.cpu_infer.settings import CpuSettings
@@ -21,7 +26,7 @@ from spillway import pipeline
 from spillway.engine import OnnxModel
 from spillway.ensemble_serve import PipelineSet
 from spillway.errors import ModelNotFoundError
-from spillway.loader import load_served
+from spillway.loader import OnDemandVersions
 from spillway.names import validate_model_name, validate_version
 from spillway.protocol import server_metadata
 from spillway.repository import ModelRepository, open_repository
@@ -34,15 +39,24 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 
 
 class CpuService:
-    """Loaded model versions and the Open Inference Protocol operations over them."""
+    """Served model versions and the Open Inference Protocol operations over them;
+    ``models``: the versions to serve (loaded, or loaded on demand from the repository)."""
 
     def __init__(
         self,
-        models: dict[str, dict[int, OnnxModel]],
+        models: OnDemandVersions | Mapping[str, Mapping[int, OnnxModel]],
         settings: CpuSettings,
         pipelines: PipelineSet | None = None,
     ) -> None:
-        self.models = models
+        if not isinstance(models, OnDemandVersions):
+            models = OnDemandVersions(
+                None,
+                None,
+                cache_dir=settings.cache_dir,
+                options=settings.engine_options(),
+                preloaded=models,
+            )
+        self.versions = models
         self.settings = settings
         self.pipelines = pipelines or PipelineSet()
 
@@ -52,34 +66,48 @@ class CpuService:
         repo = repository or open_repository(settings.repository)
         cache = open_cache(CacheSettings.from_env())
         pipelines = PipelineSet.read(repo, settings.models, cache)
-        names = pipelines.models(settings.models)
-        models = load_served(repo, names, settings.cache_dir, settings.engine_options())
-        return cls(models, settings, pipelines)
+        budget = settings.memory_budget_mb
+        versions = OnDemandVersions(
+            repo,
+            pipelines.models(settings.models),
+            cache_dir=settings.cache_dir,
+            options=settings.engine_options(),
+            refresh_s=settings.index_refresh_s,
+            miss_refresh_s=settings.index_miss_refresh_s,
+            memory_budget_bytes=None if budget is None else int(budget * 1e6),
+        )
+        versions.preload()
+        return cls(versions, settings, pipelines)
+
+    @property
+    def models(self) -> dict[str, dict[int, OnnxModel]]:
+        """The versions loaded now, by model and version."""
+        return self.versions.loaded()
 
     def get(self, name: str, version: str | None) -> OnnxModel:
-        """A loaded version: the one asked for, else the newest the policy serves (the
-        stable one while the model's configuration names a canary)."""
+        """A served version, loaded if need be: the one asked for, else the model's
+        default (the newest the policy serves; the stable one while the model's
+        configuration names a canary)."""
         # Worded as the GPU service words them: every server gives the same answer.
-        versions = self.models.get(validate_model_name(name))
-        if not versions:
-            raise ModelNotFoundError(f"unknown model {name!r}")
-        if version is None:
-            newest = versions[max(versions)]
-            return versions[newest.config.default_version(versions) or newest.version]
-        number = validate_version(version)
-        model = versions.get(number)
-        if model is None:
-            raise ModelNotFoundError(f"model {name!r} has no version {number} loaded")
-        return model
+        number = None if version is None else validate_version(version)
+        return self.versions.get(validate_model_name(name), number)
+
+    def served_versions(self, name: str) -> list[int]:
+        """The versions of ``name`` served here, loaded or not (404 for an unknown one)."""
+        return list(self.versions.index(validate_model_name(name)).versions)
 
     def server_metadata(self) -> dict[str, Any]:
         """``GET /v2``."""
         return server_metadata("spillway-cpu", EXTENSIONS)
 
     def check_ready(self, name: str, version: str | None) -> None:
-        """Raise unless the model (or pipeline) serves ``version`` (or its default one)."""
+        """Raise unless the model (or pipeline) serves ``version`` (or its default one);
+        a served version not loaded yet is ready: the request that needs it loads it."""
         if self.pipelines.find(name, version) is None:
-            self.get(name, version)
+            number = None if version is None else validate_version(version)
+            index = self.versions.index(validate_model_name(name), missing=number)
+            if number is not None and number not in index.versions:
+                raise ModelNotFoundError(f"model {name!r} has no version {number} loaded")
 
     def metadata(self, name: str, version: str | None) -> dict[str, Any]:
         """``GET /v2/models/{m}[/versions/{v}]``: every served version is listed."""
@@ -87,7 +115,7 @@ class CpuService:
             return served.metadata()
         document = self.get(name, version).metadata()
         if version is None:
-            document["versions"] = [str(v) for v in sorted(self.models[name])]
+            document["versions"] = [str(v) for v in self.served_versions(name)]
         return document
 
     def config(self, name: str, version: str | None) -> dict[str, Any]:

@@ -25,6 +25,17 @@ class CpuSettings(BaseSettings):
     max_payload_bytes: int = Field(default=SYNC_BODY_BYTES, ge=1024)
     """Largest request and response body: the invoke event carries it base64 within
     Lambda's 6 MB synchronous payload, so about 4.4 MiB (docs/deploy.md)."""
+    index_refresh_s: float = Field(default=60.0, gt=0)
+    """How often each model's configuration and published versions are read from the
+    repository again: a version published (and served by the model's ``version_policy``)
+    after start-up is loaded when a request first asks for it."""
+    index_miss_refresh_s: float = Field(default=1.0, ge=0)
+    """A request for a version the last read did not list reads the repository again, at
+    most this often per model (a version published a moment ago is found at once)."""
+    memory_budget_mb: float | None = Field(default=None, gt=0)
+    """Memory for loaded versions (their files' size x 1.5 each); a load that does not fit
+    evicts the least recently used versions first, and one larger than the budget fails
+    with 503 ``insufficient_memory``. Unset: no limit (the function's memory size is)."""
     intra_op_threads: int = Field(default=0, ge=0)
     """Threads inside one ONNX Runtime operator (0: ONNX Runtime decides)."""
     max_elements_per_input: int = Field(default=16 * 1024 * 1024, ge=1)

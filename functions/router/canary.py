@@ -11,13 +11,25 @@ to a version a promotion retired, moves to the stable version. A request that pi
 rolled-back version is refused (409 ``version_rolled_back``, ``admit``) unless the
 operator set ``allow_pinned`` on the record. Records are cached for
 ``canary_ttl_s``; once per ``canary_config_check_s`` the model's ``config.json`` (asked
-from a backend) may start the canary it names (``spillway.canary.seed``).
+from a backend) may start the canary it names (``spillway.canary.seed``). The record is
+followed in every mode: an unpinned async request is queued, and a batch-mode one
+submitted, with the version chosen here, so no worker falls back on a backend's own
+default (which may be a rolled-back newest version).
+
+Versions are a contract with the backends: a backend that answers the version the router
+chose with 404 ``model_not_found`` does not serve it (``version_missing``); the router
+remembers that for ``canary_ttl_s`` (it sends that backend the version again only after,
+``skips``), tries the next backend of the chain with the same version, and when none
+serves it, sends the request to the stable version instead (``to_stable``: logged and
+counted as ``CanaryVersionUnserved``). A client never sees a 404 for a version it did not
+ask for, and the guard does not count it against the canary (a deployment gap, not a
+fault of the version).
 
 The guard (``canary_guard``): this router keeps, per version, the outcomes of the last
 ``window_s`` seconds (at most ``WINDOW_CAP`` requests): whether the version served or
-failed by its own fault (a 5xx the backend marks as its own, a 502, or a 404 for the
-version the router chose), the latency and the request's size class. A 4xx the request
-caused, a 429 or a 504 (busy, not broken) says nothing about a version and is not counted.
+failed by its own fault (a 5xx the backend marks as its own, or a 502), the latency and
+the request's size class. A 4xx the request caused, a 429 or a 504 (busy, not broken)
+says nothing about a version and is not counted.
 Once the canary has ``min_requests`` in the window, it is rolled back when its fault rate
 exceeds the stable version's by more than ``max_error_rate_increase`` (beyond chance:
 ``SIGNIFICANCE_Z``), or when its p99 exceeds the stable version's times ``max_p99_ratio``
@@ -76,6 +88,11 @@ class Pick:
         """The request, sent to the chosen version."""
         target = request.target
         return replace(request, target=Target(target.operation, target.model, str(self.version)))
+
+    @property
+    def model(self) -> str:
+        """The model the version was chosen for."""
+        return self.state.model
 
 
 # --- session affinity -------------------------------------------------------------------
@@ -170,6 +187,7 @@ class CanaryRouter:
         self.sink = sink
         self._states: OrderedDict[str, _Cached] = OrderedDict()
         self._windows: dict[tuple[str, int], Window] = {}
+        self._misses: OrderedDict[tuple[str, str, int], float] = OrderedDict()
         self._lock = threading.Lock()
 
     def admit(self, request: Request) -> None:
@@ -214,6 +232,49 @@ class CanaryRouter:
                 reply.status, [*reply.headers, (VERSION_HEADER, str(pick.version))], reply.body
             )
         return reply
+
+    # -- the version contract ------------------------------------------------------------
+
+    def skips(self, backend: str, pick: Pick) -> bool:
+        """Whether ``backend`` said, less than ``ttl_s`` ago, that it does not serve the
+        chosen version (then it is not sent it)."""
+        key = (backend, pick.model, pick.version)
+        with self._lock:
+            until = self._misses.get(key)
+            if until is not None and until <= self.clock():
+                del self._misses[key]
+                until = None
+        return until is not None
+
+    def missed(self, backend: str, pick: Pick) -> None:
+        """Remember that ``backend`` does not serve the chosen version."""
+        key = (backend, pick.model, pick.version)
+        with self._lock:
+            known = key in self._misses
+            self._misses[key] = self.clock() + self.ttl_s
+            self._misses.move_to_end(key)
+            while len(self._misses) > _MODELS_CACHED:
+                self._misses.popitem(last=False)
+        if not known:
+            log.warning(
+                "backend does not serve the chosen version",
+                extra={"backend": backend, "model": pick.model, "version": pick.version},
+            )
+
+    def to_stable(self, pick: Pick, tried: list[str]) -> Pick | None:
+        """The stable version for a request whose chosen version no backend of its chain
+        served (``tried``: what each said); ``None`` when the stable one was the choice."""
+        stable = pick.state.stable
+        if pick.version == stable:
+            return None
+        log.warning(
+            "no backend serves the chosen version; the stable version serves the request",
+            extra={"model": pick.model, "version": pick.version, "stable": stable, "tried": tried},
+        )
+        document = event_metric("CanaryVersionUnserved")
+        document.update(model=pick.model, version=pick.version)
+        self.sink.write(document)
+        return replace(pick, version=stable)
 
     # -- records -------------------------------------------------------------------------
 
@@ -345,3 +406,29 @@ def _canary_block(body: bytes) -> CanarySpec | None:
         return CanarySpec.model_validate(block) if block else None
     except (ValueError, AttributeError, ValidationError):
         return None
+
+
+def version_missing(response: BackendResponse) -> bool:
+    """Whether a backend's answer says it does not serve the version asked for (404
+    ``model_not_found``): for a version the router chose, a reason to go elsewhere."""
+    if response.status != 404:
+        return False
+    try:
+        return bool(json.loads(response.body).get("code") == "model_not_found")
+    except (ValueError, AttributeError):
+        return False
+
+
+def version_served(backend: Backend, model: str, version: int, timeout_s: float) -> bool | None:
+    """Whether ``backend`` serves ``version`` of ``model``, by its readiness endpoint: 200
+    yes (the CPU fallback counts a version it loads on demand), 404 ``model_not_found``
+    no; ``None`` when it cannot tell (unreachable, busy, still loading)."""
+    target = Target("ready", model, str(version))
+    request = BackendRequest("GET", target.path, "ready", model=model, version=str(version))
+    try:
+        response = backend.send(request, timeout_s)
+    except BackendError:
+        return None
+    if response.status == 200:
+        return True
+    return False if version_missing(response) else None

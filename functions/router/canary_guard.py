@@ -2,8 +2,9 @@
 verdict that rolls a canary back.
 
 What counts is what the version did: an answer that succeeded (2xx), and one that failed
-by the version's own fault (a 5xx the backend marks as its own, a 502, or a 404 saying
-the version the router chose is not there). Anything else (a 4xx the request caused, a
+by the version's own fault (a 5xx the backend marks as its own, or a 502). A 404 saying
+a backend does not serve the version is a deployment gap the router routes around
+(``canary.version_missing``), not the version's fault. Anything else (a 4xx the request caused, a
 429 or a 504: busy, not broken) is not counted at all, not even its latency: a client
 can make its own requests fail, fast or slowly, on whichever version it likes.
 
@@ -21,7 +22,6 @@ requests in the compared classes are slow, i.e. its p99 against the bounds passe
 
 from __future__ import annotations
 
-import json
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -62,12 +62,6 @@ def outcome(response: BackendResponse) -> Outcome | None:
     ``fault`` (it failed by its own fault), or ``None`` (nothing: not counted)."""
     if 200 <= response.status < 300:
         return "ok"
-    if response.status == 404:
-        try:
-            mine = json.loads(response.body).get("code") == "model_not_found"
-        except (ValueError, AttributeError):
-            mine = False
-        return "fault" if mine else None
     if response.status == 502:
         return "fault"
     if response.status >= 500 and response.headers.get(FAULT_HEADER) == "server":

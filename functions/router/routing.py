@@ -44,7 +44,7 @@ from functions.router.backends import (
     CannotServe,
     ConnectFailed,
 )
-from functions.router.canary import CanaryRouter
+from functions.router.canary import CanaryRouter, Pick, version_missing
 from functions.router.decide import Decision, SpillState, decide, with_allowed_priority
 from functions.router.facts import Call, Request, read_request, with_timeout
 from functions.router.health import CircuitBreaker, LoadTracker, RetryBudget, parse_load_headers
@@ -68,6 +68,7 @@ from spillway.wire import (
 log = logging.getLogger("spillway.router")
 
 FAILOVER_STATUS = {429: "overloaded", 502: "bad_gateway", 503: "unavailable", 504: "deadline"}
+VERSION_NOT_SERVED = "version_not_served"
 _MIN_ATTEMPT_S = 0.005
 # The backend is told 90% of the attempt's time so that its own 504 arrives before ours.
 BACKEND_TIMEOUT_SHARE = 0.9
@@ -83,6 +84,8 @@ class RouterConfig:
     breaker_failures: int = 5
     breaker_reset_s: float = 5.0
     breaker_max_reset_s: float = 120.0
+    breaker_probe_interval_s: float = 1.0
+    breaker_probe_timeout_s: float = 0.25
     retry_budget: float = 0.1
     load_halflife_s: float = 10.0
     load_stale_s: float = 30.0
@@ -152,6 +155,10 @@ class Router:
                 reset_s=config.breaker_reset_s,
                 max_reset_s=config.breaker_max_reset_s,
                 clock=clock,
+                probe=readiness_probe(self.backends[name], config.breaker_probe_timeout_s)
+                if name in self.backends
+                else None,
+                probe_interval_s=config.breaker_probe_interval_s,
             )
             for name in ("gpu", "cpu", "batch")
         }
@@ -168,6 +175,11 @@ class Router:
         facts = with_allowed_priority(policy, request.facts)
         if facts is not request.facts:
             request = replace(request, facts=facts)
+        # The version of a request that pins none, for a model with a canary record: in
+        # every mode (a queued or batch request would otherwise get a worker's default).
+        pick = self.canaries.pick(request) if self.canaries is not None else None
+        if pick is not None:
+            request = pick.pinned(request)
         if facts.mode == "async":
             if self.async_front is None:
                 raise ModeUnavailableError(
@@ -178,15 +190,15 @@ class Router:
             self.sink.write(event_metric("AsyncAccepted"))
             return reply
         decision = decide(policy, facts, self.wall(), self.load, self.spills)
-        # The version of a request that pins none, for a model with a canary (a batch job
-        # keeps the version it asked for).
-        pick = None
-        if self.canaries is not None and decision.chain[:1] != ("batch",):
-            pick = self.canaries.pick(request)
-        if pick is not None:
-            request = pick.pinned(request)
         deadline = self._deadline(started, facts.latency_budget_ms, call.remaining_ms)
-        outcome = self._walk(decision, request, deadline)
+        outcome = self._walk(decision, request, deadline, pick)
+        if pick is not None and self.canaries is not None and _version_unserved(outcome):
+            stable = self.canaries.to_stable(pick, [a.outcome for a in outcome.attempts])
+            if stable is not None:
+                pick, request = stable, stable.pinned(request)
+                tried = outcome.attempts
+                outcome = self._walk(decision, request, deadline, pick)
+                outcome.attempts[:0] = tried
         cost = self._account(outcome, request, started)
         reply = _reply(outcome, request.target, cost)
         if self.canaries is not None and pick is not None:
@@ -211,13 +223,20 @@ class Router:
 
     # --- the walk ----------------------------------------------------------------------
 
-    def _walk(self, decision: Decision, request: Request, deadline: float) -> Outcome:
-        """Try the chain's backends in order until one answers for good."""
+    def _walk(
+        self, decision: Decision, request: Request, deadline: float, pick: Pick | None = None
+    ) -> Outcome:
+        """Try the chain's backends in order until one answers for good; ``pick``: the
+        version the router chose, which a backend that does not serve it is not sent (or,
+        answering 404 for it, does not answer for good)."""
         self.budget.deposit()
         outcome = Outcome(decision)
         chain = [name for name in decision.chain if name in self.backends]
         last_failover: tuple[str, BackendResponse] | None = None
         for index, name in enumerate(chain):
+            if pick is not None and self.canaries is not None and self.canaries.skips(name, pick):
+                outcome.attempts.append(Attempt(name, VERSION_NOT_SERVED))
+                continue
             if not self.breakers[name].allow():
                 outcome.attempts.append(Attempt(name, "circuit_open"))
                 continue
@@ -234,6 +253,13 @@ class Router:
                 outcome.attempts.append(Attempt(name, exc.code))
                 outcome.error = exc
                 continue
+            if pick is not None and response is not None and version_missing(response):
+                # The backend does not serve the version the router chose: not an answer
+                # for the client, who asked for no version (the next backend, or the
+                # stable version, serves it).
+                attempt = replace(attempt, outcome=VERSION_NOT_SERVED, served=False)
+                if self.canaries is not None:
+                    self.canaries.missed(name, pick)
             outcome.attempts.append(attempt)
             if response is not None and attempt.served:
                 outcome.response, outcome.backend = response, name
@@ -254,7 +280,7 @@ class Router:
                 breaker.neutral()
                 return Attempt(name, "cannot_serve"), None
             except ConnectFailed:
-                breaker.failure()
+                breaker.failure(refused=True)
                 left = deadline - self.clock()
                 if left >= _MIN_ATTEMPT_S and breaker.allow():
                     if self.budget.try_spend():
@@ -363,6 +389,23 @@ class Router:
         return cost
 
 
+READY_PATH = "/v2/health/ready"
+
+
+def readiness_probe(backend: Backend, timeout_s: float) -> Callable[[], bool]:
+    """``GET /v2/health/ready`` on the backend within ``timeout_s``: whether it answers 200
+    (what a circuit opened by refused connections asks before its wait is over)."""
+    request = BackendRequest(method="GET", path=READY_PATH, operation="ready")
+
+    def probe() -> bool:
+        try:
+            return backend.send(request, timeout_s).status == 200
+        except (BackendError, SpillwayError):
+            return False
+
+    return probe
+
+
 def backend_request(request: Request, backend: str, timeout_s: float) -> BackendRequest:
     """What one attempt sends: the canonical path, the allowed headers, and an infer body
     carrying the attempt's timeout (a batch job gets the body as the client sent it, and
@@ -393,6 +436,15 @@ def backend_request(request: Request, backend: str, timeout_s: float) -> Backend
         body=body,
         request_id=call.request_id,
         tenant=request.facts.tenant,
+    )
+
+
+def _version_unserved(outcome: Outcome) -> bool:
+    """Whether no backend served the request and one said it does not serve the version
+    the router chose for it."""
+    attempts = outcome.attempts
+    return not any(a.served for a in attempts) and any(
+        a.outcome == VERSION_NOT_SERVED for a in attempts
     )
 
 
