@@ -337,10 +337,17 @@ class _Connection(asyncio.Protocol):
         self.slots.append(slot)
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body = []
-        if self.parked or not self._may_start():
+        if (  # ``_may_start``, written out: this runs for every request
+            self.parked
+            or len(self.tasks) >= _MAX_RUNNING
+            or self.write_paused
+            or self.unsent > self.server.output_limit
+        ):
             self.parked.append((slot, exchange, body))
         else:
-            self._start(slot, exchange, body)
+            task = self.server.loop.create_task(self._answer(slot, exchange, body))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
         if len(self.slots) >= MAX_PIPELINED:
             self._pause_reading()
 
@@ -352,7 +359,7 @@ class _Connection(asyncio.Protocol):
         return (
             len(self.tasks) < _MAX_RUNNING
             and not self.write_paused
-            and self.unsent <= self.server.settings.output_buffer_bytes
+            and self.unsent <= self.server.output_limit
         )
 
     def _start(self, slot: _Slot, exchange: Exchange, body: bytes) -> None:
@@ -363,7 +370,9 @@ class _Connection(asyncio.Protocol):
     async def _answer(self, slot: _Slot, exchange: Exchange, body: bytes) -> None:
         response = await self.app.finish(exchange, body)
         if not self.closing:
-            self._ready(slot, response)
+            slot.response = response
+            self.unsent += len(response[1])
+            self._flush()
 
     def _ready(self, slot: _Slot, response: Response) -> None:
         slot.response = response
@@ -468,7 +477,7 @@ class _Connection(asyncio.Protocol):
             self.read_paused
             and not self.write_paused
             and len(self.slots) < MAX_PIPELINED // 2
-            and self.unsent <= self.server.settings.output_buffer_bytes
+            and self.unsent <= self.server.output_limit
         ):
             self.read_paused = False
             # Time the server spent not reading is not the client's delay.
@@ -543,7 +552,8 @@ def _header(headers: Headers, name: bytes) -> str | None:
 def _path(url: bytes) -> str:
     """The request's routing path (``route_path``); ``/`` for an absolute URL without one.
     Raises ``HttpParserError`` for a URL that is not one."""
-    return route_path(httptools.parse_url(url).path or b"/")
+    path = httptools.parse_url(url).path or b"/"
+    return route_path(path) if b"%" in path else path.decode("ascii")
 
 
 class HttpServer:
@@ -558,6 +568,7 @@ class HttpServer:
     ) -> None:
         self.app = app
         self.settings = settings
+        self.output_limit = settings.output_buffer_bytes
         self.clock = clock
         self.connections: set[_Connection] = set()
         self.stopping = False
