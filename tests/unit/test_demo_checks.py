@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from spillway_cli.console import Checks
-from spillway_cli.demo import apart
+from spillway_cli.demo import Record, apart, failed
 from spillway_cli.demo_canary import (
     AFTER_ROLLBACK,
     SESSIONS,
@@ -176,3 +176,17 @@ def test_the_canarys_failures_by_design_are_reported_apart_from_the_error_totals
     assert text.startswith("Intentional failures, apart from the error totals: ")
     assert "it failed 10 of the section's" in text
     assert "counted in no error total" in text
+
+
+def test_failed_requests_are_named_by_status() -> None:
+    # GIVEN a section's records, two of them failed (one never answered: 599)
+    records = [
+        Record(0.0, "gpu-killed", status, "gpu", 1.0, 0.0, None)
+        for status in (200, 503, 200, 599, 200)
+    ]
+    # WHEN the demo checks them
+    check = failed(records)
+    # THEN the figure says how many failed and how, against none
+    assert not check.passed
+    assert check.describe() == "requests that failed: 2 of 5 (503 x1, 599 x1) (bound: = 0 of 5)"
+    assert failed(records[:1]).passed
