@@ -98,10 +98,16 @@ class Service:
 
 @contextmanager
 def gpu_service(
-    repository: Path | str, log_dir: Path, wait_path: str = "/v2/health/ready", **settings: str
+    repository: Path | str,
+    log_dir: Path,
+    wait_path: str = "/v2/health/ready",
+    *,
+    port: int | None = None,
+    **settings: str,
 ) -> Iterator[Service]:
-    """``python -m gpu_service`` with ``GPU_*`` settings; stopped by PID afterwards."""
-    port = procs.free_port()
+    """``python -m gpu_service`` with ``GPU_*`` settings (on ``port``, else a free one);
+    stopped by PID afterwards."""
+    port = port or procs.free_port()
     env = {
         "GPU_REPOSITORY": str(repository),
         "GPU_PORT": str(port),

@@ -7,6 +7,15 @@ the wait returns to ``reset_s``); its failure re-opens it with the wait doubled,
 ``max_reset_s``. A neutral outcome (the backend answered but was busy) ends the trial
 without a verdict. Every caller that was allowed through must report exactly one outcome.
 
+A circuit opened by refused connections (a backend still starting, or restarting) is
+probed instead of waited out: while it is open, a request that finds it so starts one
+readiness probe (``probe``, e.g. ``GET /v2/health/ready`` with a short timeout) at most
+once per ``probe_interval_s``, one at a time, off the request's path (``run``). A ready
+answer half-opens the circuit at once, so the next request is its trial; the circuit
+closes within about a probe interval of the backend being ready, not after a doubled
+wait. A circuit opened by timeouts or errors (a backend that is up but failing) waits as
+before: its readiness says little.
+
 **Retry budget.** A retry for every ``1 / ratio`` requests on average (a token bucket
 filled by ``ratio`` per request, capped), so a failing backend never sees more than
 ``ratio`` extra load from retries.
@@ -32,8 +41,21 @@ from typing import Literal
 State = Literal["closed", "open", "half_open"]
 
 
+Probe = Callable[[], bool]
+"""Whether the backend says it is ready (an exception counts as not ready)."""
+Runner = Callable[[Callable[[], None]], None]
+"""Runs a probe off the request's path."""
+_PROBE_STALE_S = 10.0  # a probe running longer than this is taken as lost (a frozen thread)
+
+
+def in_thread(job: Callable[[], None]) -> None:
+    """Run ``job`` on a daemon thread (the default ``Runner``)."""
+    threading.Thread(target=job, name="breaker-probe", daemon=True).start()
+
+
 class CircuitBreaker:
-    """Closed → open after N consecutive failures → half-open after a growing wait."""
+    """Closed → open after N consecutive failures → half-open after a growing wait (or
+    as soon as a readiness probe says so, when refused connections opened it)."""
 
     def __init__(
         self,
@@ -43,9 +65,21 @@ class CircuitBreaker:
         reset_s: float = 5.0,
         max_reset_s: float = 120.0,
         clock: Callable[[], float],
+        probe: Probe | None = None,
+        probe_interval_s: float = 1.0,
+        run: Runner = in_thread,
     ) -> None:
         if failures < 1 or reset_s <= 0 or max_reset_s < reset_s:
             raise ValueError("need failures >= 1 and 0 < reset_s <= max_reset_s")
+        if probe_interval_s <= 0:
+            raise ValueError("need probe_interval_s > 0")
+        self._probe = probe
+        self._probe_interval_s = probe_interval_s
+        self._run = run
+        self._refused = False  # the failure that opened the circuit was a refusal
+        self._next_probe = 0.0
+        self._probing_since: float | None = None
+        self.probes = 0
         self.name = name
         self._threshold = failures
         self._base_reset_s = reset_s
@@ -80,16 +114,44 @@ class CircuitBreaker:
             return max(0.0, self._open_until - self._clock())
 
     def allow(self) -> bool:
-        """Whether a request may go to the backend now (claims the trial when half-open)."""
+        """Whether a request may go to the backend now (claims the trial when half-open;
+        starts a readiness probe when due)."""
         with self._lock:
-            if self._state == "open" and self._clock() >= self._open_until:
+            now = self._clock()
+            if self._state == "open" and now >= self._open_until:
                 self._state, self._trial = "half_open", False
             if self._state == "closed":
                 return True
             if self._state == "half_open" and not self._trial:
                 self._trial = True
                 return True
+            start = self._claim_probe(now)
+        if start:
+            self._run(self._probe_once)
+        return False
+
+    def _claim_probe(self, now: float) -> bool:
+        """Whether this caller starts the next probe (lock held)."""
+        if self._probe is None or self._state != "open" or not self._refused:
             return False
+        if self._probing_since is not None and now - self._probing_since < _PROBE_STALE_S:
+            return False  # single flight
+        if now < self._next_probe:
+            return False
+        self._probing_since, self._next_probe = now, now + self._probe_interval_s
+        self.probes += 1
+        return True
+
+    def _probe_once(self) -> None:
+        probe = self._probe
+        try:
+            ready = probe is not None and probe()
+        except Exception:  # noqa: BLE001 - an unreachable backend is simply not ready
+            ready = False
+        with self._lock:
+            self._probing_since = None
+            if ready and self._state == "open":
+                self._open_until = self._clock()  # the next request is the trial
 
     def success(self) -> None:
         """The backend served: close the circuit and forget past failures."""
@@ -97,9 +159,12 @@ class CircuitBreaker:
             self._state, self._failures, self._trial = "closed", 0, False
             self._reset_s = self._base_reset_s
 
-    def failure(self) -> None:
-        """The backend failed: count it; open the circuit at the threshold or on a trial."""
+    def failure(self, *, refused: bool = False) -> None:
+        """The backend failed (``refused``: it refused the connection): count it; open the
+        circuit at the threshold or on a trial."""
         with self._lock:
+            if self._state != "open":
+                self._refused = refused
             if self._state == "half_open":
                 self._reset_s = min(self._reset_s * 2, self._max_reset_s)
                 self._open()

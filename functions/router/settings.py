@@ -85,6 +85,12 @@ class RouterSettings(BaseModel):
     """Time an open circuit waits before a trial request (doubled on each re-open)."""
     breaker_max_reset_s: float = Field(default=120.0, gt=0)
     """Upper bound of the growing wait of a re-opened circuit."""
+    breaker_probe_interval_s: float = Field(default=1.0, gt=0, le=60)
+    """A circuit opened by refused connections asks the backend's readiness
+    (``GET /v2/health/ready``) at most this often instead of waiting out its reset time;
+    a ready answer lets the next request through as its trial."""
+    breaker_probe_timeout_s: float = Field(default=0.25, gt=0, le=5)
+    """Longest wait for one readiness probe's answer."""
     retry_budget: float = Field(default=0.1, ge=0, le=1)
     """Retries (connect errors only) allowed per request, on average."""
     load_halflife_s: float = Field(default=10.0, gt=0)

@@ -111,6 +111,8 @@ def router_config(settings: RouterSettings) -> RouterConfig:
         breaker_failures=settings.breaker_failures,
         breaker_reset_s=settings.breaker_reset_s,
         breaker_max_reset_s=settings.breaker_max_reset_s,
+        breaker_probe_interval_s=settings.breaker_probe_interval_s,
+        breaker_probe_timeout_s=settings.breaker_probe_timeout_s,
         retry_budget=settings.retry_budget,
         load_halflife_s=settings.load_halflife_s,
         load_stale_s=settings.load_stale_s,

@@ -31,6 +31,7 @@ from functions.router.settings import RouterSettings
 from functions.router.wiring import Overrides, create_app
 from spillway.engine import EngineOptions, OnnxModel
 from spillway.repository import LocalRepository
+from spillway_cli import procs
 from spillway_cli.wsgi_server import running
 from tests.fakes import eventually
 from tests.support import Service, gpu_service, link_model, write_slow_model
@@ -287,3 +288,61 @@ def test_the_deadline_is_carried_to_the_gpu_and_respected(gpu: Service) -> None:
     after = _slowq_stats(gpu)
     assert after["execution_count"] == before["execution_count"] + 1
     assert after["spillway"]["expired"] == before["spillway"]["expired"] + 1
+
+
+def test_a_gpu_service_started_late_serves_within_seconds_of_being_ready(
+    gpu_repo: Path, cpu_url: str, images: tuple[np.ndarray, np.ndarray], tmp_path: Path
+) -> None:
+    # GIVEN a router whose GPU service is not running yet (its port refuses connections),
+    # with a 60 s circuit wait: only a readiness probe can close the circuit sooner
+    port = procs.free_port()
+    app = create_app(
+        RouterSettings(
+            gpu_url=f"http://127.0.0.1:{port}", cpu_url=cpu_url, metrics_log=Path("/dev/null"),
+            breaker_reset_s=60, breaker_max_reset_s=120, breaker_probe_interval_s=0.5,
+        ),
+        Overrides(clock=time.monotonic),
+    )  # fmt: skip
+    breaker = app.router.breakers["gpu"]
+    served: list[tuple[float, str]] = []
+    stop = threading.Event()
+    with running(app) as url:
+        infer = f"{url}/v2/models/digits/infer"
+
+        def client() -> None:
+            i = 0
+            while not stop.is_set():
+                reply = post(infer, digit(images, i))
+                assert reply.status == 200
+                assert label_of(reply) == int(images[1][i % len(images[1])])
+                served.append((time.monotonic(), reply.headers["x-spillway-backend"]))
+                i += 1
+
+        with ThreadPoolExecutor(1) as pool:
+            load = pool.submit(client)
+            try:
+                # WHEN the refusals have opened the circuit and the CPU serves everything
+                eventually(lambda: str(breaker.state) == "open", "the GPU circuit opened")
+                eventually(lambda: len(served) >= 20, "20 requests served while it starts")
+                # AND the GPU service starts on that port, seconds later
+                with gpu_service(gpu_repo, tmp_path, port=port):
+                    ready = time.monotonic()
+                    # THEN the GPU serves the router's requests within seconds of being ready
+                    eventually(
+                        lambda: sum(b == "gpu" and t > ready for t, b in served) >= 20,
+                        "20 requests served by the GPU after it became ready",
+                        timeout_s=30,
+                    )
+                    stop.set()
+                    load.result()  # before the service stops
+                    closed, opened = str(breaker.state), breaker.opened_count
+            finally:
+                stop.set()
+    first_gpu = next(t for t, b in served if b == "gpu")
+    assert {b for _, b in served[:20]} == {"cpu"}
+    assert (closed, opened) == ("closed", 1)
+    assert first_gpu - ready < 5.0
+    # AND few requests went to the CPU once the GPU was ready (a probe interval's worth,
+    # not the circuit's 60 s: without the probe, 2,399 in 15 s and none on the GPU)
+    late_cpu = sum(b == "cpu" and t > ready for t, b in served)
+    assert late_cpu < 200

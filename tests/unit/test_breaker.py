@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from functions.router.health import CircuitBreaker, RetryBudget
@@ -156,3 +158,120 @@ def test_retry_budget_does_not_bank_more_than_its_cap() -> None:
     while budget.try_spend():
         spent += 1
     assert spent == 10
+
+
+# --- readiness probes of a circuit opened by refused connections -----------------------
+
+
+class Probe:
+    """A readiness probe whose answer the test sets; it counts its calls."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.calls = 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return self.ready
+
+
+class Deferred:
+    """Runs probes only when told to (a probe in flight until then)."""
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[], None]] = []
+
+    def __call__(self, job: Callable[[], None]) -> None:
+        self.pending.append(job)
+
+    def finish(self) -> None:
+        jobs, self.pending = self.pending, []
+        for job in jobs:
+            job()
+
+
+def probing(
+    clock: Clock, probe: Probe, run: Callable[[Callable[[], None]], None] | None = None
+) -> CircuitBreaker:
+    return CircuitBreaker(
+        "gpu", failures=5, reset_s=30.0, max_reset_s=120.0, clock=clock,
+        probe=probe, probe_interval_s=1.0, run=run or (lambda job: job()),
+    )  # fmt: skip
+
+
+def refuse(b: CircuitBreaker, times: int = 5) -> None:
+    for _ in range(times):
+        b.failure(refused=True)
+
+
+def test_a_refusal_opened_circuit_half_opens_once_a_probe_finds_the_backend_ready(
+    clock: Clock,
+) -> None:
+    # GIVEN a circuit opened by refused connections (a GPU service still starting)
+    probe = Probe()
+    b = probing(clock, probe)
+    refuse(b)
+    assert state(b) == "open"
+    # WHEN requests keep coming while the backend is not ready
+    refused = 0
+    for _ in range(10):
+        refused += not b.allow()
+        clock.advance(0.25)
+    # THEN they are refused and the backend is probed at most once a second
+    assert refused == 10
+    assert probe.calls == 3  # at 0 s, 1 s and 2 s
+    # WHEN the backend becomes ready
+    probe.ready = True
+    clock.advance(1.0)
+    # THEN the next request is refused but starts the probe that half-opens the circuit,
+    # the one after is the trial, and its success closes the circuit (long before 30 s)
+    assert not b.allow()
+    assert state(b) == "half_open"
+    assert b.allow()
+    b.success()
+    assert state(b) == "closed"
+    assert probe.calls == 4
+
+
+def test_probes_are_single_flight(clock: Clock) -> None:
+    probe, run = Probe(), Deferred()
+    b = probing(clock, probe, run)
+    refuse(b)
+    # WHEN many requests arrive over 5 s while one probe is still in flight
+    for _ in range(50):
+        assert not b.allow()
+        clock.advance(0.1)
+    # THEN only that one probe was started
+    assert len(run.pending) == 1
+    probe.ready = True
+    run.finish()
+    assert state(b) == "half_open"
+
+
+def test_a_circuit_opened_by_timeouts_is_not_probed(clock: Clock) -> None:
+    # GIVEN a circuit opened by a frozen backend (timeouts, not refusals)
+    probe = Probe()
+    probe.ready = True
+    b = probing(clock, probe)
+    for _ in range(5):
+        b.failure()
+    # THEN it waits its reset time as before, without probing
+    for _ in range(20):
+        assert not b.allow()
+        clock.advance(1.0)
+    assert probe.calls == 0
+    clock.advance(10.0)
+    assert state(b) == "half_open"
+
+
+def test_a_failing_probe_counts_as_not_ready(clock: Clock) -> None:
+    def broken() -> bool:
+        raise OSError("connection refused")
+
+    b = CircuitBreaker(
+        "gpu", failures=1, reset_s=30.0, max_reset_s=60.0, clock=clock, probe=broken,
+        run=lambda job: job(),
+    )  # fmt: skip
+    b.failure(refused=True)
+    assert not b.allow()
+    assert state(b) == "open"
