@@ -80,6 +80,13 @@ class CanaryReport:
             n for k, n in self.running.items() if k.startswith(prefix) and k != f"{prefix}200"
         )
 
+    def count_running(self, status: int, version: str) -> None:
+        """Count a request routed while the canary ran; a failure on another version than
+        the canary is an error (the canary's are by design)."""
+        self.running[f"v{version}:{status}"] += 1
+        if status != 200 and version != str(self.canary):
+            self.stable_failures += 1
+
     def checks(self) -> list[Check]:
         """The section's checks, each a figure against its bound."""
         sessions = len(self.session_versions)
@@ -191,7 +198,7 @@ def _wait_until_followed(
     step = 0
     while time.monotonic() - started < FOLLOW_LIMIT_S:
         status, version = _post(port, _body(images[step % len(images)]), headers)
-        report.running[f"v{version}:{status}"] += 1
+        report.count_running(status, version)
         if version == str(report.canary):
             report.followed_after_s = time.monotonic() - started
             return
@@ -231,11 +238,9 @@ def until_rollback(send: Send, rolled_back: Callable[[], bool], report: CanaryRe
     for step in range(MAX_REQUESTS):
         session = _session(step)
         status, version = send(step, session)
-        report.running[f"v{version}:{status}"] += 1
+        report.count_running(status, version)
         if session is not None:
             report.session_versions.setdefault(session, set()).add(version)
-        if status != 200 and version != str(report.canary):
-            report.stable_failures += 1
         if version == str(report.canary) and rolled_back():
             report.requests_to_rollback = step + 1
             report.rolled_back_after_s = time.monotonic() - started
