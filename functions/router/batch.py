@@ -13,6 +13,10 @@ back with the core codec) under ``ROUTER_JOBS_STAGING`` and submits::
           "output": "s3://<staging>/<scope>/<key>/out/"}
     -> 202 {"job": {"job_id": "...", ...}, "replayed": false}, Location: /v1/jobs/<id>
 
+``"version"`` is the one the request pinned or, for a model with a canary record, the one
+the router chose from that record (as for a synchronous request): a job never runs on a
+worker's default, which may be a version the record rolled back.
+
 ``<scope>`` is the caller's key segment (``spillway.state_table.scope``), so what is
 staged for a tenant lies in its own area of the staging prefix (``staging_area``), as
 every tenant's place does in every store (``spillway.tenancy``); the job request carries

@@ -10,6 +10,14 @@ backends after it leaves ``fallback_reserve`` of the remaining time to them; its
 travels down as the Open Inference Protocol ``timeout`` parameter, so a backend drops
 work nobody waits for.
 
+For a model with a canary record the router chooses the version of a request that pins
+none (``canary``), in every mode: an async request is queued, and a batch-mode one
+submitted, with that version, never left to a worker's default. A backend that answers
+that chosen version with 404 ``model_not_found`` does not serve it: the walk moves on to
+the next backend with the same version, and when none serves it the request walks the
+chain again for the stable version (``x-spillway-fallback`` then names
+``<backend>:version_not_served``). A client sees a 404 only for a version it asked for.
+
 What counts against a backend's circuit: no connection, no answer in time, a broken
 connection, a 502, a 5xx the backend marks as its own fault (``x-spillway-fault:
 server``). An unmarked 5xx is neutral: it may have been caused by the request. A 429
