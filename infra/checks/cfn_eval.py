@@ -254,6 +254,8 @@ def _key_id(logical: str) -> str:
 
 # --- a stack -----------------------------------------------------------------------------
 
+SSM_PREFIX = "ssm:"
+"""How ``Exports`` keys a parameter-store value a stack wrote (``ssm:<name>``)."""
 _SUB_VARIABLE = re.compile(r"\$\{([^}]*)\}")
 
 
@@ -292,6 +294,13 @@ class Stack:
             raise KeyError(f"{self.name}: parameter {name} has no default and no value")
         if declared.get("Type") == "CommaDelimitedList" and isinstance(value, str):
             return value.split(",")
+        if str(declared.get("Type", "")).startswith("AWS::SSM::Parameter::Value<"):
+            # CloudFormation reads the parameter store at each create and update: a value a
+            # deployed stack wrote there (its AWS::SSM::Parameter) is what this one gets.
+            published = self.exports.get(f"{SSM_PREFIX}{value}")
+            if published is not None:
+                producer, expression = published
+                return str(producer.resolve(expression))
         return value if isinstance(value, list) else str(value)
 
     def condition(self, name: str) -> bool:
@@ -445,4 +454,8 @@ class Exports(dict[str, tuple[Stack, Any]]):
         """Add ``stack``'s exports for the stacks deployed after it."""
         for name, expression in stack.outputs().items():
             self[name] = (stack, expression)
+        for logical, resource in stack.resources.items():
+            if resource.get("Type") == "AWS::SSM::Parameter" and stack.included(logical):
+                props = resource["Properties"]
+                self[f"{SSM_PREFIX}{stack.resolve(props['Name'])}"] = (stack, props["Value"])
         return stack

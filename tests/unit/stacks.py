@@ -77,7 +77,11 @@ def serverless_template(config: Mapping[str, Any]) -> dict[str, Any]:
             "Type": "AWS::Lambda::Function",
             "Properties": {"FunctionName": function["name"]},
         }
-    return {"Conditions": config["resources"].get("Conditions", {}), "Resources": resources}
+    return {
+        "Parameters": config["resources"].get("Parameters", {}),
+        "Conditions": config["resources"].get("Conditions", {}),
+        "Resources": resources,
+    }
 
 
 def _nested_parameters(sam: Stack, logical: str) -> dict[str, Any]:

@@ -115,8 +115,7 @@ def test_the_stores_are_shaped_as_the_code_uses_them() -> None:
 @pytest.mark.parametrize("retention", ["1", "7", "14"])
 def test_the_retention_parameter_moves_every_expiry_together(retention: str) -> None:
     storage = STORAGE.with_parameters(AsyncRetentionDays=retention)
-    outputs = {name: storage.resolve(value) for name, value in storage.outputs().items()}
-    seconds = int(outputs["spillway-storage-AsyncTtlSeconds"])
+    seconds = int(storage.properties("AsyncTtlParameter")["Value"])  # ASYNC_TTL_S
     assert seconds == int(retention) * DAY
     assert int(storage.properties("AsyncQueue")["MessageRetentionPeriod"]) == seconds
     rules = storage.properties("JobsBucket")["LifecycleConfiguration"]["Rules"]

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from infra.checks.cfn_eval import Stack
-from tests.unit.stacks import ROOT, deploy, serverless_config
+from infra.checks.cfn_eval import Exports, Stack, load_cfn
+from tests.unit.async_calls import gpu_task_env, sam_function_env, sls_function_env
+from tests.unit.stacks import ROOT, deploy, serverless_config, serverless_template
 from tests.unit.test_templates import FUNCTIONS, SLS_LOGICAL
 
 SAM_PYTHON = ROOT / ".venv-sam/bin/python"
@@ -128,3 +130,166 @@ def test_deploy_guide_names_the_quotas_to_request() -> None:
     text = (ROOT / "docs/deploy.md").read_text(encoding="utf-8")
     for code in ("L-B99A9384", "L-DB2E81BA", "L-3819A6DF"):  # Lambda; G/VT on-demand, Spot
         assert code in text
+
+
+# --- second deploys: what autoscaling owns, and exports that must never change ----------
+
+# Resource types whose Ref changes on an ordinary update (a new revision or version).
+REVISIONED = {"AWS::Batch::JobDefinition", "AWS::ECS::TaskDefinition", "AWS::Lambda::Version"}
+# Exports that carry a parameter's value, and why that value cannot change in place.
+IDENTITY_PARAMETERS = {"spillway-network-VpcCidr": "changing a VPC's CIDR replaces the VPC"}
+ASYNC_TUNABLES = {
+    "ASYNC_TTL_S": "ttl-seconds",
+    "ASYNC_LEASE_S": "lease-seconds",
+    "ASYNC_MAX_ATTEMPTS": "max-attempts",
+}
+
+
+def _infra(d: Any) -> list[Stack]:
+    return [s for s in d.all() if s is not d.packaged]
+
+
+def _refs(value: Any) -> set[str]:
+    """Every logical name or parameter an expression reads (``Ref``, ``GetAtt``, ``Sub``)."""
+    found: set[str] = set()
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if key == "Ref" and isinstance(inner, str):
+                found.add(inner)
+            elif key == "Fn::GetAtt":
+                found.add(str(inner[0] if isinstance(inner, list) else inner.split(".")[0]))
+            elif key == "Fn::Sub":
+                text, variables = (inner, {}) if isinstance(inner, str) else inner
+                names = {m.split(".")[0] for m in re.findall(r"\$\{([^}!]+)\}", text)}
+                found |= names - set(variables) | _refs(variables)
+            else:
+                found |= _refs(inner)
+    elif isinstance(value, list):
+        for item in value:
+            found |= _refs(item)
+    return found
+
+
+def _imports(value: Any, stack: Stack) -> set[str]:
+    """The export names an expression imports, resolved."""
+    found: set[str] = set()
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if key == "Fn::ImportValue":
+                found.add(str(stack.resolve(inner)))
+            else:
+                found |= _imports(inner, stack)
+    elif isinstance(value, list):
+        for item in value:
+            found |= _imports(item, stack)
+    return found
+
+
+def _exports(stack: Stack) -> dict[str, Any]:
+    return {
+        str(stack.resolve(o["Export"]["Name"])): o["Value"]
+        for o in stack.template.get("Outputs", {}).values()
+        if "Export" in o
+    }
+
+
+def test_autoscaling_owns_the_counts_it_scales() -> None:
+    # GIVEN every stack THEN no ECS service an Application Auto Scaling target scales sets
+    # DesiredCount (each update would reset the count: a rollout stopped every task of a
+    # MinTasks=0 service, a service scaled out to 4 dropped to 1), and no Auto Scaling group
+    # behind a managed-scaling capacity provider sets DesiredCapacity
+    for stack in _infra(deploy()):
+        resources = stack.resources
+        scaled = {
+            name
+            for target in resources.values()
+            if target["Type"] == "AWS::ApplicationAutoScaling::ScalableTarget"
+            for name in _refs(target["Properties"]["ResourceId"])
+            if resources.get(name, {}).get("Type") == "AWS::ECS::Service"
+        }
+        managed = {
+            name
+            for provider in resources.values()
+            if provider["Type"] == "AWS::ECS::CapacityProvider"
+            for name in _refs(provider["Properties"]["AutoScalingGroupProvider"])
+            if resources.get(name, {}).get("Type") == "AWS::AutoScaling::AutoScalingGroup"
+        }
+        if stack.name == "spillway-gpu":
+            assert scaled == {"Service"}
+            assert managed == {"AutoScalingGroup"}
+        for name in scaled:
+            assert "DesiredCount" not in resources[name]["Properties"], (stack.name, name)
+        for name in managed:
+            assert "DesiredCapacity" not in resources[name]["Properties"], (stack.name, name)
+
+
+def test_scale_to_zero_still_scales_from_a_created_service() -> None:
+    # GIVEN MinTasks=0 THEN the scalable target may reach 0, the scale-from-zero policy
+    # exists, and the service (created with ECS's default of 1 task) sets no count
+    gpu = deploy().gpu.with_parameters(MinTasks=0)
+    assert int(gpu.properties("ScalableTarget")["MinCapacity"]) == 0
+    assert gpu.included("ScaleFromZeroScaling")
+    assert gpu.included("GpuDemandAlarm")
+    assert "DesiredCount" not in gpu.properties("Service")
+
+
+def test_no_export_carries_a_tunable_or_a_revision() -> None:
+    d = deploy()
+    imported = {name for stack in d.all() for name in _imports(stack.template, stack)}
+    for stack in _infra(d):
+        parameters = set(stack.template.get("Parameters", {}))
+        for name, value in _exports(stack).items():
+            reads = _refs(value)
+            # THEN an export's value is an identity of the stack's resources: a parameter's
+            # value (a tunable) in an export another stack imports could never change
+            if name in IDENTITY_PARAMETERS:
+                assert name not in imported, name
+            else:
+                assert not reads & parameters, (name, reads & parameters)
+            # AND never a Ref that changes on each update (a job definition's revision)
+            kinds = {stack.resources[r]["Type"] for r in reads if r in stack.resources}
+            assert not kinds & REVISIONED, (name, kinds)
+
+
+def test_the_async_tunables_follow_the_storage_stack_on_the_next_deploy() -> None:
+    # GIVEN the storage stack deployed again with another lease, attempts and retention
+    exports = Exports()
+
+    def stack(name: str, path: str, **parameters: Any) -> Stack:
+        return exports.publish(Stack(name, load_cfn(ROOT / path), parameters, exports))
+
+    stack("spillway-network", "infra/network.yaml")
+    stack("spillway-storage", "infra/storage.yaml", AsyncLeaseSeconds=300,
+          AsyncMaxAttempts=5, AsyncRetentionDays="7")  # fmt: skip
+    # WHEN the GPU stack and the applications deploy again
+    gpu = stack("spillway-gpu", "infra/ecs-gpu-service.yaml", ImageTag="next")
+    sam = stack("spillway", "template.yaml")
+    sls = Stack("spillway-prod", serverless_template(serverless_config()), {}, exports)
+    envs = {
+        "gpu": gpu_task_env(gpu),
+        "sam router": sam_function_env(sam, "RouterFunction"),
+        "sam cpu": sam_function_env(sam, "CpuInferFunction"),
+        "sls router": sls_function_env(sls, "router"),
+        "sls cpu": sls_function_env(sls, "cpuInfer"),
+    }
+    # THEN every one of them runs with the new values (no export pinned the old ones)
+    for label, env in envs.items():
+        values = {name: env[name] for name in ASYNC_TUNABLES}
+        assert values == {
+            "ASYNC_TTL_S": str(7 * 86_400),
+            "ASYNC_LEASE_S": "300",
+            "ASYNC_MAX_ATTEMPTS": "5",
+        }, label
+    # AND the consumers read them as SSM-typed parameters of the storage stack's names
+    for template, parameters in ((gpu.template, gpu.template["Parameters"]),
+                                 (sam.template, sam.template["Parameters"]),
+                                 (sls.template, sls.template["Parameters"])):  # fmt: skip
+        for suffix in ASYNC_TUNABLES.values():
+            declared = [
+                p for p in parameters.values()
+                if p.get("Default") == f"/spillway-storage/async/{suffix}"
+            ]  # fmt: skip
+            assert [p["Type"] for p in declared] == ["AWS::SSM::Parameter::Value<String>"], (
+                template.get("Description", "")[:40],
+                suffix,
+            )
