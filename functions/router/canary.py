@@ -238,24 +238,11 @@ class CanaryRouter:
     def skips(self, backend: str, pick: Pick) -> bool:
         """Whether ``backend`` said, less than ``ttl_s`` ago, that it does not serve the
         chosen version (then it is not sent it)."""
-        key = (backend, pick.model, pick.version)
-        with self._lock:
-            until = self._misses.get(key)
-            if until is not None and until <= self.clock():
-                del self._misses[key]
-                until = None
-        return until is not None
+        return self._noted((backend, pick.model, pick.version), renew=False)
 
     def missed(self, backend: str, pick: Pick) -> None:
-        """Remember that ``backend`` does not serve the chosen version."""
-        key = (backend, pick.model, pick.version)
-        with self._lock:
-            known = key in self._misses
-            self._misses[key] = self.clock() + self.ttl_s
-            self._misses.move_to_end(key)
-            while len(self._misses) > _MODELS_CACHED:
-                self._misses.popitem(last=False)
-        if not known:
+        """Remember for ``ttl_s`` that ``backend`` does not serve the chosen version."""
+        if not self._noted((backend, pick.model, pick.version), renew=True):
             log.warning(
                 "backend does not serve the chosen version",
                 extra={"backend": backend, "model": pick.model, "version": pick.version},
@@ -263,18 +250,40 @@ class CanaryRouter:
 
     def to_stable(self, pick: Pick, tried: list[str]) -> Pick | None:
         """The stable version for a request whose chosen version no backend of its chain
-        served (``tried``: what each said); ``None`` when the stable one was the choice."""
+        served (``tried``: what each said); ``None`` when the stable one was the choice.
+        Every such request is counted; the log says it once per ``ttl_s``."""
         stable = pick.state.stable
         if pick.version == stable:
             return None
-        log.warning(
-            "no backend serves the chosen version; the stable version serves the request",
-            extra={"model": pick.model, "version": pick.version, "stable": stable, "tried": tried},
-        )
+        if not self._noted(("", pick.model, pick.version), renew=True):
+            log.warning(
+                "no backend serves the chosen version; the stable version serves its requests",
+                extra={
+                    "model": pick.model,
+                    "version": pick.version,
+                    "stable": stable,
+                    "tried": tried,
+                },
+            )
         document = event_metric("CanaryVersionUnserved")
         document.update(model=pick.model, version=pick.version)
         self.sink.write(document)
         return replace(pick, version=stable)
+
+    def _noted(self, key: tuple[str, str, int], *, renew: bool) -> bool:
+        """Whether ``key`` was noted less than ``ttl_s`` ago; ``renew`` notes it now."""
+        now = self.clock()
+        with self._lock:
+            until = self._misses.get(key)
+            live = until is not None and until > now
+            if renew:
+                self._misses[key] = now + self.ttl_s
+                self._misses.move_to_end(key)
+                while len(self._misses) > _MODELS_CACHED:
+                    self._misses.popitem(last=False)
+            elif until is not None and not live:
+                del self._misses[key]
+        return live
 
     # -- records -------------------------------------------------------------------------
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import random
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import pytest
 from werkzeug.test import Client
 
 from functions.router.accounting import EmfSink
@@ -128,8 +130,11 @@ def test_a_canary_the_gpu_service_lacks_is_served_by_the_cpu_fallback_not_a_404(
     assert gpu_versions["1"] == statuses["v1:200"]
 
 
-def test_a_canary_no_backend_serves_goes_to_the_stable_version_and_is_counted() -> None:
+def test_a_canary_no_backend_serves_goes_to_the_stable_version_and_is_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # GIVEN a 50 % canary v2 that neither backend serves
+    caplog.set_level(logging.WARNING, logger="spillway.router.canary")
     s = stack(gpu_missing={2}, cpu_missing={2})
     s.canaries.start("digits", 2, 50, stable=1)
     # WHEN 40 requests arrive (20 by default, 20 in serverless mode)
@@ -138,10 +143,14 @@ def test_a_canary_no_backend_serves_goes_to_the_stable_version_and_is_counted() 
     assert Counter(f"v{a.headers[VERSION]}:{a.status_code}" for a in answers) == Counter(
         {"v1:200": 40}
     )
-    # AND each request whose draw chose the canary was counted and the canary still runs
+    # AND each request whose draw chose the canary was counted, the log said so once (in
+    # one cache period), and the canary still runs
     assert s.count("CanaryVersionUnserved") > 0
+    said = [r.getMessage() for r in caplog.records if "no backend serves" in r.getMessage()]
+    assert len(said) == 1
     state = s.canaries.load("digits")
-    assert state is not None and state.status == "running"
+    assert state is not None
+    assert state.status == "running"
 
 
 def test_a_gpu_outage_during_a_canary_gives_no_404() -> None:
