@@ -393,9 +393,10 @@ def test_a_pipelining_client_that_reads_nothing_holds_few_answers_then_is_cut() 
         served.until(lambda: served.service.begun == MAX_PIPELINED, "all requests read")
         served.until(lambda: _state(served).write_paused, "the socket backed up")
         served.until(lambda: not _state(served).tasks, "the started ones answered")
-        # THEN only the requests started before the socket backed up were computed
+        # THEN only the requests started before the socket backed up were computed: the
+        # first few (the kernel's buffers take at most an answer or two of 4 MiB), not 32
         computed = served.service.finished
-        assert computed <= _MAX_RUNNING
+        assert computed <= _MAX_RUNNING + 2
         held = served.call(
             lambda: _state(served).transport.get_write_buffer_size() + _state(served).unsent
         )
