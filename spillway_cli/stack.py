@@ -27,7 +27,10 @@ REPOSITORY = f"s3://{MODELS_BUCKET}/repository"
 ROOT = Path(__file__).resolve().parent.parent
 SERVERLESS = ROOT / "node_modules" / ".bin" / "serverless"
 APP_ZIP = ROOT / "build" / "lambda" / "app.zip"  # serverless.yml's package.artifact
-FALLBACK_WAIT_S = 60.0  # serverless-offline's first Python invocation takes seconds, not this
+# serverless-offline's first invocation starts a Python process that imports the router:
+# seconds on an idle machine, more than a minute on a loaded 2-core one (as long as the
+# other services are given), and `auto` must not pick the runtime by the machine's load.
+FALLBACK_WAIT_S = 180.0
 LOCAL_API_KEY = "spillway-local-key"  # serverless.yml's key name at stage local; not a secret
 TENANTS_ROOT = f"s3://{DATA_BUCKET}/tenants"  # each tenant's job data: <root>/<scope>/
 JOBS_STAGING = f"s3://{DATA_BUCKET}/staging"  # the router's batch-mode staging
