@@ -144,6 +144,18 @@ class AsyncSettings(BaseModel):
     lookahead: int = Field(default=10, ge=0, le=100)
     """Deliveries a consumer holds beyond those it runs, to pick the next request from
     the tenant with the fewest running (0: first come, first served)."""
+    state_machines: dict[str, str] = Field(default_factory=dict)
+    """Pipelines that run as a Step Functions execution (JSON ``{"pipeline": "<state
+    machine ARN>"}``): an async request for one of them is started as an execution of its
+    state machine instead of being queued, and the execution's end settles its record.
+    The templates name every pipeline with a definition in ``infra/statemachines``."""
+
+    @field_validator("state_machines", mode="before")
+    @classmethod
+    def _mapping(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value
 
     @field_validator("input_prefixes", mode="before")
     @classmethod
@@ -193,6 +205,8 @@ class AsyncRecord(BaseModel):
     content_type: str | None = None
     header_length: int | None = None
     result_version: str | None = None
+    execution: str | None = None
+    """The Step Functions execution that runs the request (None: the queue's consumers)."""
 
     def view(self) -> dict[str, Any]:
         """What a client may see of a pending or failed request."""
@@ -293,6 +307,10 @@ def check_id(value: str) -> str:
 Admit = Callable[[str, int, float], None]
 """The router's admission of a new request (its id, the bytes staged for it, now):
 returns, or raises (``QuotaExceededError``)."""
+Start = Callable[[AsyncRecord], str]
+"""Starts the execution that runs a request (instead of queueing it); its ARN."""
+EXECUTION_OWNER = "execution/"
+"""An execution-run record's ``owner`` prefix: no queue consumer ever claims it."""
 
 
 class AsyncStore:
@@ -357,9 +375,12 @@ class AsyncStore:
         input_location: str | None = None,
         output_location: str | None = None,
         admit: Admit | None = None,
+        start: Start | None = None,
     ) -> tuple[AsyncRecord, bool]:
         """Accept a request: the record (``queued``) and whether it already existed (an
-        ``Idempotency-Key`` replay of the same request; another one is 409)."""
+        ``Idempotency-Key`` replay of the same request; another one is 409). With
+        ``start`` the request runs as the execution it starts (the record ``running``,
+        outside the pending index and the queue) until ``settle_execution``."""
         validate_model_name(model)
         if version is not None:
             validate_version(version)
@@ -401,7 +422,12 @@ class AsyncStore:
             input=source or self.staged_url(rid),
             output=output,
         )
-        item = {**_item(record), "pending": {"S": _PENDING}}
+        if start is not None:
+            token = uuid.uuid4().hex[:12]
+            record = record.model_copy(
+                update={"state": "running", "owner": EXECUTION_OWNER + token, "attempts": 1}
+            )
+        item = {**_item(record), **({} if start else {"pending": {"S": _PENDING}})}
         from botocore.exceptions import ClientError
 
         try:
@@ -419,6 +445,8 @@ class AsyncStore:
             if found is None:
                 raise UnavailableError("the request record could not be written") from exc
             return _replayed(found, digest), True
+        if start is not None:
+            return self._started(record, start), False
         message = {"id": rid, "scope": record.scope}
         self.client("sqs").send_message(QueueUrl=self.queue_url, MessageBody=json.dumps(message))
         return record, False
@@ -565,8 +593,12 @@ class AsyncStore:
     def read_input(self, job: Job) -> tuple[bytes, int | None]:
         """The request body and its header length (a staged ``.v2req``, else a V2 body:
         binary when the object's metadata names a header length)."""
-        place = parse_s3_url(job.record.input)
-        if job.record.input == self.staged_url(job.record.id):
+        return self.read_record_input(job.record)
+
+    def read_record_input(self, record: AsyncRecord) -> tuple[bytes, int | None]:
+        """``read_input`` of a record (an execution's steps have no delivery)."""
+        place = parse_s3_url(record.input)
+        if record.input == self.staged_url(record.id):
             # The body the router staged: its absence is the server's fault (retried).
             s3 = self.client("s3")
             head = s3.head_object(Bucket=place.bucket, Key=place.prefix)
@@ -574,8 +606,8 @@ class AsyncStore:
         else:
             # The client's own object: gone since it was submitted, that is the client's
             # failure (recorded once: no retry, no dead letter).
-            head = self._check_input(job.record.input)
-            data = self._client_object(job.record.input, "get_object")["Body"].read()
+            head = self._check_input(record.input)
+            data = self._client_object(record.input, "get_object")["Body"].read()
         if place.prefix.endswith(".v2req"):
             return read_staged_request(data)
         length = (head.get("Metadata") or {}).get(HEADER_LENGTH)
@@ -597,6 +629,46 @@ class AsyncStore:
             return state
         self._release(job, reply)
         return None
+
+    def _started(self, record: AsyncRecord, start: Start) -> AsyncRecord:
+        """Start the execution of a recorded request; a start that fails settles the
+        record (503, the platform's fault) so it never waits for a run that never was."""
+        try:
+            execution = start(record)
+        except Exception as exc:  # every failure to start is the platform's, never the client's
+            reason = UnavailableError(f"the request could not be started ({type(exc).__name__})")
+            self._finish(self._execution_job(record), "failed", failure_reply(reason))
+            raise reason from exc
+        self.client("dynamodb").update_item(
+            TableName=self.table,
+            Key={"id": {"S": record.id}},
+            UpdateExpression="SET execution = :e",
+            ExpressionAttributeValues={":e": {"S": execution}},
+        )
+        return record.model_copy(update={"execution": execution})
+
+    @staticmethod
+    def _execution_job(record: AsyncRecord) -> Job:
+        """An execution-run request as a ``Job`` (no delivery: nothing to delete)."""
+        token = str(record.owner).removeprefix(EXECUTION_OWNER)
+        return Job(record, Message(record.id, "", 1, str(record.scope or "")), token)
+
+    def settle_execution(self, rid: str, reply: Reply) -> State | None:
+        """The end of the execution that ran request ``rid``: its result (or error) and
+        its record, settled once (the state it reached; None when it was already
+        settled). Step Functions has done the retries: every outcome is final."""
+        record = self.find(check_id(rid))
+        if record is None or not str(record.owner or "").startswith(EXECUTION_OWNER):
+            raise InvalidInputError(f"request {rid} is not run by an execution")
+        if record.state in DONE:
+            return None
+        state: State = "succeeded" if reply.status < 300 else "failed"
+        return self._finish(self._execution_job(record), state, reply)
+
+    def result_url(self, rid: str) -> str | None:
+        """The S3 URL of a request's visible result (None: none yet)."""
+        record = self.find(check_id(rid))
+        return None if record is None else record.result
 
     def _finish(self, job: Job, state: State, reply: Reply) -> State | None:
         values: dict[str, Any] = {
@@ -719,6 +791,8 @@ class AsyncStore:
     def delete(self, message: Message) -> None:
         """Remove a delivery from the queue (its request needs no more attempts); a
         receipt that is no longer valid (the message was redelivered) is left alone."""
+        if not message.receipt:  # an execution-run request: it was never queued
+            return
         from botocore.exceptions import ClientError
 
         try:

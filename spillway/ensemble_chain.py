@@ -15,16 +15,25 @@ request id and the step. The request and its tensors live under the async locati
 Each call reads what the previous one wrote and runs exactly one step through the same
 step runner as every server (``spillway.ensemble_run.advance``), so a retried state
 redoes only its own step and overwrites only its own object.
+
+An async request the router started as an execution has a record
+(``spillway.async_inference``): its steps read the request through the record (a staged
+body or the caller's own ``input_location``), run under the record's tenant scope, and
+the execution's end settles it — ``respond`` with the V2 response, ``pipeline-failed``
+(the state machine's catch) with the error — so ``GET /v1/results/{id}`` answers it as
+it answers every async request.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from spillway import pipeline
+from spillway.async_inference import EXECUTION_OWNER, AsyncRecord, AsyncStore
 from spillway.codec import decode_response, encode_response
 from spillway.ensemble_run import LocalSteps, Outcome, Resolver, advance, drive
 from spillway.ensemble_serve import PipelineSet, ServedPipeline, admit, encode
@@ -32,10 +41,11 @@ from spillway.errors import InvalidInputError, ModelNotFoundError
 from spillway.messages import read_staged_request, stage_request
 from spillway.names import MODEL_NAME_PATTERN
 from spillway.processing import Tensors
-from spillway.wire import TENANT_SCOPE_PATTERN, S3Location
+from spillway.wire import TENANT_SCOPE_PATTERN, Reply, S3Location, infer_reply, json_reply
 
 STEP = "pipeline-step"
 RESPOND = "pipeline-respond"
+FAILED = "pipeline-failed"
 
 
 class ChainEvent(BaseModel):
@@ -43,7 +53,7 @@ class ChainEvent(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    spillway: Literal["pipeline-step", "pipeline-respond"]
+    spillway: Literal["pipeline-step", "pipeline-respond", "pipeline-failed"]
     pipeline: str = Field(pattern=MODEL_NAME_PATTERN.pattern)
     id: str = Field(pattern=r"^[0-9a-f]{32}$")
     """The request's id (as the async path makes them)."""
@@ -53,6 +63,8 @@ class ChainEvent(BaseModel):
     """The scope of the tenant whose request this is (``spillway.state_table.scope``),
     when the execution's input names it: its steps use that tenant's cache entries.
     Without it the request's steps use no tenant's entries (only shared steps' cache)."""
+    error: dict[str, str] | None = None
+    """What the state machine caught (``{"Error", "Cause"}``; ``pipeline-failed`` only)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,9 @@ class ChainStore:
 
     location: S3Location
     client: Any
+    records: AsyncStore | None = None
+    """The async records (None: executions started without one, whose result is written
+    to ``<location>/<id>/result`` alone)."""
 
     def _key(self, rid: str, *parts: str) -> str:
         return self.location.key(rid, *parts)
@@ -83,9 +98,25 @@ class ChainStore:
         )
         return self.url(key)
 
-    def read_request(self, rid: str) -> tuple[bytes, int | None]:
-        """The request body and its header length."""
-        return read_staged_request(self._get(self._key(rid, "request.v2req")))
+    def read_request(self, rid: str, tenant_scope: str | None) -> tuple[bytes, int | None]:
+        """The request body and its header length: through its record when there is one
+        (whose owner must be the execution's tenant)."""
+        if self.records is None:
+            return read_staged_request(self._get(self._key(rid, "request.v2req")))
+        return self.records.read_record_input(self._record(rid, tenant_scope))
+
+    def requested_version(self, rid: str, tenant_scope: str | None) -> str | None:
+        """The version the request pinned (from its record; None: the default one)."""
+        return None if self.records is None else self._record(rid, tenant_scope).version
+
+    def _record(self, rid: str, tenant_scope: str | None) -> AsyncRecord:
+        assert self.records is not None  # noqa: S101 - the callers check
+        record = self.records.find(rid)
+        if record is None or not str(record.owner or "").startswith(EXECUTION_OWNER):
+            raise InvalidInputError(f"request {rid} has no execution record (or it expired)")
+        if record.scope != tenant_scope:
+            raise InvalidInputError(f"request {rid} is not the execution's tenant's")
+        return record
 
     def read_state(self, rid: str, step: int) -> tuple[Tensors, Outcome]:
         """The pipeline's tensors after ``step``, and what was skipped or cached."""
@@ -120,8 +151,8 @@ def _listed(value: Any) -> list[str]:
     return [part for part in str(value or "").split(",") if part]
 
 
-def _pipeline(pipelines: PipelineSet, name: str) -> ServedPipeline:
-    served = pipelines.find(name, None)
+def _pipeline(pipelines: PipelineSet, name: str, version: str | None = None) -> ServedPipeline:
+    served = pipelines.find(name, version)
     if served is None:
         raise ModelNotFoundError(f"no pipeline {name!r} is served here")
     return served
@@ -132,13 +163,14 @@ def run_step(
 ) -> dict[str, Any]:
     """Run step ``event.step`` of the pipeline for request ``event.id``; where its state
     went and whether the step was skipped."""
-    served = _pipeline(pipelines, event.pipeline)
+    requested = store.requested_version(event.id, event.tenant_scope)
+    served = _pipeline(pipelines, event.pipeline, requested)
     steps = served.pipeline.steps
     number = event.step if event.step is not None else -1
     if not 0 <= number < len(steps):
         raise InvalidInputError(f"pipeline {served.name!r} has no step {event.step}")
     if number == 0:
-        decoded = pipeline.decode(*store.read_request(event.id))
+        decoded = pipeline.decode(*store.read_request(event.id, event.tenant_scope))
         tensors, outcome = dict(admit(served, decoded).decoded.arrays), Outcome({})
     else:
         tensors, outcome = store.read_state(event.id, number - 1)
@@ -159,11 +191,55 @@ def run_step(
 
 def respond(pipelines: PipelineSet, store: ChainStore, event: ChainEvent) -> dict[str, Any]:
     """Encode the response from the last step's state (the outputs the request asked
-    for, as it asked for them) and write it where the async path keeps results."""
-    served = _pipeline(pipelines, event.pipeline)
+    for, as it asked for them) and settle the request's record with it (without a
+    record: write it where the async path keeps results)."""
+    requested = store.requested_version(event.id, event.tenant_scope)
+    served = _pipeline(pipelines, event.pipeline, requested)
     tensors, outcome = store.read_state(event.id, len(served.pipeline.steps) - 1)
-    decoded = pipeline.decode(*store.read_request(event.id))
+    decoded = pipeline.decode(*store.read_request(event.id, event.tenant_scope))
     outcome.tensors = {n: tensors[n] for n in served.pipeline.output_names if n in tensors}
-    version = served.version(None)
+    version = served.version(requested)
     encoded = encode(served, version, admit(served, decoded), outcome)
-    return {"result": store.write_result(event.id, encoded), "version": str(version)}
+    if store.records is None:
+        return {"result": store.write_result(event.id, encoded), "version": str(version)}
+    store.records.settle_execution(
+        event.id, infer_reply(encoded.body, encoded.header_length, encoded.version)
+    )
+    return {"result": store.records.result_url(event.id), "version": str(version)}
+
+
+def failure_of(error: dict[str, str] | None) -> Reply:
+    """The reply a caught failure stands for: the step's own error body (a
+    ``ClientFault`` / ``ServerFault`` carries ``{"status", "code", "error"}``), else
+    (Lambda's or Step Functions' own errors) 503 ``pipeline_failed``."""
+    name = str((error or {}).get("Error", "States.Unknown"))[:64]
+    try:
+        cause = json.loads(str((error or {}).get("Cause", "")))
+        body = json.loads(str(cause.get("errorMessage", "")))
+        status, code, message = int(body["status"]), str(body["code"]), str(body["error"])
+    except (ValueError, TypeError, KeyError, AttributeError):
+        status, code, message = 503, "pipeline_failed", f"a step of the pipeline failed ({name})"
+    if not 400 <= status <= 599:
+        status, code = 503, "pipeline_failed"
+    return json_reply(status, {"code": code[:64], "error": message[:1000]})
+
+
+def fail(store: ChainStore, event: ChainEvent) -> dict[str, Any]:
+    """Settle the request's record with what the state machine caught (the end of a
+    failed execution); the state and status recorded."""
+    if store.records is None:
+        raise InvalidInputError("a failed execution is settled through async records")
+    reply = failure_of(event.error)
+    state = store.records.settle_execution(event.id, reply)
+    return {"state": state or "settled", "status": reply.status}
+
+
+def run_event(
+    pipelines: PipelineSet, resolve: Resolver, store: ChainStore, event: ChainEvent
+) -> dict[str, Any]:
+    """One state's work: a step, the response, or the settling of a failure."""
+    if event.spillway == STEP:
+        return run_step(pipelines, resolve, store, event)
+    if event.spillway == RESPOND:
+        return respond(pipelines, store, event)
+    return fail(store, event)

@@ -81,5 +81,7 @@ def async_env(settings: AsyncSettings) -> dict[str, str]:
     for name, value in values.items():
         if isinstance(value, list):
             value = ",".join(value)
+        elif isinstance(value, dict):
+            value = json.dumps(value)
         env[f"ASYNC_{name.upper()}"] = str(value)
     return env

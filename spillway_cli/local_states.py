@@ -2,8 +2,9 @@
 state machines use, so a definition is run in tests and on the local stack, not only
 linted.
 
-It runs ``Task`` (``arn:aws:states:::lambda:invoke`` on local functions, and
-``arn:aws:states:::aws-sdk:s3:putObject`` through a boto3 client, e.g. on moto),
+It runs ``Task`` (``arn:<partition>:states:::lambda:invoke`` on local functions, or
+through a boto3 Lambda client, e.g. the CPU fallback's invoke API on 127.0.0.1, and
+``arn:<partition>:states:::aws-sdk:s3:putObject`` through a boto3 client, e.g. on moto),
 ``Succeed`` and ``Fail`` states, with ``Parameters`` (paths ``$.a.b`` and ``$$.Execution.Id``,
 and the intrinsics ``States.Format`` and ``States.JsonToString``), ``ResultSelector``,
 ``ResultPath`` (``null``, ``$`` or ``$.a.b``), ``Retry`` (``ErrorEquals``,
@@ -14,6 +15,10 @@ lean on a feature this interpreter would silently get wrong.
 A Lambda function that raises fails its task with the exception's class name as the
 error and ``{"errorMessage", "errorType"}`` as the cause, as the Lambda integration
 reports them.
+
+``LocalStepFunctions`` serves the two calls of Step Functions' API that Spillway makes
+(``StartExecution``, ``DescribeExecution``) over HTTP, so the router's boto3 client
+(``AWS_ENDPOINT_URL_SFN``) starts executions that this interpreter runs.
 """
 
 from __future__ import annotations
@@ -21,14 +26,18 @@ from __future__ import annotations
 import copy
 import json
 import re
+import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-LAMBDA_INVOKE = "arn:aws:states:::lambda:invoke"
-S3_PUT_OBJECT = "arn:aws:states:::aws-sdk:s3:putObject"
+PARTITIONS = ("aws", "aws-cn", "aws-us-gov")
+_PARTITION = "(" + "|".join(re.escape(p) for p in PARTITIONS) + ")"
+LAMBDA_INVOKE = re.compile(rf"^arn:{_PARTITION}:states:::lambda:invoke$")
+S3_PUT_OBJECT = re.compile(rf"^arn:{_PARTITION}:states:::aws-sdk:s3:putObject$")
 _FIELDS = {
     "Task": {
         "Type",
@@ -161,11 +170,14 @@ class LocalStateMachine:
         functions: Mapping[str, Function],
         s3: Any | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        lambda_client: Any | None = None,
     ) -> None:
         self.definition = definition
         self.functions = functions
         self.s3 = s3
         self.sleep = sleep
+        self.lambda_client = lambda_client
+        """Invokes a function that ``functions`` does not hold, as Step Functions would."""
         self._check()
 
     def _check(self) -> None:
@@ -180,7 +192,7 @@ class LocalStateMachine:
             extra = set(state) - _FIELDS.get(kind, set())
             if kind not in _FIELDS or extra:
                 raise DefinitionError(f"state {name}: {kind} with {sorted(extra)} is not run")
-            if kind == "Task" and state["Resource"] not in (LAMBDA_INVOKE, S3_PUT_OBJECT):
+            if kind == "Task" and not _known_resource(str(state["Resource"])):
                 raise DefinitionError(f"state {name}: resource {state['Resource']} is not run")
             for retrier in state.get("Retry", []):
                 if set(retrier) - _RETRIER:
@@ -266,17 +278,18 @@ class LocalStateMachine:
                 self.sleep(wait)
 
     def _task(self, state: Mapping[str, Any], parameters: Any) -> Any:
-        if state["Resource"] == LAMBDA_INVOKE:
+        if LAMBDA_INVOKE.match(str(state["Resource"])):
             return self._invoke(parameters)
         return self._put_object(parameters)
 
     def _invoke(self, parameters: Mapping[str, Any]) -> Any:
-        function = self.functions.get(str(parameters.get("FunctionName")))
-        if function is None:
-            raise StatesError(
-                "Lambda.ResourceNotFoundException", str(parameters.get("FunctionName"))
-            )
+        name = str(parameters.get("FunctionName"))
+        function = self.functions.get(name)
         payload = json.loads(json.dumps(parameters.get("Payload", {})))  # as it travels
+        if function is None and self.lambda_client is not None:
+            return self._invoke_remote(name, payload)
+        if function is None:
+            raise StatesError("Lambda.ResourceNotFoundException", name)
         try:
             answer = function(payload)
         except Exception as exc:  # every failure of the function is the task's error
@@ -287,6 +300,29 @@ class LocalStateMachine:
         return {
             "ExecutedVersion": "$LATEST",
             "Payload": json.loads(json.dumps(answer)),
+            "StatusCode": 200,
+        }
+
+    def _invoke_remote(self, name: str, payload: Any) -> Any:
+        """Invoke through Lambda's API: a function error fails the task with its
+        ``errorType``, the service's own errors as ``Lambda.<code>``."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        assert self.lambda_client is not None  # noqa: S101 - checked by the caller
+        try:
+            answer = self.lambda_client.invoke(FunctionName=name, Payload=json.dumps(payload))
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "AWSLambdaException")
+            raise StatesError(f"Lambda.{code}", str(exc)) from exc
+        except BotoCoreError as exc:
+            raise StatesError("Lambda.SdkClientException", str(exc)) from exc
+        text = answer["Payload"].read().decode()
+        if answer.get("FunctionError"):
+            kind = str(json.loads(text or "{}").get("errorType", "Lambda.Unknown"))
+            raise StatesError(kind, text)
+        return {
+            "ExecutedVersion": "$LATEST",
+            "Payload": json.loads(text or "null"),
             "StatusCode": 200,
         }
 
@@ -313,6 +349,10 @@ class LocalStateMachine:
         return {"ETag": answer.get("ETag")}
 
 
+def _known_resource(resource: str) -> bool:
+    return bool(LAMBDA_INVOKE.match(resource) or S3_PUT_OBJECT.match(resource))
+
+
 def substituted(definition: Mapping[str, Any], values: Mapping[str, str]) -> dict[str, Any]:
     """The definition with ``${Name}`` replaced as CloudFormation's
     ``DefinitionSubstitutions`` replace them."""
@@ -323,3 +363,120 @@ def substituted(definition: Mapping[str, Any], values: Mapping[str, str]) -> dic
         raise DefinitionError("a substitution is left unset")
     result: dict[str, Any] = json.loads(text)
     return result
+
+
+_TARGET = "AWSStepFunctions."
+_JSON = "application/x-amz-json-1.0"
+_STATUS = {"SUCCEEDED": "SUCCEEDED", "FAILED": "FAILED"}
+
+
+@dataclass
+class _Run:
+    machine: str
+    name: str
+    input: str
+    started: float
+    future: Future[Execution]
+
+
+class LocalStepFunctions:
+    """Step Functions' ``StartExecution`` and ``DescribeExecution`` over HTTP (a WSGI
+    application, JSON 1.0 protocol as boto3 speaks it), running each execution of a
+    known state machine with ``LocalStateMachine`` on a bounded pool of threads.
+
+    As on AWS, a standard workflow's execution name is unique per machine: starting the
+    same name with the same input again answers the first execution, with another input
+    ``ExecutionAlreadyExists``."""
+
+    def __init__(self, machines: Mapping[str, LocalStateMachine], workers: int = 4) -> None:
+        self.machines = dict(machines)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="local-states")
+        self._runs: dict[str, _Run] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Wait for the running executions and stop the pool."""
+        self._pool.shutdown(wait=True)
+
+    def wait(self, execution_arn: str, timeout_s: float) -> Execution:
+        """The execution's end (``TimeoutError`` past ``timeout_s``)."""
+        with self._lock:
+            run = self._runs[execution_arn]
+        return run.future.result(timeout=timeout_s)
+
+    def executions(self) -> list[str]:
+        """The ARNs of every execution started so far."""
+        with self._lock:
+            return list(self._runs)
+
+    def start(self, machine_arn: str, name: str, document: str) -> str:
+        """Start (or find) an execution; its ARN."""
+        machine = self.machines.get(machine_arn)
+        if machine is None:
+            raise _Refused("StateMachineDoesNotExist", f"no state machine {machine_arn}")
+        parts = machine_arn.split(":")
+        arn = ":".join([*parts[:5], "execution", parts[-1], name])
+        with self._lock:
+            found = self._runs.get(arn)
+            if found is not None:
+                if found.input != document:
+                    raise _Refused("ExecutionAlreadyExists", f"execution {name} exists")
+                return arn
+            future = self._pool.submit(machine.run, json.loads(document), arn)
+            self._runs[arn] = _Run(machine_arn, name, document, time.time(), future)
+        return arn
+
+    def describe(self, arn: str) -> dict[str, Any]:
+        with self._lock:
+            run = self._runs.get(arn)
+        if run is None:
+            raise _Refused("ExecutionDoesNotExist", f"no execution {arn}")
+        answer: dict[str, Any] = {
+            "executionArn": arn,
+            "stateMachineArn": run.machine,
+            "name": run.name,
+            "status": "RUNNING",
+            "startDate": run.started,
+            "input": run.input,
+        }
+        if run.future.done():
+            execution = run.future.result()
+            answer["status"] = _STATUS[execution.status]
+            if execution.status == "SUCCEEDED":
+                answer["output"] = json.dumps(execution.output)
+            else:
+                answer.update(error=execution.error or "", cause=execution.cause or "")
+        return answer
+
+    def __call__(
+        self, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
+        target = str(environ.get("HTTP_X_AMZ_TARGET", ""))
+        size = int(environ.get("CONTENT_LENGTH") or 0)
+        status, body = "200 OK", {}
+        try:
+            request = json.loads(environ["wsgi.input"].read(min(size, 1 << 20)) or b"{}")
+            if target == _TARGET + "StartExecution":
+                arn = self.start(
+                    str(request["stateMachineArn"]),
+                    str(request.get("name") or uuid.uuid4().hex),
+                    str(request.get("input") or "{}"),
+                )
+                body = {"executionArn": arn, "startDate": time.time()}
+            elif target == _TARGET + "DescribeExecution":
+                body = self.describe(str(request["executionArn"]))
+            else:
+                raise _Refused("UnknownOperationException", f"{target[:80]} is not served")
+        except _Refused as refused:
+            status, body = "400 Bad Request", {"__type": refused.code, "message": refused.text}
+        except (ValueError, KeyError) as exc:
+            status, body = "400 Bad Request", {"__type": "ValidationException", "message": str(exc)}
+        data = json.dumps(body).encode()
+        start_response(status, [("content-type", _JSON), ("content-length", str(len(data)))])
+        return [data]
+
+
+class _Refused(Exception):
+    def __init__(self, code: str, text: str) -> None:
+        super().__init__(text)
+        self.code, self.text = code, text

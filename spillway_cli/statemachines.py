@@ -3,17 +3,21 @@ configuration, so the definition never drifts from the pipeline it runs.
 
 ``python -m spillway_cli.statemachines --models models topics`` prints the definition
 ``infra/statemachines/topics.asl.json`` holds; both templates deploy that file (SAM's
-``DefinitionUri``, Serverless' ``${file()}``) with two substitutions:
-``${CpuInferFunctionArn}`` (the CPU fallback, which runs each state's work:
-``functions.cpu_infer.chain``) and ``${ResultsBucket}`` (the bucket of ``ASYNC_LOCATION``).
+``DefinitionUri``, Serverless' ``${file()}``) with three substitutions:
+``${CpuInferFunctionArn}`` (the CPU fallback's alias that the router invokes too, which
+runs each state's work: ``functions.cpu_infer.chain``), ``${ResultsBucket}`` (the bucket
+of ``ASYNC_LOCATION``) and ``${Partition}`` (``AWS::Partition``: no ARN names ``aws``).
 
-An execution's input is ``{"id": "<request id>"}``: the request staged at
-``async/<id>/request.v2req``, as the async path stages it. Each step state runs that step
-(``pipeline-step``), ``Respond`` writes the V2 response to ``async/<id>/result``. A step
-that fails for the service's reasons (``ServerFault``, Lambda throttling or service
-errors) is retried with backoff; any failure left is caught, written to
-``async/<id>/error.json`` (``{"Error", "Cause"}``, the cause holding the error body) and
-ends the execution as ``PipelineFailed``.
+The router starts an execution for an async request of the pipeline
+(``functions.router.async_mode``; ``ASYNC_STATE_MACHINES`` names the machine) with the
+input ``{"id": "<request id>", "tenant_scope": "<its caller's scope>"}``; the request's
+async record says where its body is. Each step state runs that step (``pipeline-step``,
+the step cache scoped to that tenant), ``Respond`` settles the record with the V2
+response. A step that fails for the service's reasons (``ServerFault``, Lambda throttling
+or service errors) is retried with backoff; any failure left is caught and
+``SettleFailure`` settles the record with its error (``pipeline-failed``); only when that
+too fails is it written to ``async/<id>/error.json`` (``{"Error", "Cause"}``). A failed
+execution ends as ``PipelineFailed``.
 """
 
 from __future__ import annotations
@@ -25,15 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from spillway.ensemble import Pipeline, read_pipeline
-from spillway.ensemble_chain import RESPOND, STEP
+from spillway.ensemble_chain import FAILED, RESPOND, STEP
 from spillway.repository import LocalRepository
 
 ROOT = Path(__file__).resolve().parents[1]
 FUNCTION = "${CpuInferFunctionArn}"
 BUCKET = "${ResultsBucket}"
+LAMBDA_INVOKE = "arn:${Partition}:states:::lambda:invoke"
+S3_PUT_OBJECT = "arn:${Partition}:states:::aws-sdk:s3:putObject"
 PREFIX = "async"
 """Where ``ASYNC_LOCATION`` points in ``${ResultsBucket}``."""
-SUBSTITUTIONS = ("CpuInferFunctionArn", "ResultsBucket")
+SUBSTITUTIONS = ("CpuInferFunctionArn", "ResultsBucket", "Partition")
+TENANT = {"tenant_scope.$": "$.tenant_scope"}
+"""Every call carries the execution's tenant scope (its cache entries, its record)."""
 RETRIED = [
     "ServerFault",
     "Lambda.ServiceException",
@@ -42,7 +50,7 @@ RETRIED = [
     "Lambda.TooManyRequestsException",
 ]
 _RETRY = {"ErrorEquals": RETRIED, "IntervalSeconds": 2, "MaxAttempts": 3, "BackoffRate": 2.0}
-_CATCH = [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "RecordError"}]
+_CATCH = [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "SettleFailure"}]
 
 
 def definition_path(name: str) -> Path:
@@ -51,16 +59,20 @@ def definition_path(name: str) -> Path:
 
 
 def _invoke(
-    payload: dict[str, Any], selector: dict[str, str], result: str, then: str
+    payload: dict[str, Any],
+    selector: dict[str, str],
+    result: str,
+    then: str,
+    catch: list[dict[str, Any]] = _CATCH,
 ) -> dict[str, Any]:
     return {
         "Type": "Task",
-        "Resource": "arn:aws:states:::lambda:invoke",
-        "Parameters": {"FunctionName": FUNCTION, "Payload": payload},
+        "Resource": LAMBDA_INVOKE,
+        "Parameters": {"FunctionName": FUNCTION, "Payload": {**payload, **TENANT}},
         "ResultSelector": selector,
         "ResultPath": result,
         "Retry": [_RETRY],
-        "Catch": _CATCH,
+        "Catch": catch,
         "Next": then,
     }
 
@@ -78,9 +90,15 @@ def chain_definition(pipeline: Pipeline) -> dict[str, Any]:
     selector = {"result.$": "$.Payload.result", "version.$": "$.Payload.version"}
     states["Respond"] = _invoke(respond, selector, "$.response", "Done")
     states["Done"] = {"Type": "Succeed"}
+    failed = {"spillway": FAILED, "pipeline": pipeline.name, "id.$": "$.id", "error.$": "$.error"}
+    last_resort = [
+        {"ErrorEquals": ["States.ALL"], "ResultPath": "$.settling", "Next": "RecordError"}
+    ]
+    selector = {"state.$": "$.Payload.state", "status.$": "$.Payload.status"}
+    states["SettleFailure"] = _invoke(failed, selector, "$.settled", "Failed", last_resort)
     states["RecordError"] = {
         "Type": "Task",
-        "Resource": "arn:aws:states:::aws-sdk:s3:putObject",
+        "Resource": S3_PUT_OBJECT,
         "Parameters": {
             "Bucket": BUCKET,
             "Key.$": f"States.Format('{PREFIX}/{{}}/error.json', $.id)",
@@ -94,7 +112,7 @@ def chain_definition(pipeline: Pipeline) -> dict[str, Any]:
     states["Failed"] = {
         "Type": "Fail",
         "Error": "PipelineFailed",
-        "Cause": f"the error is in {PREFIX}/<id>/error.json",
+        "Cause": f"the error is in the request's async record (or {PREFIX}/<id>/error.json)",
     }
     return {
         "Comment": f"The {pipeline.name} pipeline, one state per step (spillway_cli.statemachines)",

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import Any
 
+from functions.cpu_infer.chain import ClientFault, ServerFault, handle_chain_event, is_chain_event
 from functions.cpu_infer.direct import handle_direct
 from functions.cpu_infer.service import CpuService
 from spillway.errors import RouteNotFoundError, SpillwayError
@@ -102,8 +103,14 @@ class CpuApp:
             headers = [("x-amzn-errortype", "ResourceNotFoundException")]
             message = {"Type": "User", "message": f"Function not found: {name[:64]}"}
             return json_reply(404, message, headers)
-        answer = handle_direct(self.service, load_json_object(body))
-        return json_reply(200, answer)
+        event = load_json_object(body)
+        if is_chain_event(event):  # a state machine's state, as Lambda reports a raise
+            try:
+                return json_reply(200, handle_chain_event(self.service, event))
+            except (ClientFault, ServerFault) as fault:
+                error = {"errorMessage": str(fault), "errorType": type(fault).__name__}
+                return json_reply(200, error, [("x-amz-function-error", "Unhandled")])
+        return json_reply(200, handle_direct(self.service, event))
 
     def _body(self, environ: dict[str, Any]) -> bytes:
         # The invoke API carries base64 of the body, so allow for its growth by 4/3.

@@ -1,7 +1,8 @@
 """The CPU fallback's side of a pipeline's Step Functions form: one state, one call.
 
 A state machine state invokes the function with ``{"spillway": "pipeline-step" |
-"pipeline-respond", "pipeline", "id", "step"}`` (``spillway.ensemble_chain``). The
+"pipeline-respond" | "pipeline-failed", "pipeline", "id", "tenant_scope", "step"}``
+(``spillway.ensemble_chain``; the last two settle the request's async record). The
 answer is what the state keeps; a failure is raised, because that is what Step Functions
 retries and catches, and its type names the kind: ``ClientFault`` (the request's own
 fault, 4xx: never retried) or ``ServerFault`` (5xx or 429: retried with backoff), its
@@ -17,15 +18,15 @@ import logging
 from typing import Any
 
 from functions.cpu_infer.service import CpuService
-from spillway.async_inference import AsyncSettings
-from spillway.ensemble_chain import RESPOND, STEP, ChainEvent, ChainStore, respond, run_step
+from spillway.async_inference import AsyncSettings, AsyncStore
+from spillway.ensemble_chain import FAILED, RESPOND, STEP, ChainEvent, ChainStore, run_event
 from spillway.errors import NotConfiguredError, SpillwayError
 from spillway.messages import parse_message
 from spillway.repository import aws_client
 from spillway.wire import parse_s3_url
 
 log = logging.getLogger("spillway.cpu_infer.chain")
-EVENTS = frozenset({STEP, RESPOND})
+EVENTS = frozenset({STEP, RESPOND, FAILED})
 
 
 class ClientFault(Exception):
@@ -43,11 +44,13 @@ def is_chain_event(event: dict[str, Any]) -> bool:
 
 @functools.cache
 def default_store() -> ChainStore:
-    """Requests under ``ASYNC_LOCATION`` (the async path's place), read through S3."""
-    location = AsyncSettings.from_env().location
-    if location is None:
+    """Requests under ``ASYNC_LOCATION`` (the async path's place), read through S3, and
+    their records (settled at the execution's end) when async mode is on."""
+    settings = AsyncSettings.from_env()
+    if settings.location is None:
         raise NotConfiguredError("pipeline state machines need ASYNC_LOCATION")
-    return ChainStore(parse_s3_url(location), aws_client("s3"))
+    records = AsyncStore(settings) if settings.enabled else None
+    return ChainStore(parse_s3_url(settings.location), aws_client("s3"), records)
 
 
 def handle_chain_event(
@@ -56,10 +59,7 @@ def handle_chain_event(
     """Run one state's work; raise ``ClientFault`` or ``ServerFault`` when it fails."""
     try:
         chain = parse_message(ChainEvent, event, "event")
-        where = store or default_store()
-        if chain.spillway == STEP:
-            return run_step(service.pipelines, service.get, where, chain)
-        return respond(service.pipelines, where, chain)
+        return run_event(service.pipelines, service.get, store or default_store(), chain)
     except SpillwayError as error:
         body = json.dumps({"status": error.status, "code": error.code, "error": error.message})
         log.info("pipeline state failed", extra={"status": error.status, "code": error.code})

@@ -15,6 +15,11 @@ A request may name its input as ``"input_location": "s3://…"`` (a V2 body of u
 403 ``outside_tenant_area`` elsewhere). An ``Idempotency-Key`` makes a retried
 submission find the request it already made (409 for another request under it).
 
+A pipeline that ``ASYNC_STATE_MACHINES`` names runs as an execution of its Step Functions
+state machine instead: the router starts it (named by the request id, so a retried start
+finds the same execution) with the request's id and its caller's tenant scope, and the
+execution's end settles the record, answered at the same ``/v1/results/{id}``.
+
 Each tenant may have ``ASYNC_TENANT_MAX_INFLIGHT`` requests queued or running and
 ``ASYNC_TENANT_MAX_STAGED_BYTES`` of bodies staged for them (429 ``quota_exceeded``
 with Retry-After past either), counted in a ledger in the router's state table: a
@@ -23,8 +28,10 @@ request counts until a read of its record finds it settled or gone.
 
 from __future__ import annotations
 
+import json
+
 from functions.router.facts import Request
-from spillway.async_inference import AsyncSettings, AsyncStore
+from spillway.async_inference import AsyncRecord, AsyncSettings, AsyncStore, Start
 from spillway.errors import (
     InvalidInputError,
     ModeUnavailableError,
@@ -80,6 +87,7 @@ class AsyncFront:
                 input_location=_location(parameters, "input_location"),
                 output_location=_location(parameters, "output_location"),
                 admit=(lambda rid, size, now: self._admit(tenant, rid, size, now)),
+                start=self._starter(target.model),
             )
         except SpillwayError:
             raise
@@ -100,6 +108,22 @@ class AsyncFront:
             "areas": self.store.areas(tenant),
         }
         return json_reply(202, body, headers)
+
+    def _starter(self, model: str) -> Start | None:
+        """How a request for ``model`` runs: as an execution of the state machine
+        ``ASYNC_STATE_MACHINES`` names for it, else (None) through the queue."""
+        machine = self.store.settings.state_machines.get(model)
+        if machine is None:
+            return None
+
+        def start(record: AsyncRecord) -> str:
+            document = {"id": record.id, "tenant_scope": record.scope}
+            answer = self.store.client("stepfunctions").start_execution(
+                stateMachineArn=machine, name=record.id, input=json.dumps(document)
+            )
+            return str(answer["executionArn"])
+
+        return start
 
     def _admit(self, tenant: str | None, rid: str, size: int, now: float) -> None:
         """Count the request against its tenant's quota (429 past it)."""

@@ -575,7 +575,9 @@ def test_the_state_machine_runs_the_pipeline_one_step_per_call(
     store = ChainStore(parse_s3_url(f"s3://{bucket}/async"), s3)
     function = "arn:aws:lambda:us-east-1:123456789012:function:spillway-cpu-infer:live"
     definition = json.loads(definition_path("topics").read_text())
-    local = substituted(definition, {"CpuInferFunctionArn": function, "ResultsBucket": bucket})
+    local = substituted(
+        definition, {"CpuInferFunctionArn": function, "ResultsBucket": bucket, "Partition": "aws"}
+    )
     calls: list[tuple[str, int | None]] = []
     hiccup = [ServerFault('{"status": 503, "code": "unavailable", "error": "busy"}')]
 
@@ -597,7 +599,8 @@ def test_the_state_machine_runs_the_pipeline_one_step_per_call(
     empty, _ = encode_request(texts("  "), binary=False)
     s3.put_object(Bucket=bucket, Key=f"async/{bad}/request.v2req", Body=stage_request(empty, None))
     # WHEN both run
-    done, failed = machine.run({"id": good}), machine.run({"id": bad})
+    anonymous = {"tenant_scope": "-"}
+    done, failed = machine.run({"id": good, **anonymous}), machine.run({"id": bad, **anonymous})
     # THEN the good one's result equals the synchronous answer, after one retried step
     assert done.status == "SUCCEEDED", done
     assert ("Step1-topics-head", "retry 1 after ServerFault") in done.history

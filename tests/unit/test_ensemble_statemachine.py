@@ -1,6 +1,7 @@
 """The Step Functions form of ``topics``: the checked-in definition is the one its
-configuration makes, both templates deploy it, and the local interpreter runs its
-retries and its catch as Step Functions would."""
+configuration makes, both templates deploy it, no ARN in it names a partition, every
+state carries the execution's tenant scope, and the local interpreter runs its retries,
+its catch and the settling of a failure as Step Functions would."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from spillway_cli.statemachines import SUBSTITUTIONS, chain_definition, definiti
 ROOT = Path(__file__).resolve().parents[2]
 FUNCTION = "arn:aws:lambda:us-east-1:123456789012:function:cpu:live"
 REQUEST_ID = "0123456789abcdef0123456789abcdef"
+SCOPE = "fedcba9876543210fedcba9876543210"
+PARTITIONS = ("aws", "aws-cn", "aws-us-gov")
 
 
 def topics_definition() -> dict[str, Any]:
@@ -29,9 +32,10 @@ def topics_definition() -> dict[str, Any]:
     return chain_definition(pipeline)
 
 
-def local_definition() -> dict[str, Any]:
+def local_definition(partition: str = "aws") -> dict[str, Any]:
     checked_in = json.loads(definition_path("topics").read_text())
-    return substituted(checked_in, {"CpuInferFunctionArn": FUNCTION, "ResultsBucket": "data"})
+    values = {"CpuInferFunctionArn": FUNCTION, "ResultsBucket": "data", "Partition": partition}
+    return substituted(checked_in, values)
 
 
 def test_the_checked_in_definition_is_the_one_the_pipeline_makes() -> None:
@@ -69,6 +73,8 @@ class Steps:
             raise pending.pop(0)
         if event["spillway"] == "pipeline-respond":
             return {"result": f"s3://data/async/{event['id']}/result", "version": "1"}
+        if event["spillway"] == "pipeline-failed":
+            return {"state": "failed", "status": 400}
         return {"state": f"s3://data/async/{event['id']}/steps/{event['step']}", "skipped": False}
 
 
@@ -94,7 +100,7 @@ def run(steps: Steps, s3: FakeS3 | None = None) -> tuple[Any, list[float]]:
     machine = LocalStateMachine(
         local_definition(), functions={FUNCTION: steps}, s3=s3, sleep=waits.append
     )
-    return machine.run({"id": REQUEST_ID}), waits
+    return machine.run({"id": REQUEST_ID, "tenant_scope": SCOPE}), waits
 
 
 def test_each_step_then_the_response_run_in_order() -> None:
@@ -107,6 +113,7 @@ def test_each_step_then_the_response_run_in_order() -> None:
         ("pipeline-respond", None),
     ]
     assert {c["id"] for c in steps.calls} == {REQUEST_ID}
+    assert {c["tenant_scope"] for c in steps.calls} == {SCOPE}
     assert execution.output["response"] == {
         "result": f"s3://data/async/{REQUEST_ID}/result",
         "version": "1",
@@ -123,20 +130,23 @@ def test_a_server_fault_is_retried_with_backoff() -> None:
     assert ("Step1-topics-head", "retry 2 after ServerFault") in execution.history
 
 
-def test_a_client_fault_is_not_retried_and_lands_in_the_error_record() -> None:
+def test_a_client_fault_is_not_retried_and_settles_the_record_as_failed() -> None:
     # GIVEN a step whose request is at fault
     body = {"status": 400, "code": "invalid_input", "error": "text must not be empty"}
     steps = Steps({"pipeline-step:0": [ClientFault(json.dumps(body))]})
     s3 = FakeS3()
     # WHEN the machine runs
     execution, waits = run(steps, s3)
-    # THEN no retry, the catch wrote the error record, and the execution failed
+    # THEN no retry; the catch hands the error to the CPU function, which settles the
+    # request's record with it; the execution failed and no error object was needed
     assert waits == []
     assert (execution.status, execution.error) == ("FAILED", "PipelineFailed")
-    record = json.loads(s3.objects["data", f"async/{REQUEST_ID}/error.json"])
-    assert record["Error"] == "ClientFault"
-    assert json.loads(json.loads(record["Cause"])["errorMessage"]) == body
-    assert [c["spillway"] for c in steps.calls] == ["pipeline-step"]
+    assert [c["spillway"] for c in steps.calls] == ["pipeline-step", "pipeline-failed"]
+    settled = steps.calls[-1]
+    assert (settled["id"], settled["tenant_scope"]) == (REQUEST_ID, SCOPE)
+    assert settled["error"]["Error"] == "ClientFault"
+    assert json.loads(json.loads(settled["error"]["Cause"])["errorMessage"]) == body
+    assert s3.objects == {}
 
 
 def test_retries_end_and_the_failure_is_caught() -> None:
@@ -146,9 +156,46 @@ def test_retries_end_and_the_failure_is_caught() -> None:
     assert waits == [2.0, 4.0, 8.0]
     assert execution.status == "FAILED"
     assert ("Respond", "caught ServerFault") in execution.history
-    assert (
-        json.loads(s3.objects["data", f"async/{REQUEST_ID}/error.json"])["Error"] == "ServerFault"
+    assert steps.calls[-1]["error"]["Error"] == "ServerFault"
+    assert ("SettleFailure", "succeeded") not in execution.history
+
+
+def test_when_the_failure_cannot_be_settled_it_lands_in_the_error_object() -> None:
+    # GIVEN a failing step, and a CPU function that cannot settle it either (it is down)
+    steps = Steps(
+        {
+            "pipeline-step:0": [ServerFault("down")] * 4,
+            "pipeline-failed:": [ServerFault("down")] * 4,
+        }
     )
+    s3 = FakeS3()
+    execution, _ = run(steps, s3)
+    # THEN the last resort wrote the step's error where an operator finds it
+    assert execution.status == "FAILED"
+    assert ("SettleFailure", "caught ServerFault") in execution.history
+    record = json.loads(s3.objects["data", f"async/{REQUEST_ID}/error.json"])
+    assert record["Error"] == "ServerFault"
+
+
+def test_the_checked_in_definition_names_no_partition() -> None:
+    text = definition_path("topics").read_text()
+    # THEN every ARN is written with ${Partition} (aws-cn, aws-us-gov deploy it too)
+    assert "arn:aws" not in text
+    tasks = [s for s in json.loads(text)["States"].values() if s["Type"] == "Task"]
+    assert text.count("arn:${Partition}:states:::") == len(tasks) == 5
+
+
+@pytest.mark.parametrize("partition", PARTITIONS)
+def test_the_definition_runs_in_every_partition(partition: str) -> None:
+    # GIVEN the definition as CloudFormation substitutes it in that partition
+    definition = local_definition(partition)
+    resources = {s["Resource"] for s in definition["States"].values() if "Resource" in s}
+    # THEN its integrations are that partition's, and they run
+    assert {r.split(":")[1] for r in resources} == {partition}
+    steps = Steps()
+    machine = LocalStateMachine(definition, functions={FUNCTION: steps}, sleep=lambda _: None)
+    assert machine.run({"id": REQUEST_ID, "tenant_scope": SCOPE}).status == "SUCCEEDED"
+    assert len(steps.calls) == 3
 
 
 def test_what_the_interpreter_does_not_run_is_refused_at_load() -> None:
@@ -158,3 +205,5 @@ def test_what_the_interpreter_does_not_run_is_refused_at_load() -> None:
         LocalStateMachine(definition, functions={})
     with pytest.raises(DefinitionError, match="substitution is left unset"):
         substituted(json.loads(definition_path("topics").read_text()), {"ResultsBucket": "x"})
+    with pytest.raises(DefinitionError, match="resource"):
+        LocalStateMachine(local_definition("aws-xx"), functions={})
