@@ -87,6 +87,8 @@ NAME_PROPERTIES = {
     "AWS::SSM::Parameter": "Name",
     "AWS::Lambda::Function": "FunctionName",
     "AWS::Serverless::Function": "FunctionName",
+    "AWS::StepFunctions::StateMachine": "StateMachineName",
+    "AWS::Serverless::StateMachine": "Name",
     "AWS::ECR::Repository": "RepositoryName",
     "AWS::SecretsManager::Secret": "Name",
     "AWS::Batch::JobQueue": "JobQueueName",
@@ -155,6 +157,9 @@ _IDENTITIES: dict[str, Callable[[str, str], Identity]] = {
     "AWS::Serverless::Api": lambda name, logical: _rest_api(logical),
     "AWS::Lambda::Function": lambda name, logical: _function(name),
     "AWS::Serverless::Function": lambda name, logical: _function(name),
+    # Ref is the ARN; its executions are execution:NAME:EXECUTION.
+    "AWS::StepFunctions::StateMachine": lambda name, logical: _state_machine(name),
+    "AWS::Serverless::StateMachine": lambda name, logical: _state_machine(name),
     # Ref is the mapping's UUID; IAM names it event-source-mapping:UUID.
     "AWS::Lambda::EventSourceMapping": lambda name, logical: Identity(
         _key_id(name), arns=(arn("lambda", f"event-source-mapping:{_key_id(name)}"),)
@@ -244,6 +249,16 @@ def _function(name: str) -> Identity:
     function_arn = arn("lambda", f"function:{name}")
     return Identity(
         name, {"Arn": function_arn}, arns=(function_arn,), children=(f"{function_arn}:",)
+    )
+
+
+def _state_machine(name: str) -> Identity:
+    machine = arn("states", f"stateMachine:{name}")
+    return Identity(
+        machine,
+        {"Arn": machine, "Name": name},
+        arns=(machine,),
+        children=(arn("states", f"execution:{name}:"),),
     )
 
 

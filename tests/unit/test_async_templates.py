@@ -244,3 +244,13 @@ def test_sam_local_gets_the_local_stacks_async_variables(tmp_path: Any) -> None:
             if enabled:
                 assert settings.table == "spillway-async"
                 assert settings.lease_s == 10
+
+
+@pytest.mark.parametrize("app", APPS, ids=[app.label for app in APPS])
+def test_the_router_runs_topics_as_its_state_machines_executions(app: Any) -> None:
+    # WHEN the router builds its async settings from its deployed environment
+    router = AsyncSettings.from_env(app.router_env)
+    # THEN an async topics request is started as an execution of that stack's machine
+    assert router.state_machines == {"topics": app.stack.ref("TopicsPipelineStateMachine")}
+    # AND the consumers need no machine: they never start one
+    assert AsyncSettings.from_env(app.cpu_env).state_machines == {}

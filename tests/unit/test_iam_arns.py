@@ -8,7 +8,9 @@ the ECS agent pulling an image, the jobs function submitting a Batch job, S3 rea
 model, and every call the async-inference code makes, recorded by running it with each
 component's deployed environment (``tests.unit.async_calls``) — is matched against the
 role's policies with IAM's own wildcard rules
-THEN every call is allowed, and no resource pattern in any policy matches nothing.
+THEN every call is allowed, and no resource pattern in any policy matches nothing — in
+every partition (``aws``, ``aws-cn``, ``aws-us-gov``): the stacks are resolved again
+with each, and each ARN a policy or a state machine names is that partition's.
 
 ARN forms (AWS service authorization reference and the CloudWatch Logs guide):
 
@@ -22,7 +24,8 @@ ARN forms (AWS service authorization reference and the CloudWatch Logs guide):
 * DynamoDB: ``table/NAME``; SQS: ``arn:aws:sqs:REGION:ACCOUNT:NAME``; SSM:
   ``parameter/NAME`` (a name starting with ``/`` keeps it once); Lambda:
   ``function:NAME[:QUALIFIER]``; Batch: ``job-queue/NAME``,
-  ``job-definition/NAME[:REVISION]``, ``job/ID``; ECR: ``repository/NAME``.
+  ``job-definition/NAME[:REVISION]``, ``job/ID``; ECR: ``repository/NAME``; Step
+  Functions: ``stateMachine:NAME`` (``StartExecution``), ``execution:NAME:ID``.
 * Actions without resource-level permissions are evaluated against ``*``.
 """
 
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from infra.checks import cfn_eval
 from infra.checks.cfn_eval import Stack, arn
 from infra.checks.iam_eval import allowed, glob_matches, statements, universe
 from tests.unit.async_calls import (
@@ -148,6 +152,20 @@ def _application(stack: Stack, d: Deployment, cpu_function: str, qualifier: str)
     return needs
 
 
+def _pipeline(stack: Stack, d: Deployment, target: str) -> list[Need]:
+    """An async request for the topics pipeline: the router starts an execution of its
+    state machine, whose states invoke ``target`` (the CPU function as the router invokes
+    it) and, as a last resort, write the error under async/."""
+    rid = "0123456789abcdef0123456789abcdef"
+    jobs_bucket, key = d.storage.get_att("JobsBucket", "Arn"), d.storage.get_att("Key", "Arn")
+    return [
+        Need("RouterRole", "states:StartExecution", stack.ref("TopicsPipelineStateMachine")),
+        Need("TopicsPipelineRole", "lambda:InvokeFunction", target),
+        Need("TopicsPipelineRole", "s3:PutObject", f"{jobs_bucket}/async/{rid}/error.json"),
+        Need("TopicsPipelineRole", "kms:GenerateDataKey", key),
+    ]
+
+
 def _async_calls(app: Application, gpu: Stack, d: Deployment) -> dict[str, list[Need]]:
     """The async code's calls with this application's and the GPU task's environment:
     the router's and CPU function's (their roles in ``app``), the GPU task's."""
@@ -166,10 +184,14 @@ def _async_calls(app: Application, gpu: Stack, d: Deployment) -> dict[str, list[
     }
 
 
-def needs(d: Deployment) -> Iterator[tuple[Stack, Need]]:
-    """Every (stack, call) pair of the deployment."""
+def needs(d: Deployment, recorded: bool = True) -> Iterator[tuple[Stack, Need]]:
+    """Every (stack, call) pair of the deployment (``recorded``: with the calls recorded
+    from the async code against moto, which knows the ``aws`` partition alone)."""
     gpu, batch, network = d.gpu, d.batch, d.network
-    async_calls = [(app.stack, _async_calls(app, gpu, d)) for app in applications(d)]
+    async_calls = (
+        [(app.stack, _async_calls(app, gpu, d)) for app in applications(d)] if recorded else []
+    )
+    gpu_async = async_calls[0][1]["gpu"] if async_calls else []
     access_logs = d.storage.get_att("AccessLogsBucket", "Arn")
     job_data = d.storage.get_att("JobsBucket", "Arn")
     by_stack: list[tuple[Stack, list[Need]]] = [
@@ -194,7 +216,7 @@ def needs(d: Deployment) -> Iterator[tuple[Stack, Need]]:
             Need("ExecutionRole", "secretsmanager:GetSecretValue", gpu.ref("AdminTokenSecret")),
             *_reads_models("TaskRole", d),
             *_writes_logs("TaskRole", gpu, "MetricsLogGroup", f"otel-stream-{TASK_ID}"),
-            *async_calls[0][1]["gpu"],
+            *gpu_async,
         ]),
         (batch, [
             *_pulls_gpu_image("ExecutionRole", d),
@@ -213,6 +235,8 @@ def needs(d: Deployment) -> Iterator[tuple[Stack, Need]]:
         ]),
         (d.sam, _application(d.sam, d, "CpuInferFunction", ":live")),
         (d.sls, _application(d.sls, d, "CpuInferLambdaFunction", "")),
+        (d.sam, _pipeline(d.sam, d, d.sam.get_att("CpuInferFunction", "Arn") + ":live")),
+        (d.sls, _pipeline(d.sls, d, d.sls.get_att("CpuInferLambdaFunction", "Arn"))),
     ]  # fmt: skip
     if d.packaged is not None:
         by_stack.append((d.packaged, _application(d.packaged, d, "CpuInferLambdaFunction", "")))
@@ -350,3 +374,80 @@ def test_no_role_writes_the_model_repository(stack: Stack) -> None:
         if s.effect == "Allow" and allowed([s], s.owner, action, injected)
     ]
     assert writers == []
+
+
+def test_the_router_starts_executions_of_the_pipelines_machine_only() -> None:
+    for stack in (DEPLOYMENT.sam, DEPLOYMENT.sls):
+        found = statements(stack)
+        machine = stack.ref("TopicsPipelineStateMachine")
+        other = arn("states", "stateMachine:someone-elses")
+        # THEN the router may start the topics machine, no other, and nothing else may
+        assert allowed(found, "RouterRole", "states:StartExecution", machine)
+        assert not allowed(found, "RouterRole", "states:StartExecution", other)
+        starters = {s.owner for s in found if "states:StartExecution" in s.actions}
+        assert starters == {"RouterRole"}, stack.name
+
+
+@pytest.mark.parametrize(
+    ("label", "provisioned", "target"),
+    [("sam", 0, ":live"), ("serverless", 0, ""), ("serverless", 2, ":provisioned")],
+)
+def test_the_machine_invokes_the_function_as_the_router_does(
+    label: str, provisioned: int, target: str
+) -> None:
+    # GIVEN the application (Serverless with and without provisioned concurrency)
+    if label == "sam":
+        app = sam_application(DEPLOYMENT.sam)
+        machine = app.stack.properties("TopicsPipelineStateMachine")
+    else:
+        cli = {"cpuProvisionedConcurrency": provisioned}
+        stack = Stack(SLS_STACK, serverless_template(serverless_config(cli)), {},
+                      DEPLOYMENT.sls.exports)  # fmt: skip
+        app = sls_application(stack, cli)
+        machine = stack.properties("TopicsPipelineStateMachine")
+    function = app.stack.get_att(app.cpu_function, "Arn")
+    invoked = str(app.stack.resolve(machine["DefinitionSubstitutions"]["CpuInferFunctionArn"]))
+    # THEN the states invoke what the router invokes: the alias with the provisioned
+    # concurrency when there is one (never the unqualified function past it)
+    router_target = app.router_env["ROUTER_CPU_FUNCTION"]
+    assert invoked == function + target
+    assert invoked.endswith(router_target.rsplit(":function:", 1)[-1])
+    # AND the machine's role may invoke exactly that
+    found = statements(app.stack)
+    assert allowed(found, "TopicsPipelineRole", "lambda:InvokeFunction", invoked)
+    for other in {function, f"{function}:live", f"{function}:provisioned", f"{function}:7"}:
+        if other != invoked:
+            assert not allowed(found, "TopicsPipelineRole", "lambda:InvokeFunction", other)
+
+
+@pytest.mark.parametrize("partition", ["aws", "aws-cn", "aws-us-gov"])
+def test_every_arn_is_the_partitions_and_every_call_is_allowed_there(
+    partition: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN every stack deployed in the partition (its pseudo parameter and every ARN)
+    monkeypatch.setattr(cfn_eval, "PARTITION", partition)
+    monkeypatch.setitem(cfn_eval.PSEUDO, "AWS::Partition", partition)
+    d = deploy.__wrapped__()
+    # THEN each ARN a policy names is that partition's …
+    foreign = [
+        f"{stack.name}:{s.owner}/{s.sid}: {pattern}"
+        for stack in d.all()
+        for s in statements(stack)
+        for pattern in s.resources
+        if pattern.startswith("arn:") and not pattern.startswith(f"arn:{partition}:")
+    ]
+    assert foreign == []
+    # … and so is each ARN the pipeline's state machine is given
+    for stack in (d.sam, d.sls):
+        values = stack.resolve(
+            stack.properties("TopicsPipelineStateMachine")["DefinitionSubstitutions"]
+        )
+        assert values["Partition"] == partition
+        assert str(values["CpuInferFunctionArn"]).startswith(f"arn:{partition}:lambda:")
+    # AND every call a service makes there, on that partition's ARNs, is allowed
+    refused = [
+        f"{stack.name}:{need}"
+        for stack, need in needs(d, recorded=False)
+        if not allowed(statements(stack), need.owner, need.action, need.resource)
+    ]
+    assert refused == []
