@@ -40,7 +40,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -206,7 +206,8 @@ class AsyncRecord(BaseModel):
     header_length: int | None = None
     result_version: str | None = None
     execution: str | None = None
-    """The Step Functions execution that runs the request (None: the queue's consumers)."""
+    """The ARN of the Step Functions execution that runs the request (None: the queue's
+    consumers run it)."""
 
     def view(self) -> dict[str, Any]:
         """What a client may see of a pending or failed request."""
@@ -307,10 +308,26 @@ def check_id(value: str) -> str:
 Admit = Callable[[str, int, float], None]
 """The router's admission of a new request (its id, the bytes staged for it, now):
 returns, or raises (``QuotaExceededError``)."""
-Start = Callable[[AsyncRecord], str]
-"""Starts the execution that runs a request (instead of queueing it); its ARN."""
 EXECUTION_OWNER = "execution/"
 """An execution-run record's ``owner`` prefix: no queue consumer ever claims it."""
+
+
+class Starter(Protocol):
+    """Starts the Step Functions execution that runs a request, instead of queueing it:
+    an execution of ``machine`` named by the request id."""
+
+    machine: str
+
+    def __call__(self, record: AsyncRecord) -> None: ...
+
+
+def execution_arn(machine: str, name: str) -> str:
+    """The ARN of execution ``name`` of a standard state machine (Step Functions' form:
+    ``arn:<partition>:states:<region>:<account>:execution:<machine name>:<name>``)."""
+    parts = machine.split(":")
+    if len(parts) != 7 or parts[2] != "states" or parts[5] != "stateMachine":
+        raise ValueError(f"not a state machine ARN: {machine[:200]}")
+    return ":".join([*parts[:5], "execution", parts[6], name])
 
 
 class AsyncStore:
@@ -375,7 +392,7 @@ class AsyncStore:
         input_location: str | None = None,
         output_location: str | None = None,
         admit: Admit | None = None,
-        start: Start | None = None,
+        start: Starter | None = None,
     ) -> tuple[AsyncRecord, bool]:
         """Accept a request: the record (``queued``) and whether it already existed (an
         ``Idempotency-Key`` replay of the same request; another one is 409). With
@@ -425,7 +442,12 @@ class AsyncStore:
         if start is not None:
             token = uuid.uuid4().hex[:12]
             record = record.model_copy(
-                update={"state": "running", "owner": EXECUTION_OWNER + token, "attempts": 1}
+                update={
+                    "state": "running",
+                    "owner": EXECUTION_OWNER + token,
+                    "attempts": 1,
+                    "execution": execution_arn(start.machine, rid),
+                }
             )
         item = {**_item(record), **({} if start else {"pending": {"S": _PENDING}})}
         from botocore.exceptions import ClientError
@@ -630,22 +652,28 @@ class AsyncStore:
         self._release(job, reply)
         return None
 
-    def _started(self, record: AsyncRecord, start: Start) -> AsyncRecord:
+    def _started(self, record: AsyncRecord, start: Starter) -> AsyncRecord:
         """Start the execution of a recorded request; a start that fails settles the
-        record (503, the platform's fault) so it never waits for a run that never was."""
+        record (503, the platform's fault) so it never waits for a run that never was,
+        with a write the router may make (``PutItem``, on its own record only)."""
         try:
-            execution = start(record)
+            start(record)
         except Exception as exc:  # every failure to start is the platform's, never the client's
             reason = UnavailableError(f"the request could not be started ({type(exc).__name__})")
-            self._finish(self._execution_job(record), "failed", failure_reply(reason))
+            code, message = _error_of(failure_reply(reason))
+            failed = record.model_copy(
+                update={"state": "failed", "status": reason.status, "code": code,
+                        "error": message, "updated_at": self.clock()}
+            )  # fmt: skip
+            self.client("dynamodb").put_item(
+                TableName=self.table,
+                Item=_item(failed),
+                ConditionExpression="#o = :owner",
+                ExpressionAttributeNames={"#o": "owner"},
+                ExpressionAttributeValues={":owner": {"S": str(record.owner)}},
+            )
             raise reason from exc
-        self.client("dynamodb").update_item(
-            TableName=self.table,
-            Key={"id": {"S": record.id}},
-            UpdateExpression="SET execution = :e",
-            ExpressionAttributeValues={":e": {"S": execution}},
-        )
-        return record.model_copy(update={"execution": execution})
+        return record
 
     @staticmethod
     def _execution_job(record: AsyncRecord) -> Job:

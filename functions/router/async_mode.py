@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 
 from functions.router.facts import Request
-from spillway.async_inference import AsyncRecord, AsyncSettings, AsyncStore, Start
+from spillway.async_inference import AsyncRecord, AsyncSettings, AsyncStore
 from spillway.errors import (
     InvalidInputError,
     ModeUnavailableError,
@@ -109,21 +109,11 @@ class AsyncFront:
         }
         return json_reply(202, body, headers)
 
-    def _starter(self, model: str) -> Start | None:
+    def _starter(self, model: str) -> ExecutionStarter | None:
         """How a request for ``model`` runs: as an execution of the state machine
         ``ASYNC_STATE_MACHINES`` names for it, else (None) through the queue."""
         machine = self.store.settings.state_machines.get(model)
-        if machine is None:
-            return None
-
-        def start(record: AsyncRecord) -> str:
-            document = {"id": record.id, "tenant_scope": record.scope}
-            answer = self.store.client("stepfunctions").start_execution(
-                stateMachineArn=machine, name=record.id, input=json.dumps(document)
-            )
-            return str(answer["executionArn"])
-
-        return start
+        return None if machine is None else ExecutionStarter(machine, self.store)
 
     def _admit(self, tenant: str | None, rid: str, size: int, now: float) -> None:
         """Count the request against its tenant's quota (429 past it)."""
@@ -144,3 +134,20 @@ class AsyncFront:
     def result(self, path: str, tenant: str | None) -> Reply:
         """``GET /v1/results/{id}`` for the caller's own request."""
         return self.store.result_reply(path.removeprefix(RESULTS_PREFIX).rstrip("/"), tenant)
+
+
+class ExecutionStarter:
+    """Starts a request's execution of ``machine`` (``states:StartExecution``, the only
+    Step Functions call the router's role may make, on that machine alone)."""
+
+    def __init__(self, machine: str, store: AsyncStore) -> None:
+        self.machine = machine
+        self.store = store
+
+    def __call__(self, record: AsyncRecord) -> None:
+        # Named by the request id: a retried start of the same input finds the execution
+        # already running instead of starting a second one.
+        document = {"id": record.id, "tenant_scope": record.scope}
+        self.store.client("stepfunctions").start_execution(
+            stateMachineArn=self.machine, name=record.id, input=json.dumps(document)
+        )

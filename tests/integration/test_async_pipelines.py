@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,9 @@ from spillway_cli.wsgi_server import running
 from tests.support import link_model
 
 KEYS = {"acme": "key-acme", "globex": "key-globex"}
+# What the router's role may do to the async records (template.yaml RouterRole,
+# AsyncRecords): a start that fails is settled with these, never with UpdateItem.
+ROUTER_RECORD_CALLS = {"GetItem", "PutItem"}
 MACHINE = "arn:aws:states:us-east-1:123456789012:stateMachine:spillway-topics"
 WAIT_S = 120.0
 
@@ -55,6 +58,8 @@ class Stack:
     states: LocalStepFunctions
     store: AsyncStore
     cpu: CpuService
+    calls: list[str] = field(default_factory=list)
+    """The operations the router's clients made (``service.Operation``)."""
 
     def submit(self, who: str, text: str, version: str | None = None) -> str:
         body, _ = encode_request(_texts(text), binary=False)
@@ -125,16 +130,32 @@ def stack(
         states = LocalStepFunctions({MACHINE: machine})
         with running(states) as states_url:
             monkeypatch.setenv("AWS_ENDPOINT_URL_SFN", states_url)
-            store = AsyncStore(settings)
+            calls: list[str] = []
+            store = AsyncStore(settings, clients=recording(calls))
             router_settings = RouterSettings(
                 gpu_url=None,
                 metrics_log=tmp_path / "metrics.log",
                 identity_tenants={key: tenant for tenant, key in KEYS.items()},
             )
             app = create_app(router_settings, Overrides(async_store=store))
-            yield Stack(Client(app), states, store, cpu)
+            yield Stack(Client(app), states, store, cpu, calls)
             states.close()
     default_store.cache_clear()
+
+
+def recording(calls: list[str]) -> Any:
+    """A client factory whose clients note each operation they make."""
+
+    def make(service: str) -> Any:
+        client = aws_client(service)
+
+        def note(model: Any, **_: Any) -> None:
+            calls.append(f"{model.service_model.service_name}.{model.name}")
+
+        client.meta.events.register("before-call", note)
+        return client
+
+    return make
 
 
 def _answer(response: TestResponse) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -150,6 +171,10 @@ def test_an_async_pipeline_request_runs_as_an_execution_and_settles_its_record(
     # WHEN acme submits an async request for topics
     rid = stack.submit("acme", text)
     # THEN it was started as an execution (never queued) that succeeded …
+    assert "stepfunctions.StartExecution" in stack.calls
+    assert {
+        c.split(".")[1] for c in stack.calls if c.startswith("dynamodb.")
+    } <= ROUTER_RECORD_CALLS
     assert stack.store.receive(10, 0) == []
     assert stack.finish(rid) == "SUCCEEDED"
     # … and acme's one result URL answers the V2 response, equal to the synchronous one
@@ -223,7 +248,8 @@ def test_an_execution_that_cannot_start_is_a_503_and_a_settled_record(
     # GIVEN a router whose settings name a state machine that does not exist
     missing = MACHINE.replace("spillway-topics", "spillway-gone")
     settings = stack.store.settings.model_copy(update={"state_machines": {"topics": missing}})
-    store = AsyncStore(settings)
+    calls: list[str] = []
+    store = AsyncStore(settings, clients=recording(calls))
     router_settings = RouterSettings(
         gpu_url=None,
         metrics_log=tmp_path / "metrics.log",
@@ -246,6 +272,8 @@ def test_an_execution_that_cannot_start_is_a_503_and_a_settled_record(
     assert store.receive(10, 0) == []
     states = {
         item["state"]["S"]
-        for item in store.client("dynamodb").scan(TableName=str(settings.table))["Items"]
+        for item in aws_client("dynamodb").scan(TableName=str(settings.table))["Items"]
     }
     assert states == {"failed"}
+    # AND the router settled it with the writes its role may make
+    assert {c.split(".")[1] for c in calls if c.startswith("dynamodb.")} == ROUTER_RECORD_CALLS
