@@ -243,10 +243,14 @@ class GpuServiceApp:
                 status, body, headers = self.refusal(error, method, path)
                 headers.append((b"connection", b"close"))  # the body's rest is not read
             else:
-                answered = await _unless_disconnected(self.finish(exchange, request_body), receive)
-                if answered is None:
-                    return  # the client went away: its work was cancelled, nobody to answer
-                status, body, headers = answered
+                answer = self.finish(exchange, request_body)
+                if exchange.target is None or exchange.target.operation != "infer":
+                    status, body, headers = await answer  # nothing queued to cancel
+                else:
+                    answered = await _unless_disconnected(answer, receive)
+                    if answered is None:
+                        return  # the client went away: its work was cancelled
+                    status, body, headers = answered
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -257,12 +261,21 @@ class GpuServiceApp:
         timeout_s = self.plane.settings.body_timeout_s
         chunks: list[bytes] = []
         size = 0
+        # Without a body to wait for, the one message is there at once: no timer.
+        waits = exchange.declared != 0 and (
+            exchange.declared is not None or _header(exchange.headers, b"transfer-encoding")
+        )
         while True:
-            try:
-                async with asyncio.timeout(timeout_s):
-                    message = await receive()
-            except TimeoutError:
-                raise RequestTimeoutError(f"no request body received for {timeout_s:g} s") from None
+            if not waits:
+                message = await receive()
+            else:
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        message = await receive()
+                except TimeoutError:
+                    raise RequestTimeoutError(
+                        f"no request body received for {timeout_s:g} s"
+                    ) from None
             if message["type"] == "http.disconnect":
                 # The client went away mid-body: never parse what arrived as a request.
                 raise InvalidInputError("the client disconnected before its body arrived")
