@@ -281,7 +281,7 @@ def test_jobs_api_answers_every_adversarial_request(jobs_url: str) -> None:
 
 # --- slow clients -----------------------------------------------------------------------
 
-STRICT = {
+STRICT: dict[str, Any] = {
     "header_timeout_s": "1",
     "body_timeout_s": "1",
     "write_timeout_s": "2",

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -293,7 +294,7 @@ def test_connections_past_the_cap_get_a_503(small: Service) -> None:
 
 
 @contextmanager
-def _connected(tmp_path: Path, **settings: str) -> Iterator[Conn]:
+def _connected(tmp_path: Path, **settings: Any) -> Iterator[Conn]:
     """A connection to a service of the slow model alone, with these settings."""
     root = tmp_path / "repo"
     write_slow_model(root)
