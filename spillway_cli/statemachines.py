@@ -3,10 +3,12 @@ configuration, so the definition never drifts from the pipeline it runs.
 
 ``python -m spillway_cli.statemachines --models models topics`` prints the definition
 ``infra/statemachines/topics.asl.json`` holds; both templates deploy that file (SAM's
-``DefinitionUri``, Serverless' ``${file()}``) with three substitutions:
-``${CpuInferFunctionArn}`` (the CPU fallback's alias that the router invokes too, which
-runs each state's work: ``functions.cpu_infer.chain``), ``${ResultsBucket}`` (the bucket
-of ``ASYNC_LOCATION``) and ``${Partition}`` (``AWS::Partition``: no ARN names ``aws``).
+``DefinitionUri``, Serverless' ``${file()}``) with the substitutions ``substitutions``
+makes: ``${CpuInferFunctionArn}`` (the CPU fallback's alias that the router invokes too,
+which runs each state's work: ``functions.cpu_infer.chain``), ``${ResultsBucket}`` (the
+bucket of ``ASYNC_LOCATION``), and ``${LambdaInvoke}`` / ``${S3PutObject}``, the service
+integrations' ARNs in the stack's partition (no ARN in the file names ``aws``; a whole
+value substituted, so cfn-lint's partition-pinned ARN pattern still checks the rest).
 
 The router starts an execution for an async request of the pipeline
 (``functions.router.async_mode``; ``ASYNC_STATE_MACHINES`` names the machine) with the
@@ -35,11 +37,13 @@ from spillway.repository import LocalRepository
 ROOT = Path(__file__).resolve().parents[1]
 FUNCTION = "${CpuInferFunctionArn}"
 BUCKET = "${ResultsBucket}"
-LAMBDA_INVOKE = "arn:${Partition}:states:::lambda:invoke"
-S3_PUT_OBJECT = "arn:${Partition}:states:::aws-sdk:s3:putObject"
+LAMBDA_INVOKE = "${LambdaInvoke}"
+S3_PUT_OBJECT = "${S3PutObject}"
+INTEGRATIONS = {"LambdaInvoke": "lambda:invoke", "S3PutObject": "aws-sdk:s3:putObject"}
+"""The service integrations the definition uses, by substitution."""
 PREFIX = "async"
 """Where ``ASYNC_LOCATION`` points in ``${ResultsBucket}``."""
-SUBSTITUTIONS = ("CpuInferFunctionArn", "ResultsBucket", "Partition")
+SUBSTITUTIONS = ("CpuInferFunctionArn", "ResultsBucket", *INTEGRATIONS)
 TENANT = {"tenant_scope.$": "$.tenant_scope"}
 """Every call carries the execution's tenant scope (its cache entries, its record)."""
 RETRIED = [
@@ -51,6 +55,13 @@ RETRIED = [
 ]
 _RETRY = {"ErrorEquals": RETRIED, "IntervalSeconds": 2, "MaxAttempts": 3, "BackoffRate": 2.0}
 _CATCH = [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "SettleFailure"}]
+
+
+def substitutions(function: str, bucket: str, partition: str = "aws") -> dict[str, str]:
+    """The values the templates substitute (``arn:${AWS::Partition}:states:::…`` for each
+    integration), for the local interpreter and the tests."""
+    arns = {key: f"arn:{partition}:states:::{name}" for key, name in INTEGRATIONS.items()}
+    return {"CpuInferFunctionArn": function, "ResultsBucket": bucket, **arns}
 
 
 def definition_path(name: str) -> Path:

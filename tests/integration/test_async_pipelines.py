@@ -34,7 +34,7 @@ from spillway.codec import decode_response, encode_request
 from spillway.repository import aws_client
 from spillway_cli.local_async import async_env, create_async_resources
 from spillway_cli.local_states import LocalStateMachine, LocalStepFunctions, substituted
-from spillway_cli.statemachines import definition_path
+from spillway_cli.statemachines import definition_path, substitutions
 from spillway_cli.wsgi_server import running
 from tests.support import link_model
 
@@ -111,11 +111,7 @@ def stack(
     cpu = CpuService.load(CpuSettings(repository=str(repo)))
     definition = substituted(
         json.loads(definition_path("topics").read_text()),
-        {
-            "CpuInferFunctionArn": cpu.settings.function_name,
-            "ResultsBucket": f"pipes-{suffix}",
-            "Partition": "aws",
-        },
+        substitutions(cpu.settings.function_name, f"pipes-{suffix}"),
     )
     default_store.cache_clear()
     with running(CpuApp(cpu)) as cpu_url:

@@ -47,7 +47,7 @@ from spillway_cli.demo_pipelines import scenario_topics
 from spillway_cli.local_states import LocalStateMachine, substituted
 from spillway_cli.modelbuild.common import write_checksums
 from spillway_cli.modelbuild.topics import build_topics
-from spillway_cli.statemachines import definition_path
+from spillway_cli.statemachines import definition_path, substitutions
 from spillway_cli.wsgi_server import running
 from tests.support import Service, gpu_service, link_model
 
@@ -575,9 +575,7 @@ def test_the_state_machine_runs_the_pipeline_one_step_per_call(
     store = ChainStore(parse_s3_url(f"s3://{bucket}/async"), s3)
     function = "arn:aws:lambda:us-east-1:123456789012:function:spillway-cpu-infer:live"
     definition = json.loads(definition_path("topics").read_text())
-    local = substituted(
-        definition, {"CpuInferFunctionArn": function, "ResultsBucket": bucket, "Partition": "aws"}
-    )
+    local = substituted(definition, substitutions(function, bucket))
     calls: list[tuple[str, int | None]] = []
     hiccup = [ServerFault('{"status": 503, "code": "unavailable", "error": "busy"}')]
 

@@ -17,7 +17,13 @@ from spillway.ensemble import build_pipeline
 from spillway_cli.local_states import DefinitionError, LocalStateMachine, substituted
 from spillway_cli.modelbuild.minilm import minilm_config
 from spillway_cli.modelbuild.topics import head_config, topics_config
-from spillway_cli.statemachines import SUBSTITUTIONS, chain_definition, definition_path, render
+from spillway_cli.statemachines import (
+    SUBSTITUTIONS,
+    chain_definition,
+    definition_path,
+    render,
+    substitutions,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 FUNCTION = "arn:aws:lambda:us-east-1:123456789012:function:cpu:live"
@@ -34,8 +40,7 @@ def topics_definition() -> dict[str, Any]:
 
 def local_definition(partition: str = "aws") -> dict[str, Any]:
     checked_in = json.loads(definition_path("topics").read_text())
-    values = {"CpuInferFunctionArn": FUNCTION, "ResultsBucket": "data", "Partition": partition}
-    return substituted(checked_in, values)
+    return substituted(checked_in, substitutions(FUNCTION, "data", partition))
 
 
 def test_the_checked_in_definition_is_the_one_the_pipeline_makes() -> None:
@@ -179,10 +184,12 @@ def test_when_the_failure_cannot_be_settled_it_lands_in_the_error_object() -> No
 
 def test_the_checked_in_definition_names_no_partition() -> None:
     text = definition_path("topics").read_text()
-    # THEN every ARN is written with ${Partition} (aws-cn, aws-us-gov deploy it too)
-    assert "arn:aws" not in text
+    # THEN no ARN is written in it: each integration is substituted in the stack's
+    # partition (aws-cn, aws-us-gov deploy it too)
+    assert "arn:" not in text
     tasks = [s for s in json.loads(text)["States"].values() if s["Type"] == "Task"]
-    assert text.count("arn:${Partition}:states:::") == len(tasks) == 5
+    assert {t["Resource"] for t in tasks} == {"${LambdaInvoke}", "${S3PutObject}"}
+    assert len(tasks) == 5
 
 
 @pytest.mark.parametrize("partition", PARTITIONS)

@@ -442,7 +442,8 @@ def test_every_arn_is_the_partitions_and_every_call_is_allowed_there(
         values = stack.resolve(
             stack.properties("TopicsPipelineStateMachine")["DefinitionSubstitutions"]
         )
-        assert values["Partition"] == partition
+        assert values["LambdaInvoke"] == f"arn:{partition}:states:::lambda:invoke"
+        assert values["S3PutObject"] == f"arn:{partition}:states:::aws-sdk:s3:putObject"
         assert str(values["CpuInferFunctionArn"]).startswith(f"arn:{partition}:lambda:")
     # AND every call a service makes there, on that partition's ARNs, is allowed
     refused = [
