@@ -62,6 +62,18 @@ class Runner(Protocol):
         """One result per request, in order."""
 
 
+@dataclass(frozen=True)
+class Computed:
+    """A request's own rows and its time in the batcher: ``queue_s`` waiting for its
+    batch, ``infer_s`` the whole run of that batch (Triton counts the run for each of a
+    batch's requests). The caller records them with the rest of the request's statistics
+    (``ModelStats.record_success``) when it is answered, so they move together."""
+
+    tensors: Tensors
+    queue_s: float
+    infer_s: float
+
+
 class _State(Enum):
     QUEUED = 1
     RUNNING = 2
@@ -74,7 +86,7 @@ class _Pending:
     level: int
     arrival: float
     bucket: int
-    future: asyncio.Future[Tensors]
+    future: asyncio.Future[Computed]
     deadline: float | None = None
     timer: asyncio.TimerHandle | None = None
     state: _State = _State.QUEUED
@@ -225,6 +237,14 @@ class DynamicBatcher:
         self, prepared: Prepared, *, priority: int = 0, timeout_s: float | None = None
     ) -> Tensors:
         """Queue one prepared request and wait for its rows; raises its error."""
+        computed = await self.submit_timed(prepared, priority=priority, timeout_s=timeout_s)
+        return computed.tensors
+
+    async def submit_timed(
+        self, prepared: Prepared, *, priority: int = 0, timeout_s: float | None = None
+    ) -> Computed:
+        """``submit``, with the request's queue and compute times for its statistics
+        (the batcher counts executions; each request is counted by whoever answers it)."""
         pending = self._admit(prepared, priority, timeout_s)
         try:
             return await pending.future
@@ -449,17 +469,17 @@ class DynamicBatcher:
         ended = self._clock()
         self.stats.busy.stop(ended)
         rows = sum(p.prepared.rows for p in batch)
-        self.stats.record_batch(rows, len(batch), ended - started, ok=error is None)
+        self.stats.record_batch(rows, ended - started, ok=error is None)
         for index, pending in enumerate(batch):
-            self.stats.queue.add(started - pending.arrival)
             if error is None and results is not None:
-                self._settle(pending, result=results[index])
+                computed = Computed(results[index], started - pending.arrival, ended - started)
+                self._settle(pending, result=computed)
             else:
                 self._settle(pending, error=error)
 
     @staticmethod
     def _settle(
-        pending: _Pending, *, result: Tensors | None = None, error: SpillwayError | None = None
+        pending: _Pending, *, result: Computed | None = None, error: SpillwayError | None = None
     ) -> None:
         if pending.timer is not None:
             pending.timer.cancel()

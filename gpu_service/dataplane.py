@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
+from gpu_service.stats import RequestTimer
 from gpu_service.versions import ServedVersion
 from spillway import pipeline
 from spillway.engine import config_metadata
@@ -244,7 +245,7 @@ class DataPlane:
                 timeout_s = max(0.0, timeout_s - cold)
             encoded = await self._infer(served, decoded, timeout_s, arrived, big)
         except SpillwayError:
-            served.stats.fail.add(time.perf_counter() - arrived)
+            served.stats.record_failure(time.perf_counter() - arrived)
             raise
         finally:
             served.release()
@@ -266,16 +267,17 @@ class DataPlane:
         arrived: float,
         big: bool,
     ) -> pipeline.Encoded:
-        batcher, stats = served.batcher, served.stats
-        computed = prepared = 0.0
+        batcher = served.batcher
+        timer = RequestTimer(arrived)
 
         async def submit(admitted: pipeline.Admitted) -> Tensors:
-            nonlocal computed, prepared
-            prepared = time.perf_counter()
+            timer.enqueued()
             priority = admitted.parameters.priority or 0
-            result = await batcher.submit(admitted.prepared, priority=priority, timeout_s=timeout_s)
-            computed = time.perf_counter()
-            return result
+            computed = await batcher.submit_timed(
+                admitted.prepared, priority=priority, timeout_s=timeout_s
+            )
+            timer.computed(computed.queue_s, computed.infer_s)
+            return computed.tensors
 
         async def prepare(decoded: pipeline.Decoded) -> pipeline.Admitted:
             # Announced to the batcher, so early dispatch keeps a batch open for it.
@@ -289,10 +291,9 @@ class DataPlane:
             self._offload if big else None,
             prepare if served.model.batched_prepare else None,
         )
-        done = time.perf_counter()
-        stats.compute_input.add(prepared - arrived)
-        stats.compute_output.add(done - computed)
-        stats.success.add(done - arrived)
+        # Every counter of the request at once, with no await in between: a statistics
+        # snapshot sees all of them or none (perf_analyzer checks they agree).
+        served.stats.record_success(timer)
         return encoded
 
     async def _decode(self, body: bytes, header_length: int | None) -> pipeline.Decoded:

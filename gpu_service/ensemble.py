@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gpu_service.stats import RequestTimer
 from gpu_service.versions import ServedVersion, State
 from spillway import pipeline
 from spillway.ensemble import read_pipeline
@@ -97,8 +98,11 @@ class _BatcherSteps:
         return served.model.version
 
     async def _compute(self, served: ServedVersion, inputs: Tensors) -> Tensors:
+        """One request to a step model, counted in that model's statistics as a request
+        of its own (Triton's composing-model statistics): every counter at once when it
+        is answered, so perf_analyzer's check holds for composing models too."""
         batcher, model = served.batcher, served.model
-        started = time.perf_counter()
+        timer = RequestTimer(time.perf_counter())
         try:
             if model.batched_prepare:  # tokenising: off the loop, and announced
                 with batcher.incoming():
@@ -107,12 +111,16 @@ class _BatcherSteps:
                 prepared = model.prepare(inputs)
             # The request's priority, within the levels this step model has.
             priority = min(self.priority, batcher.policy.priority_levels)
-            result = await batcher.submit(prepared, priority=priority, timeout_s=self.remaining())
+            timer.enqueued()
+            computed = await batcher.submit_timed(
+                prepared, priority=priority, timeout_s=self.remaining()
+            )
+            timer.computed(computed.queue_s, computed.infer_s)
         except SpillwayError:
-            served.stats.fail.add(time.perf_counter() - started)
+            served.stats.record_failure(time.perf_counter() - timer.arrived)
             raise
-        served.stats.success.add(time.perf_counter() - started)
-        return result
+        served.stats.record_success(timer)
+        return computed.tensors
 
     def release(self) -> None:
         for served in self.leases.values():

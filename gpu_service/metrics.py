@@ -1,4 +1,9 @@
-"""``GET /metrics``: Prometheus text exposition with Triton-like names."""
+"""``GET /metrics``: Prometheus text exposition with Triton-like names.
+
+The per-request counters (success and the queue and compute durations) are those of the
+statistics endpoint, recorded together when a request is answered and rendered here in
+one synchronous pass on the event loop: one scrape is one consistent snapshot.
+"""
 
 from __future__ import annotations
 
@@ -27,27 +32,27 @@ _COUNTERS = (
     ),
     (
         "nv_inference_request_duration_us",
-        "Cumulative end-to-end request time",
+        "Cumulative end-to-end time of successful requests",
         lambda s: s.stats.success.ns // 1000,
     ),
     (
         "nv_inference_queue_duration_us",
-        "Cumulative time requests waited in the queue",
+        "Cumulative time successful requests waited in the queue",
         lambda s: s.stats.queue.ns // 1000,
     ),
     (
         "nv_inference_compute_input_duration_us",
-        "Cumulative decode and pre-processing time",
+        "Cumulative decode and pre-processing time of successful requests",
         lambda s: s.stats.compute_input.ns // 1000,
     ),
     (
         "nv_inference_compute_infer_duration_us",
-        "Cumulative model compute time per request",
+        "Cumulative model compute time of successful requests (each its whole batch run)",
         lambda s: s.stats.compute_infer.ns // 1000,
     ),
     (
         "nv_inference_compute_output_duration_us",
-        "Cumulative output encoding time",
+        "Cumulative output encoding time of successful requests",
         lambda s: s.stats.compute_output.ns // 1000,
     ),
     (
