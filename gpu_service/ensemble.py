@@ -247,7 +247,7 @@ class ServedPipelines:
         for each in names:
             served = self.served(each)
             number = served.version(version)
-            entries.append(served.stats.to_triton(served.pipeline, str(number)))
+            entries.append(_per_request(served.stats.to_triton(served.pipeline, str(number))))
         return entries
 
     def metric_lines(self) -> list[str]:
@@ -268,6 +268,21 @@ class ServedPipelines:
                     labels = f'pipeline="{pipeline_name}",step="{step.index}",model="{step.model}"'
                     lines.append(f"{name}{{{labels}}} {value}")
         return lines
+
+
+def _per_request(entry: dict[str, Any]) -> dict[str, Any]:
+    """A pipeline's entry with Triton's per-request counters, as an ensemble's has them:
+    its requests queue and compute in their steps (each step model's entry has those
+    times), so each successful request counts once here with no time of its own.
+    perf_analyzer needs them: it finds the version it measures by its queue count
+    growing, and reads every counter of every entry."""
+    counters = entry["inference_stats"]
+    requests = counters["success"]["count"]
+    for kind in ("queue", "compute_input", "compute_infer", "compute_output"):
+        counters.setdefault(kind, {"count": requests, "ns": 0})
+    for kind in ("cache_hit", "cache_miss"):
+        counters.setdefault(kind, {"count": 0, "ns": 0})
+    return entry
 
 
 _PIPELINE_METRICS: tuple[tuple[str, str, Callable[[ServedPipeline], int]], ...] = (
