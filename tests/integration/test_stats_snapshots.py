@@ -90,6 +90,16 @@ def _snapshot(connection: http.client.HTTPConnection) -> dict[str, dict[str, Any
     return {e["name"]: e for e in json.loads(body)["model_stats"]}
 
 
+def _metrics(connection: http.client.HTTPConnection) -> dict[str, float]:
+    """``GET /metrics`` as series name (with labels) -> value."""
+    connection.request("GET", "/metrics")
+    response = connection.getresponse()
+    text = response.read().decode()
+    assert response.status == 200
+    lines = [line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#")]
+    return {series: float(value) for series, value in lines}
+
+
 def _counts(entry: dict[str, Any]) -> dict[str, int | None]:
     stats = entry["inference_stats"]
     return {kind: stats.get(kind, {}).get("count") for kind in PER_REQUEST}
@@ -131,7 +141,7 @@ def test_every_snapshot_under_load_has_equal_per_request_counts(
     snapshots: list[dict[str, dict[str, Any]]] = []
     stop = threading.Event()
     watcher = http.client.HTTPConnection("127.0.0.1", stats_service.port, timeout=60)
-    before = _snapshot(watcher)
+    before, metrics_before = _snapshot(watcher), _metrics(watcher)
     # WHEN 18 clients send requests back to back for a few seconds while statistics are
     # read as fast as the service answers
     with ThreadPoolExecutor(len(loads)) as pool:
@@ -143,7 +153,7 @@ def test_every_snapshot_under_load_has_equal_per_request_counts(
         finally:
             stop.set()
         served = [f.result() for f in running]
-    after = _snapshot(watcher)
+    after, metrics_after = _snapshot(watcher), _metrics(watcher)
     watcher.close()
     # THEN every snapshot agrees with itself for every model perf_analyzer would read
     bad = [d for s in snapshots if (d := _disagreeing(s, watched))]
@@ -163,5 +173,10 @@ def test_every_snapshot_under_load_has_equal_per_request_counts(
     assert growth["minilm"] == dict.fromkeys(PER_REQUEST, topics_served)
     assert growth["topics-head"] == dict.fromkeys(PER_REQUEST, topics_served)
     assert growth["topics"] == dict.fromkeys(PER_REQUEST, topics_served)
+    # ... and /metrics, which reads the same counters, says the same
+    grown = {k: metrics_after[k] - metrics_before.get(k, 0.0) for k in metrics_after}
+    assert grown['nv_inference_request_success{model="digits",version="1"}'] == digits_served
+    assert grown['nv_inference_request_success{model="minilm",version="1"}'] == topics_served
+    assert grown['spillway_pipeline_request_success_total{pipeline="topics"}'] == topics_served
     rows = after["digits"]["inference_count"] - before["digits"]["inference_count"]
     assert rows == sum(served[:8]) + 8 * sum(served[8:16])
