@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -227,7 +228,7 @@ ALLOWED: dict[str, set[int | None]] = {
 def service(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     tmp = tmp_path_factory.mktemp("memory")
     link_model(models_dir, tmp / "repo", "digits")
-    settings = {
+    settings: dict[str, Any] = {
         "max_body_bytes": str(MAX_BODY),
         "max_body_bytes_in_flight": str(IN_FLIGHT),
         "parse_processes": str(PARSE_PROCESSES),

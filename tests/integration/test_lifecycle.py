@@ -195,7 +195,10 @@ def test_s3_repository_and_checksum_refusal(
             key = f"prod/{path.relative_to(repo).as_posix()}"
             client.upload_file(str(path), "lifecycle-models", key)
     location = "s3://lifecycle-models/prod"
-    settings = {"model_control_mode": "explicit", "cache_dir": str(tmp_path / "cache")}
+    settings: dict[str, Any] = {
+        "model_control_mode": "explicit",
+        "cache_dir": str(tmp_path / "cache"),
+    }
     with gpu_service(location, tmp_path / "logs", **settings) as svc:
         assert _call(svc, "POST", "/v2/models/digits/infer", BODY)[0] == 200
         s3_repo = open_repository("s3://lifecycle-models/prod")
