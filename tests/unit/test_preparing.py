@@ -19,6 +19,7 @@ from gpu_service.preparing import PrepareQueue
 from spillway import pipeline
 from spillway.engine import OnnxModel
 from spillway.errors import InvalidInputError, SpillwayError
+from spillway.modelconfig import ModelConfig, TensorConfig
 from spillway.processing import Prepared, Tensors
 from tests.fakes import idle, run_virtual
 
@@ -29,6 +30,13 @@ class FakeTextModel:
 
     name: str = "fake-text"
     output_names: list[str] = field(default_factory=lambda: ["y"])
+    config: ModelConfig = field(
+        default_factory=lambda: ModelConfig(
+            name="fake-text",
+            input=(TensorConfig(name="text", data_type="TYPE_STRING", dims=(1,)),),
+            output=(TensorConfig(name="y", data_type="TYPE_FP32", dims=(1,)),),
+        )
+    )
     calls: list[list[str]] = field(default_factory=list)
 
     def prepare_many(self, requests: Sequence[Tensors]) -> list[Prepared | SpillwayError]:
