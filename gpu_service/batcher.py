@@ -457,7 +457,14 @@ class DynamicBatcher:
             self._running_requests -= len(batch)
             bucket.running -= 1
             self._wake()
-        self._finish(batch, started, results, error)
+        try:
+            self._finish(batch, started, results, error)
+        except Exception as exc:
+            # A bug in accounting must not leave the batch's callers waiting for ever.
+            log.exception("settling a batch of %d requests for %s failed", len(batch), self.name)
+            failure = InferenceError(f"inference failed on model {self.name}: {exc}")
+            for pending in batch:
+                self._settle(pending, error=failure)
 
     def _finish(
         self,

@@ -472,6 +472,43 @@ def test_failed_run_fails_its_batch_only() -> None:
     assert rig.runner.batches == [[0, 1], [2, 3]]
 
 
+def test_a_batch_whose_settling_fails_answers_every_caller(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    policy = BatchingPolicy(max_batch_size=2, max_queue_delay_s=30.0)
+    outcomes: list[object] = []
+
+    async def scenario(rig: Rig) -> None:
+        # GIVEN a batcher whose accounting fails once, after its model ran
+        record = rig.batcher.stats.record_batch
+        calls = itertools.count()
+
+        def broken(*args: object, **kwargs: object) -> None:
+            if next(calls) == 0:
+                raise TypeError("bug in the accounting")
+            record(*args, **kwargs)  # type: ignore[arg-type]
+
+        rig.batcher.stats.record_batch = broken  # type: ignore[method-assign]
+        # WHEN a full batch runs, then another
+        first = [rig.batcher.submit(fake_request(0)), rig.batcher.submit(fake_request(1))]
+        outcomes.extend(await asyncio.gather(*first, return_exceptions=True))
+        second = [rig.batcher.submit(fake_request(2)), rig.batcher.submit(fake_request(3))]
+        outcomes.extend(await asyncio.gather(*second, return_exceptions=True))
+
+    with caplog.at_level(logging.ERROR, logger="spillway.batcher"):
+        rig = run_with(policy, scenario)
+    # THEN the first batch's callers get an error instead of waiting for ever, the next
+    # batch is served, and the failure is logged
+    assert [type(o).__name__ for o in outcomes] == [
+        "InferenceError",
+        "InferenceError",
+        "dict",
+        "dict",
+    ]
+    assert rig.runner.batches == [[0, 1], [2, 3]]
+    assert any("settling a batch" in r.message for r in caplog.records)
+
+
 def test_dead_batcher_fails_pending_and_turns_unhealthy(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
