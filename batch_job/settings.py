@@ -8,6 +8,8 @@ from typing import Any
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from spillway.envsettings import json_mapping
+
 
 class JobsSettings(BaseSettings):
     """Settings of the job container, the jobs Lambda and the CLI (``JOBS_<FIELD>``)."""
@@ -92,11 +94,7 @@ class JobsSettings(BaseSettings):
     @field_validator("identity_tenants", mode="before")
     @classmethod
     def _json_map(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            import json
-
-            return json.loads(value) if value.strip() else {}
-        return value
+        return json_mapping(value)
 
     # --- the nightly schedule (EventBridge) ---------------------------------------------
     schedule_model: str | None = None

@@ -44,7 +44,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from spillway.envsettings import prefixed_values
+from spillway.envsettings import json_mapping, prefixed_values
 from spillway.errors import (
     IdempotencyConflictError,
     InputNotFoundError,
@@ -153,9 +153,7 @@ class AsyncSettings(BaseModel):
     @field_validator("state_machines", mode="before")
     @classmethod
     def _mapping(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return json.loads(value) if value.strip() else {}
-        return value
+        return json_mapping(value)
 
     @field_validator("input_prefixes", mode="before")
     @classmethod

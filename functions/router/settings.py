@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from spillway.envsettings import json_mapping
 from spillway.errors import InvalidInputError
 from spillway.wire import SYNC_BODY_BYTES, parse_s3_url
 
@@ -157,11 +158,7 @@ class RouterSettings(BaseModel):
     @field_validator("identity_tenants", mode="before")
     @classmethod
     def _json_map(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            import json
-
-            return json.loads(value) if value.strip() else {}
-        return value
+        return json_mapping(value)
 
     @field_validator("cpu_function", "jobs_function")
     @classmethod
