@@ -59,3 +59,28 @@ def test_every_error_code_is_in_the_errors_table() -> None:
     # THEN each stable code has its row
     missing = sorted(c for c in _codes(SpillwayError) if f"`{c}`" not in errors_table)
     assert missing == []
+
+
+def test_the_documented_payload_limit_is_the_code_s() -> None:
+    # GIVEN the synchronous body limit the router and the CPU fallback enforce by default
+    limit = RouterSettings.model_fields["max_body_bytes"].default
+    assert CpuSettings.model_fields["max_payload_bytes"].default == limit
+    figure = f"{limit:,}"
+    root = README.parent
+    # THEN every text that states the router's limit states that figure, never "6 MiB"
+    for path in (README, root / "docs" / "deploy.md", root / "template.yaml"):
+        text = path.read_text()
+        assert figure in text or str(limit) in text, path.name
+        assert "router at 6 MiB" not in text
+        assert "router accepts 6 MiB" not in text
+        assert "`ROUTER_MAX_BODY_BYTES` (6 MiB)" not in text
+
+
+def test_tenants_reach_both_template_forms() -> None:
+    # GIVEN the identity map the router and the jobs API read
+    root = README.parent
+    for name in ("template.yaml", "serverless.yml"):
+        text = (root / name).read_text()
+        # THEN both forms set it for both functions, so tenant tiers work on AWS
+        assert "ROUTER_IDENTITY_TENANTS:" in text, name
+        assert "JOBS_IDENTITY_TENANTS:" in text, name
