@@ -2,8 +2,11 @@
 
 Starts, in order, and waits for each to be healthy: a moto server (S3, Batch without
 Docker, DynamoDB, SSM, ...), the model repository uploaded to S3 there, the GPU service
-(CUDA where present, CPU otherwise — its log says which), the CPU fallback, the jobs API
-and the router. Every child is a process of ours, stopped by PID.
+(CUDA where present, CPU otherwise — its log says which), the CPU fallback, the local
+Step Functions endpoint (in this process: async ``topics`` requests run as executions of
+its state machine, whose states invoke the CPU fallback through Lambda's invoke API), the
+jobs API and the router. Every child is a process of ours, stopped by PID; the Step
+Functions endpoint stops with the stack.
 """
 
 from __future__ import annotations
@@ -13,11 +16,16 @@ import logging
 import os
 import shutil
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from spillway.repository import aws_client
 from spillway_cli import procs
+
+if TYPE_CHECKING:
+    from spillway_cli.local_states import LocalStepFunctions
 
 log = logging.getLogger("spillway.stack")
 REGION = "us-east-1"
@@ -37,6 +45,11 @@ JOBS_STAGING = f"s3://{DATA_BUCKET}/staging"  # the router's batch-mode staging
 JOBS_FUNCTION = "spillway-local-jobs"  # the name `spillway serve jobs` answers invokes for
 STATE_TABLE = "spillway-local-router-state"  # serverless.yml's stateTable at stage local
 POLICY_PARAMETER = "/spillway-local/router/policy"  # SSM name at serverless.yml's stage local
+STATE_MACHINES = {
+    "topics": f"arn:aws:states:{REGION}:123456789012:stateMachine:spillway-local-topics"
+}
+"""The pipelines whose async requests run as executions on the local Step Functions
+endpoint (``ASYNC_STATE_MACHINES``), each running ``infra/statemachines/<name>.asl.json``."""
 
 
 def router_runtime(choice: str) -> str:
@@ -73,6 +86,7 @@ class Ports:
     jobs: int = 0
     router: int = 0
     dashboard: int = 0
+    states: int = 0
 
     def resolved(self) -> Ports:
         return Ports(
@@ -85,6 +99,7 @@ class Ports:
                     self.jobs,
                     self.router,
                     self.dashboard,
+                    self.states,
                 )
             )
         )
@@ -107,6 +122,10 @@ class LocalStack:
     children: dict[str, procs.Child] = field(default_factory=dict)
     async_vars: dict[str, str] = field(default_factory=dict)
     """The ``ASYNC_*`` variables of the async resources (every process gets them)."""
+    states: LocalStepFunctions | None = None
+    """The local Step Functions endpoint (``AWS_ENDPOINT_URL_SFN`` of the router), served
+    in this process while the stack runs."""
+    _states_server: Any = field(default=None, init=False, repr=False)
 
     def url(self, part: str) -> str:
         return f"http://127.0.0.1:{getattr(self.ports, part)}"
@@ -148,6 +167,7 @@ class LocalStack:
                 {"CPU_CACHE_DIR": str(self.log_dir / "cpu-cache")},
                 "/v2/health/ready",
             )
+            self._step_functions()
             self._start(
                 "jobs",
                 [*_spillway(), "serve", "jobs", "--port", str(self.ports.jobs)],
@@ -160,7 +180,7 @@ class LocalStack:
                 self._start(
                     "router",
                     [*_spillway(), "serve", "router", "--port", str(self.ports.router)],
-                    self._router_env(),
+                    self.router_env(),
                     "/v2/health/live",
                 )
             self._dashboard()
@@ -248,8 +268,63 @@ class LocalStack:
         self.async_vars = async_env(create_async_resources(DATA_BUCKET))
         os.environ.update(self.async_vars)
 
-    def _router_env(self) -> dict[str, str]:
+    def _step_functions(self) -> None:
+        """Serve ``LocalStepFunctions`` with each pipeline's checked-in definition, its
+        states invoking the CPU fallback through Lambda's invoke API (as Step Functions
+        invokes the function on AWS) and writing to S3 on moto."""
+        import boto3
+        from botocore.config import Config
+
+        from functions.cpu_infer.settings import CpuSettings
+        from spillway_cli.local_states import LocalStateMachine, LocalStepFunctions, substituted
+        from spillway_cli.statemachines import definition_path, substitutions
+        from spillway_cli.wsgi_server import server
+
+        # One attempt per call: the definition's own Retry handles the service's errors.
+        config = Config(retries={"mode": "standard", "max_attempts": 1}, read_timeout=300)
+        invoke = boto3.client(
+            "lambda", region_name=REGION, endpoint_url=self.url("cpu"), config=config
+        )
+        values = substitutions(CpuSettings().function_name, DATA_BUCKET)
+        machines = {
+            arn: LocalStateMachine(
+                substituted(json.loads(definition_path(name).read_text()), values),
+                functions={},
+                s3=aws_client("s3", REGION),
+                lambda_client=invoke,
+            )
+            for name, arn in STATE_MACHINES.items()
+        }
+        self.states = LocalStepFunctions(machines)
+        httpd = server(self.states, "127.0.0.1", self.ports.states)
+        thread = threading.Thread(target=httpd.serve_forever, name="local-states", daemon=True)
+        thread.start()
+        self._states_server = (httpd, thread)
+        log.info("states is up at %s (in this process)", self.url("states"))
+
+    def _stop_step_functions(self) -> None:
+        """Stop serving, then wait for the executions already running."""
+        if self._states_server is not None:
+            httpd, thread = self._states_server
+            self._states_server = None
+            httpd.shutdown()
+            httpd.server_close()
+            thread.join(timeout=10)
+            log.info("states stopped")
+        if self.states is not None:
+            self.states.close()
+
+    def states_env(self) -> dict[str, str]:
+        """The router's variables that run async pipeline requests as executions."""
         return {
+            "AWS_ENDPOINT_URL_SFN": self.url("states"),
+            "ASYNC_STATE_MACHINES": json.dumps(STATE_MACHINES),
+        }
+
+    def router_env(self) -> dict[str, str]:
+        """The WSGI router's variables (beyond ``aws_env``)."""
+        return {
+            **self.states_env(),
             "ROUTER_GPU_URL": self.url("gpu"),
             "ROUTER_CPU_URL": self.url("cpu"),
             # Batch mode invokes the jobs function as on AWS (Lambda's invoke API, which
@@ -317,12 +392,16 @@ class LocalStack:
             "--param=cpuFunction=spillway-cpu-infer",
             f"--param=awsEndpointUrl={self.url('moto')}",
             f"--param=lambdaEndpointUrl={self.url('cpu')}",
+            # serverless.yml's local value is "{}": the local Step Functions endpoint's.
+            f"--param=asyncStateMachines={json.dumps(STATE_MACHINES)}",
         ]
         venv = Path(sys.executable).parent.parent
         env = {
             "VIRTUAL_ENV": str(venv),
             "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '')}",
             "AWS_ENDPOINT_URL_LAMBDA": self.url("cpu"),
+            # serverless-offline hands every AWS_* variable of its own to the handler.
+            "AWS_ENDPOINT_URL_SFN": self.url("states"),
             "SLS_TELEMETRY_DISABLED": "1",
             "SLS_NOTIFICATIONS_MODE": "off",
             "SLS_DEPRECATION_DISABLE": "*",
@@ -341,7 +420,9 @@ class LocalStack:
         )
 
     def stop(self) -> None:
-        """Stop every child we started, newest first, by PID."""
+        """Stop the Step Functions endpoint (its executions call the CPU fallback), then
+        every child we started, newest first, by PID."""
+        self._stop_step_functions()
         for name in reversed(list(self.children)):
             child = self.children.pop(name)
             code = child.stop()
@@ -353,6 +434,11 @@ class LocalStack:
             f"  {name:<9} {self.url(name)}  (pid {c.pid}, log {c.log_path})"
             for name, c in self.children.items()
         ]
+        if self._states_server is not None:
+            lines.append(
+                f"  {'states':<9} {self.url('states')}  (Step Functions: StartExecution, "
+                f"DescribeExecution; in this process; async {', '.join(STATE_MACHINES)})"
+            )
         body = json.dumps(
             {
                 "inputs": [
