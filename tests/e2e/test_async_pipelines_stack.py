@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,7 @@ from functions.router.wiring import create_app
 from spillway.async_inference import AsyncSettings, AsyncStore
 from spillway.codec import decode_response
 from spillway_cli.lambda_http import wsgi_app
-from spillway_cli.stack import REGION, LocalStack
+from spillway_cli.stack import REGION, LocalStack, offline_missing
 from spillway_cli.wsgi_server import running
 from tests.fakes import eventually
 
@@ -172,3 +174,57 @@ def _settled(
 ) -> tuple[int, dict[str, str], bytes] | None:
     answer = _call(url, "GET", f"/v1/results/{rid}", None, headers)
     return None if answer[0] == 202 else answer
+
+
+@pytest.fixture
+def offline_stack(models_dir: Path, tmp_path: Path) -> Iterator[LocalStack]:
+    """A second stack whose router runs under serverless-offline (serverless.yml, stage
+    ``local``); the process environment it sets is put back after it stops."""
+    missing = offline_missing()
+    if missing:
+        pytest.skip(f"serverless-offline needs {', '.join(missing)}")
+    saved = dict(os.environ)
+    local = LocalStack(models_dir, tmp_path, router_runtime="serverless-offline")
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def test_under_serverless_offline_async_topics_runs_as_an_execution(
+    offline_stack: LocalStack,
+) -> None:
+    stack = offline_stack
+    router = stack.url("router")
+    text = TEXTS["globex"]
+    # WHEN the API key's caller submits an async topics request to the offline router
+    status, _, raw = _call(
+        router,
+        "POST",
+        "/v2/models/topics/infer",
+        _infer(text),
+        {**stack.router_headers, "prefer": "respond-async"},
+    )
+    assert status == 202, raw
+    rid = json.loads(raw)["id"]
+    # THEN serverless.yml's router started it on the stack's Step Functions endpoint …
+    record = AsyncStore(AsyncSettings.from_env(stack.aws_env())).find(rid)
+    assert record is not None
+    assert record.execution is not None, "the request was queued, not started"
+    described = eventually(
+        partial(_ended, _states_client(stack), record.execution),
+        "the execution ends",
+        timeout_s=WAIT_S,
+    )
+    assert described["status"] == "SUCCEEDED"
+    # … and its result is the synchronous answer
+    status, headers, raw = eventually(
+        partial(_settled, router, rid, stack.router_headers), "the result", timeout_s=WAIT_S
+    )
+    assert status == 200, raw
+    sync = _call(router, "POST", "/v2/models/topics/infer", _infer(text), stack.router_headers)
+    assert sync[0] == 200, sync[2]
+    np.testing.assert_allclose(_scores(headers, raw), _scores(sync[1], sync[2]), atol=1e-4)
