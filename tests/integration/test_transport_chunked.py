@@ -65,7 +65,7 @@ def _pieces(size: int, piece: int) -> list[bytes]:
 )
 def test_a_chunked_body_within_the_limit_is_accepted_whole(size: int, piece: int) -> None:
     service = RecordingService()
-    served = InProcess(service, GpuSettings(**SHORT))
+    served = InProcess(service, GpuSettings.model_validate(SHORT))
     try:
         # GIVEN a chunked request of up to exactly the limit, in pieces of any size
         pieces = _pieces(size, piece)
@@ -85,7 +85,7 @@ def test_a_chunked_body_within_the_limit_is_accepted_whole(size: int, piece: int
 
 def test_a_chunked_body_one_byte_past_the_limit_is_413() -> None:
     service = RecordingService()
-    served = InProcess(service, GpuSettings(**SHORT))
+    served = InProcess(service, GpuSettings.model_validate(SHORT))
     try:
         client = served.client()
         client.send(_chunked_post(_pieces(LIMIT + 1, 4096)))
