@@ -8,9 +8,18 @@ the time between them, not count as whole readings."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 import pytest
 
-from functions.router.health import LoadSnapshot, LoadTracker, parse_load_headers
+from functions.router.health import (
+    CircuitBreaker,
+    LoadSnapshot,
+    LoadTracker,
+    RetryBudget,
+    parse_load_headers,
+)
 from gpu_service.stats import BusyTracker
 from tests.unit.test_router import Clock
 
@@ -267,3 +276,176 @@ def test_the_window_keeps_a_sample_exactly_window_s_old() -> None:
     # a moment later it is dropped and the window starts at t=5, idle since
     assert busy.fraction(10.5) == 0.0
     assert list(busy._samples) == [(5.0, 5.0)]
+
+
+# -- CircuitBreaker and RetryBudget: defaults, edges, probe counts ---------------------------
+
+
+def state(breaker: CircuitBreaker) -> str:
+    """The state now (read through a call: each read is a fresh look)."""
+    return breaker.state
+
+
+class Jobs:
+    """Holds probe jobs until the test runs them (a probe in flight until then)."""
+
+    def __init__(self) -> None:
+        self.pending: list[Callable[[], None]] = []
+
+    def __call__(self, job: Callable[[], None]) -> None:
+        self.pending.append(job)
+
+    def run_all(self) -> None:
+        jobs, self.pending = self.pending, []
+        for job in jobs:
+            job()
+
+
+def test_the_breaker_defaults_are_five_failures_five_seconds_and_a_120_s_cap() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker("gpu", clock=clock)
+    assert breaker.name == "gpu"
+    assert (breaker.state, breaker.reset_s, breaker.opened_count, breaker.probes) == (
+        "closed",
+        5.0,
+        0,
+        0,
+    )
+    for _ in range(4):
+        breaker.failure()
+    assert state(breaker) == "closed"
+    breaker.failure()
+    assert state(breaker) == "open"
+    assert breaker.retry_after_s() == 5.0
+    # every failed trial doubles the wait: 10, 20, 40, 80, then the 120 s cap
+    waits = []
+    for _ in range(6):
+        clock.now += breaker.retry_after_s()
+        assert breaker.allow()
+        breaker.failure()
+        waits.append(breaker.retry_after_s())
+    assert waits == [10.0, 20.0, 40.0, 80.0, 120.0, 120.0]
+
+
+def test_retry_after_counts_down_to_zero_and_is_zero_unless_open() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker("gpu", failures=1, reset_s=8.0, max_reset_s=8.0, clock=clock)
+    assert breaker.retry_after_s() == 0.0
+    breaker.failure()
+    clock.now += 3
+    assert breaker.retry_after_s() == 5.0
+    clock.now += 6
+    assert breaker.retry_after_s() == 0.0  # past its wait, not yet asked: still open inside
+    assert breaker.allow()  # the trial
+    assert breaker.retry_after_s() == 0.0  # half-open
+    breaker.success()
+    assert breaker.retry_after_s() == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"failures": 0}, "need failures >= 1 and 0 < reset_s <= max_reset_s"),
+        ({"reset_s": 0.0}, "need failures >= 1 and 0 < reset_s <= max_reset_s"),
+        ({"reset_s": 0.5, "max_reset_s": 0.4}, "need failures >= 1 and 0 < reset_s <= max_reset_s"),
+        ({"probe_interval_s": 0.0}, "need probe_interval_s > 0"),
+    ],
+)
+def test_breaker_arguments_are_checked_at_their_edges(
+    kwargs: dict[str, float], message: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        CircuitBreaker("gpu", clock=Clock(), **kwargs)  # type: ignore[arg-type]
+
+
+def test_breaker_arguments_at_their_edges_are_taken() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(
+        "gpu", failures=1, reset_s=0.5, max_reset_s=0.5, probe_interval_s=0.001, clock=clock
+    )
+    breaker.failure()
+    assert breaker.retry_after_s() == 0.5
+    clock.now += 0.5
+    assert breaker.allow()
+    breaker.failure()
+    assert breaker.retry_after_s() == 0.5  # already at its cap
+
+
+def test_a_refused_circuit_on_a_clock_starting_at_zero_is_probed_at_once() -> None:
+    clock = Clock()
+    clock.now = 0.0
+    jobs = Jobs()
+    breaker = CircuitBreaker("gpu", failures=1, clock=clock, probe=lambda: False, run=jobs)
+    breaker.failure(refused=True)
+    clock.now = 0.5
+    assert not breaker.allow()
+    assert (breaker.probes, len(jobs.pending)) == (1, 1)
+
+
+def test_probes_are_counted_one_by_one_and_a_stuck_one_is_replaced_after_10_s() -> None:
+    clock = Clock()
+    jobs = Jobs()
+    breaker = CircuitBreaker(
+        "gpu", failures=1, reset_s=60.0, max_reset_s=60.0, clock=clock,
+        probe=lambda: False, probe_interval_s=1.0, run=jobs,
+    )  # fmt: skip
+    breaker.failure(refused=True)
+    assert not breaker.allow()
+    assert breaker.probes == 1
+    # WHEN the probe never comes back, 9.999 s later none is started (single flight)
+    clock.now += 9.999
+    assert not breaker.allow()
+    assert breaker.probes == 1
+    # THEN at exactly 10 s it counts as lost and the next request starts one more
+    clock.now += 0.001
+    assert not breaker.allow()
+    assert (breaker.probes, len(jobs.pending)) == (2, 2)
+    jobs.run_all()
+    clock.now += 1.0
+    assert not breaker.allow()
+    assert breaker.probes == 3
+
+
+def test_no_probe_without_a_probe_function_or_during_a_half_open_trial() -> None:
+    clock = Clock()
+    jobs = Jobs()
+    plain = CircuitBreaker("gpu", failures=1, clock=clock, run=jobs)
+    plain.failure(refused=True)
+    assert not plain.allow()
+    assert (plain.probes, jobs.pending) == (0, [])
+    # a probed circuit whose wait has passed: the trial goes, the next request waits
+    probed = CircuitBreaker("gpu", failures=1, clock=clock, probe=lambda: True, run=jobs)
+    probed.failure(refused=True)
+    clock.now += 5
+    assert probed.allow()  # the trial
+    assert not probed.allow()
+    assert (probed.probes, jobs.pending) == (0, [])
+
+
+def test_a_late_failure_while_open_does_not_stop_the_probing() -> None:
+    # GIVEN a circuit opened by refusals, and a timeout of a request let in before
+    clock = Clock()
+    jobs = Jobs()
+    breaker = CircuitBreaker("gpu", failures=1, clock=clock, probe=lambda: True, run=jobs)
+    breaker.failure(refused=True)
+    breaker.failure(refused=False)
+    # WHEN a request finds it open THEN it is still probed, and the probe half-opens it
+    assert not breaker.allow()
+    assert breaker.probes == 1
+    jobs.run_all()
+    assert breaker.state == "half_open"
+
+
+def test_a_retry_needs_a_whole_token_give_or_take_rounding() -> None:
+    assert RetryBudget(0.0, initial=1.0 - 1e-9).try_spend()
+    assert not RetryBudget(0.0, initial=1.0 - 2e-9).try_spend()
+
+
+def test_the_retry_budget_banks_at_most_ten_tokens_by_default() -> None:
+    budget = RetryBudget(1.0, initial=0.0)
+    for _ in range(20):
+        budget.deposit()
+    spent = 0
+    while budget.try_spend():
+        spent += 1
+    assert (spent, budget.requests, budget.retries) == (10, 20, 10)
