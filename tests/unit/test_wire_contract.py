@@ -424,3 +424,62 @@ def test_infer_replies_are_exact() -> None:
         ("inference-header-content-length", "2"),
     ]
     assert json.loads(binary.body[:2]) == {}
+
+
+# -- what the survivors of a mutation run showed unpinned -------------------------------------
+
+
+class CountingStream:
+    """A body stream that records how much each read asks for."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.asked: list[int | None] = []
+
+    def read(self, size: int | None = None) -> bytes:
+        self.asked.append(size)
+        chunk = self.data if size is None or size < 0 else self.data[:size]
+        self.data = self.data[len(chunk) :]
+        return chunk
+
+
+def test_a_wsgi_body_is_never_read_past_its_declared_length_or_the_limit() -> None:
+    from spillway.wire import read_wsgi_body
+
+    declared = CountingStream(b"abcdef")
+    assert read_wsgi_body({"CONTENT_LENGTH": "3", "wsgi.input": declared}, 1000) == b"abc"
+    assert declared.asked == [3]
+    chunked = CountingStream(b"z" * 5000)
+    with pytest.raises(PayloadTooLargeError) as caught:
+        read_wsgi_body({"wsgi.input": chunked, "wsgi.input_terminated": True}, 1000)
+    assert chunked.asked == [1001]
+    assert caught.value.message.startswith(
+        "chunked request body (at least) of 1001 bytes exceeds the synchronous limit of 1000"
+    )
+    with pytest.raises(PayloadTooLargeError) as caught:
+        read_wsgi_body({"CONTENT_LENGTH": "1001", "wsgi.input": CountingStream(b"")}, 1000)
+    assert caught.value.message.startswith(
+        "request body of 1001 bytes exceeds the synchronous limit of 1000 bytes"
+    )
+
+
+def test_refusal_messages_name_what_was_refused() -> None:
+    assert refused(parse_header_length, "x") == (
+        "Inference-Header-Content-Length must be a non-negative integer"
+    )
+    assert refused(priority_hint, "soon") == "priority must be a number"
+    assert refused(priority_hint, float("inf")) == "priority must be a finite number"
+    long = "s3://Bucket/" + "k" * 300
+    assert refused(parse_s3_url, long) == f"{long[:200]!r} does not name a valid bucket"
+
+
+def test_a_stage_named_like_default_is_only_stripped_when_it_is_not_default() -> None:
+    event = {"version": "2.0", "requestContext": {"stage": "$default"}}
+    assert strip_stage("/$default/v2/x", event) == "/$default/v2/x"
+
+
+def test_s3_keys_and_prefixes_strip_slashes_only() -> None:
+    location = S3Location("bkt", "XX/")
+    assert location.key("Xa", "XX", "b/") == "XX/Xa/XX/b"
+    assert S3Location("bkt", "").key(" ", "/") == " "
+    assert parse_s3_url("s3://bkt//Xkey") == S3Location("bkt", "Xkey")
