@@ -9,6 +9,7 @@ waiting. Virtual time and an inline executor, as in ``test_batcher``."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -109,9 +110,9 @@ def test_cancelled_requests_give_their_queue_slots_back() -> None:
 
 @pytest.mark.parametrize("leave", ["expire", "cancel"])
 def test_requests_that_left_give_their_rows_back(leave: str) -> None:
-    # GIVEN a batch target of 4 rows and a 1 s delay (no early dispatch)
+    # GIVEN a batch target of 8 rows and a 1 s delay (no early dispatch)
     policy = BatchingPolicy(
-        max_batch_size=4, max_queue_delay_s=1.0, early_dispatch=False, max_queue_size=8
+        max_batch_size=8, max_queue_delay_s=1.0, early_dispatch=False, max_queue_size=8
     )
     sent_at: list[float] = []
 
@@ -121,25 +122,25 @@ def test_requests_that_left_give_their_rows_back(leave: str) -> None:
             return super().run(batch)
 
     async def scenario(rig: Rig) -> None:
-        # WHEN 3 one-row requests queue and leave before their batch goes
+        # WHEN requests of 1, 2 and 4 rows queue and leave before their batch goes
         timeout = 0.1 if leave == "expire" else None
-        left = [submit(rig.batcher, fake_request(i), timeout_s=timeout) for i in (1, 2, 3)]
+        left = [submit(rig.batcher, fake_request(i, rows=i), timeout_s=timeout) for i in (1, 2, 4)]
         await idle()
         if leave == "cancel":
             await advance(0.1)
             for task in left:
                 task.cancel()
         await asyncio.gather(*left, return_exceptions=True)
-        # AND one more arrives at t=0.2
+        # AND one of 4 rows arrives at t=0.2
         await advance(0.1)
         assert virtual_loop().time() == pytest.approx(0.2)
-        answer = await rig.batcher.submit(fake_request(4))
-        np_equal(answer["y"], row_sums(fake_request(4)))
+        answer = await rig.batcher.submit(fake_request(5, rows=4))
+        np_equal(answer["y"], row_sums(fake_request(5, rows=4)))
 
     rig = run_with(policy, scenario, runner=TimedRunner())
-    # THEN it waits its own full delay: 1 row is short of 4 (3 leaked rows would send it
-    # at once)
-    assert rig.runner.batches == [[4]]
+    # THEN it waits its own full delay: 4 rows are short of 8 (rows left behind by the
+    # requests that went would make up a full batch and send it at once)
+    assert rig.runner.batches == [[5]]
     assert sent_at == [pytest.approx(1.2)]
 
 
@@ -256,3 +257,63 @@ def test_queue_depth_and_running_count_what_waits_and_what_computes() -> None:
 
     rig = run_with(policy, scenario)
     assert rig.runner.batches == [[0, 1], [2, 3], [4]]
+
+
+def test_a_deadline_answer_says_how_long_the_request_waited() -> None:
+    async def scenario(rig: Rig) -> None:
+        rig.executor.hold()
+        first = submit(rig.batcher, fake_request(0))
+        await idle()
+        with pytest.raises(DeadlineExceededError) as caught:
+            await rig.batcher.submit(fake_request(1), timeout_s=0.5)
+        assert str(caught.value) == "deadline passed after 500.0 ms in the queue of fake"
+        rig.executor.resume()
+        await first
+
+    run_with(_busy_model_policy(), scenario)
+
+
+def test_a_timed_request_without_a_priority_gets_the_models_default_level() -> None:
+    # GIVEN two levels, the default the lower one, and a busy model
+    policy = BatchingPolicy(
+        max_batch_size=1, max_queue_delay_s=0.0, priority_levels=2, default_priority=2
+    )
+
+    async def scenario(rig: Rig) -> None:
+        rig.executor.hold()
+        first = submit(rig.batcher, fake_request(0))
+        await idle()
+        # WHEN a timed request with no priority queues, then one of priority 1
+        low = asyncio.ensure_future(rig.batcher.submit_timed(fake_request(1)))
+        high = submit(rig.batcher, fake_request(2), priority=1)
+        await idle()
+        rig.executor.resume()
+        await asyncio.gather(first, low, high)
+
+    rig = run_with(policy, scenario)
+    # THEN the priority-1 request goes first
+    assert rig.runner.batches == [[0], [2], [1]]
+
+
+def test_a_runner_that_raises_fails_its_batch_and_logs_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Raising:
+        def run(self, batch: list[Prepared]) -> list[Tensors]:
+            raise RuntimeError("out of memory")
+
+    policy = BatchingPolicy(max_batch_size=2, max_queue_delay_s=30.0)
+    outcomes: list[object] = []
+
+    async def main() -> None:
+        loop = virtual_loop()
+        batcher = DynamicBatcher("fake", Raising(), policy, InlineExecutor(), clock=loop.time)
+        batcher.start()
+        batch = [batcher.submit(fake_request(i)) for i in range(2)]
+        outcomes.extend(await asyncio.gather(*batch, return_exceptions=True))
+        await batcher.stop(drain_timeout_s=1)
+
+    with caplog.at_level(logging.ERROR, logger="spillway.batcher"):
+        run_virtual(main)
+    assert [str(o) for o in outcomes] == ["inference failed on model fake: out of memory"] * 2
+    assert [r.getMessage() for r in caplog.records] == ["a batch of 2 requests for fake failed"]
