@@ -9,6 +9,7 @@ the time between them, not count as whole readings."""
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -18,6 +19,7 @@ from functions.router.health import (
     LoadSnapshot,
     LoadTracker,
     RetryBudget,
+    in_thread,
     parse_load_headers,
 )
 from gpu_service.stats import BusyTracker
@@ -449,3 +451,46 @@ def test_the_retry_budget_banks_at_most_ten_tokens_by_default() -> None:
     while budget.try_spend():
         spent += 1
     assert (spent, budget.requests, budget.retries) == (10, 20, 10)
+
+
+def test_a_spent_retry_takes_its_token() -> None:
+    budget = RetryBudget(0.0, initial=1.0)
+    assert budget.try_spend()
+    assert not budget.try_spend()
+    two = RetryBudget(0.5, initial=1.5)
+    assert two.try_spend()
+    two.deposit()  # 0.5 + 0.5
+    assert two.try_spend()
+    assert not two.try_spend()
+
+
+def test_the_default_probe_interval_is_one_second() -> None:
+    clock = Clock()
+    jobs = Jobs()
+    breaker = CircuitBreaker(
+        "gpu", failures=1, reset_s=60.0, clock=clock, probe=lambda: False, run=jobs
+    )
+    breaker.failure(refused=True)
+    assert not breaker.allow()
+    jobs.run_all()  # not ready
+    clock.now += 0.999
+    assert not breaker.allow()
+    assert breaker.probes == 1
+    clock.now += 0.001
+    assert not breaker.allow()
+    assert breaker.probes == 2
+
+
+def test_probes_run_on_a_named_daemon_thread() -> None:
+    ran = threading.Event()
+    seen: list[tuple[str, bool]] = []
+
+    def job() -> None:
+        current = threading.current_thread()
+        seen.append((current.name, current.daemon))
+        ran.set()
+
+    in_thread(job)
+    assert ran.wait(10)
+    assert seen == [("breaker-probe", True)]
+    assert seen[0][0] != threading.main_thread().name
