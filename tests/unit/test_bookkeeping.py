@@ -317,3 +317,28 @@ def test_a_runner_that_raises_fails_its_batch_and_logs_it(
         run_virtual(main)
     assert [str(o) for o in outcomes] == ["inference failed on model fake: out of memory"] * 2
     assert [r.getMessage() for r in caplog.records] == ["a batch of 2 requests for fake failed"]
+
+
+def test_a_batch_whose_settling_fails_says_so_to_its_callers_and_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    policy = BatchingPolicy(max_batch_size=2, max_queue_delay_s=30.0)
+    outcomes: list[object] = []
+
+    async def scenario(rig: Rig) -> None:
+        # GIVEN accounting that fails after the model ran
+        def broken(*args: object, **kwargs: object) -> None:
+            raise TypeError("bug in the accounting")
+
+        rig.batcher.stats.record_batch = broken  # type: ignore[method-assign]
+        batch = [rig.batcher.submit(fake_request(0)), rig.batcher.submit(fake_request(1))]
+        outcomes.extend(await asyncio.gather(*batch, return_exceptions=True))
+
+    with caplog.at_level(logging.ERROR, logger="spillway.batcher"):
+        run_with(policy, scenario)
+    assert [str(o) for o in outcomes] == [
+        "inference failed on model fake: bug in the accounting"
+    ] * 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "settling a batch of 2 requests for fake failed"
+    ]
