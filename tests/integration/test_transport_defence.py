@@ -16,7 +16,6 @@ import json
 import re
 import socket
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -30,6 +29,7 @@ from gpu_service.http import Exchange, Response
 from gpu_service.settings import GpuSettings
 from gpu_service.transport import _MAX_RUNNING, MAX_PIPELINED, HttpServer
 from spillway.errors import SpillwayError
+from tests.fakes import eventually
 from tests.support import Service, gpu_service, link_model, write_slow_model
 
 T = TypeVar("T")
@@ -127,10 +127,7 @@ class InProcess:
 
     def until(self, condition: Callable[[], bool], what: str) -> None:
         """Wait until ``condition`` (read on the loop) holds."""
-        deadline = time.monotonic() + WAIT_S
-        while not self.call(condition):
-            assert time.monotonic() < deadline, f"never: {what}"
-            time.sleep(0.01)
+        eventually(lambda: self.call(condition), what, timeout_s=WAIT_S, interval_s=0.01)
 
     def client(self, receive_buffer: int | None = None) -> Client:
         """A new connection, once the server has taken it."""
@@ -522,10 +519,7 @@ def _ready(port: int) -> int:
 
 
 def _until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.05)
+    eventually(condition, what, timeout_s=WAIT_S, interval_s=0.05)
 
 
 def test_clients_that_announce_big_bodies_and_send_none_hold_no_budget(served: Service) -> None:
