@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spillway.errors import SpillwayError
+from spillway.protocol.errors import SpillwayError
 
 EXIT_NO_RETRY = 3
 """Exit code of ``spillway jobs run`` for errors a retry cannot fix (a missing model, a

@@ -20,9 +20,9 @@ import numpy.typing as npt
 
 from batch_job.records import RecordError
 from batch_job.shard import JobModel, OnBatch, ShardCounts, Tally
-from spillway.datatypes import numpy_dtype
-from spillway.errors import InvalidInputError, SpillwayError
-from spillway.processing import Tensors
+from spillway.models.processing import Tensors
+from spillway.protocol.datatypes import numpy_dtype
+from spillway.protocol.errors import InvalidInputError, SpillwayError
 
 log = logging.getLogger("spillway.jobs.shard")
 

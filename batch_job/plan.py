@@ -18,10 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from batch_job.errors import JobConflictError
 from batch_job.storage import ObjectStore, open_location
-from spillway.errors import InvalidInputError, ModelNotFoundError
-from spillway.messages import STAGED_SUFFIX
-from spillway.names import validate_model_name
-from spillway.repository import ModelRepository
+from spillway.models.repository import ModelRepository
+from spillway.protocol.errors import InvalidInputError, ModelNotFoundError
+from spillway.protocol.messages import STAGED_SUFFIX
+from spillway.protocol.names import validate_model_name
 
 InputFormat = Literal["jsonl", "npy", "staged"]
 SUFFIXES: dict[str, InputFormat] = {

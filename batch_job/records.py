@@ -2,14 +2,14 @@
 
 An input line is ``{"id": "…", "data": {"<input>": <one row>}}``: one row of each input
 without the batch dimension, as nested lists, or a string for a BYTES input. Values go
-through the core's JSON tensor rules (``spillway.tensors``: strict per-datatype types, no
+through the core's JSON tensor rules (``spillway.protocol.tensors``: strict per-datatype types, no
 silent overflow); names and shapes are checked by the engine's ``prepare``. A staged
-request (``spillway.messages.stage_request``) is a V2 infer body whose rows become records
+request (``spillway.protocol.messages.stage_request``) is a V2 infer body whose rows become records
 ``"0"``, ``"1"``…. JSON is parsed with ``json.loads`` only; nothing is ever evaluated or
 unpickled. A line longer than the record limit is never held whole in memory, and a
 repeated id is an error record: ids stay unique within a shard's outputs. Output lines
 are strict JSON: non-finite floats are written as the strings ``"NaN"``, ``"Infinity"``
-and ``"-Infinity"``, the core's policy (``spillway.codec``).
+and ``"-Infinity"``, the core's policy (``spillway.protocol.codec``).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import numpy as np
 import numpy.typing as npt
 import pydantic_core
 
-from spillway.codec import decode_request
-from spillway.errors import InvalidInputError, PayloadTooLargeError, SpillwayError
-from spillway.messages import read_staged_request
-from spillway.modelconfig import TensorConfig
-from spillway.processing import Tensors
-from spillway.tensors import from_json_nested
+from spillway.models.config import TensorConfig
+from spillway.models.processing import Tensors
+from spillway.protocol.codec import decode_request
+from spillway.protocol.errors import InvalidInputError, PayloadTooLargeError, SpillwayError
+from spillway.protocol.messages import read_staged_request
+from spillway.protocol.tensors import from_json_nested
 
 MAX_ID_LENGTH = 256
 MAX_RECORD_BYTES = 1 << 20

@@ -29,8 +29,8 @@ from batch_job.records import (
     unique_ids,
 )
 from batch_job.shard import JobModel, OnBatch, ShardCounts, Tally, run_isolated
-from spillway.errors import SpillwayError
-from spillway.processing import Prepared, Tensors
+from spillway.models.processing import Prepared, Tensors
+from spillway.protocol.errors import SpillwayError
 
 Item = tuple[str | None, int | None, "Prepared | SpillwayError"]
 """A record on its way: id (if readable), place, and its prepared request or its error."""

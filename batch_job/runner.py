@@ -36,8 +36,8 @@ from batch_job.progress import Progress
 from batch_job.recordshard import process_jsonl, process_staged
 from batch_job.settings import JobsSettings
 from batch_job.shard import JobModel, OnBatch, ShardCounts, count_records
-from spillway.errors import BatchTooLargeError
-from spillway.repository import ModelRepository, open_repository
+from spillway.models.repository import ModelRepository, open_repository
+from spillway.protocol.errors import BatchTooLargeError
 
 log = logging.getLogger("spillway.jobs.runner")
 
@@ -63,17 +63,17 @@ def load_model(repository: ModelRepository, settings: JobsSettings, plan: Plan) 
     fetched with checksum verification, opened and warmed by the core's loader. A
     pipeline runs each step once per batch of records over its step models."""
     # onnxruntime only in the container: the submission side never imports these.
-    from spillway.engine import EngineOptions
-    from spillway.ensemble_serve import load_pipeline_version
-    from spillway.loader import load_version
+    from spillway.ensembles.serving import load_pipeline_version
+    from spillway.models.engine import EngineOptions
+    from spillway.models.loader import load_version
 
     options = EngineOptions(
         providers=settings.providers, intra_op_threads=settings.intra_op_threads
     )
     config = repository.read_config(plan.model)
     if config.is_pipeline:
-        from spillway.stepcache import CacheSettings, open_cache
-        from spillway.wire import read_tenant_scope
+        from spillway.ensembles.stepcache import CacheSettings, open_cache
+        from spillway.protocol.wire import read_tenant_scope
 
         cache = open_cache(CacheSettings.from_env())
         return load_pipeline_version(

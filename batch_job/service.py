@@ -6,7 +6,7 @@ retry strategy and timeout from settings) and records it. ``status`` combines Ba
 state with the shard markers. Nothing here imports onnxruntime.
 
 Every job belongs to a tenant (its record's ``owner``: the tenant's scope). A tenant's
-job reads and writes only inside the tenant's areas (``spillway.tenancy``: its folder
+job reads and writes only inside the tenant's areas (``spillway.tenancy.areas``: its folder
 under ``JOBS_TENANTS_ROOT`` and under the router's staging) and writes to a folder the
 server names, ``<output>/<job id>/``; its idempotency keys are its own; another tenant
 asking for it gets the 404 of a job that does not exist. Jobs the operator configures
@@ -31,12 +31,12 @@ from batch_job.manifest import read_markers, totals
 from batch_job.plan import Locations, OutputLayout, Plan, RunSpec, ensure_plan
 from batch_job.settings import JobsSettings
 from batch_job.storage import open_location
-from spillway.errors import InvalidInputError
-from spillway.messages import JobRequest, JobStatus, JobView, SubmitReceipt
-from spillway.names import validate_model_name
-from spillway.repository import aws_client, open_repository
-from spillway.state_table import scope
-from spillway.tenancy import area, require_inside
+from spillway.models.repository import aws_client, open_repository
+from spillway.protocol.errors import InvalidInputError
+from spillway.protocol.messages import JobRequest, JobStatus, JobView, SubmitReceipt
+from spillway.protocol.names import validate_model_name
+from spillway.state.table import scope
+from spillway.tenancy.areas import area, require_inside
 
 JOB_ID_NAMESPACE = uuid.UUID("6f1d7c1e-3b0a-5c4e-9a57-5b1f0e2d8c41")
 """Job ids of keyed submissions are ``uuid5(f"{owner scope}\\0{key}")`` in this namespace:

@@ -69,7 +69,7 @@ class JobsSettings(BaseSettings):
     """Parallel reads of shard markers when computing a job's status."""
 
     tenant_scope: str | None = None
-    """The scope (``spillway.state_table.scope``) of the tenant whose job this container
+    """The scope (``spillway.state.table.scope``) of the tenant whose job this container
     runs, set by the submitter in the Batch job's environment."""
 
     # --- callers and their areas (the jobs Lambda) --------------------------------------

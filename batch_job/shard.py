@@ -16,9 +16,9 @@ from typing import Protocol
 
 import numpy as np
 
-from spillway.errors import SpillwayError
-from spillway.modelconfig import ModelConfig
-from spillway.processing import Prepared, Tensors
+from spillway.models.config import ModelConfig
+from spillway.models.processing import Prepared, Tensors
+from spillway.protocol.errors import SpillwayError
 
 log = logging.getLogger("spillway.jobs.shard")
 

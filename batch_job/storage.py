@@ -2,7 +2,7 @@
 
 A location is ``s3://bucket/prefix/`` or a folder path. Keys are ``/``-separated and
 relative to the bucket (S3) or the folder (local). S3 clients come from
-``spillway.repository.aws_client``, so ``AWS_ENDPOINT_URL`` points them at moto.
+``spillway.models.repository.aws_client``, so ``AWS_ENDPOINT_URL`` points them at moto.
 
 Every object has an ETag: S3's own, or for a local file its size and modification time.
 A download given the ETag the plan recorded refuses an object that has changed since.
@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from batch_job.errors import InputChangedError
-from spillway.errors import InvalidInputError
-from spillway.repository import aws_client
-from spillway.wire import is_s3_url, parse_s3_url
+from spillway.models.repository import aws_client
+from spillway.protocol.errors import InvalidInputError
+from spillway.protocol.wire import is_s3_url, parse_s3_url
 
 _CHUNK = 1 << 20  # bytes per read while streaming a download
 

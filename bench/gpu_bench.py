@@ -45,8 +45,8 @@ from tokenizers import Tokenizer
 from bench import resnet
 from bench.loadgen import exchange, http_request
 from bench.serving_bench import start_service
-from spillway.codec import encode_request
-from spillway.repository import sha256_file
+from spillway.models.repository import sha256_file
+from spillway.protocol.codec import encode_request
 from spillway_cli import procs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,8 +18,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from spillway.codec import encode_request
-from spillway.repository import LocalRepository
+from spillway.models.repository import LocalRepository
+from spillway.protocol.codec import encode_request
 from spillway_cli import procs
 
 ROOT = Path(__file__).resolve().parent.parent

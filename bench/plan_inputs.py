@@ -38,7 +38,7 @@ from bench.lifecycle_bench import metric
 from bench.lifecycle_bench import start as start_gpu_service
 from bench.loadgen import LoadResult, http_request, run_load
 from bench.serving_bench import texts
-from spillway.codec import encode_request
+from spillway.protocol.codec import encode_request
 from spillway_cli import procs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,7 +179,7 @@ def batch(
     from batch_job.runner import load_model
     from batch_job.settings import JobsSettings
     from bench.jobs_bench import time_job
-    from spillway.repository import open_repository
+    from spillway.models.repository import open_repository
 
     settings = JobsSettings(
         repository=str(models), providers=tuple(providers), work_dir=work, progress_bar=False

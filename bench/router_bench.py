@@ -86,7 +86,7 @@ class _MemoryBackend:
     name = "gpu"
 
     def send(self, request: Any, timeout_s: float) -> Any:
-        from functions.router.backends import BackendResponse
+        from spillway.router.backends import BackendResponse
 
         started = time.perf_counter()
         answer = BackendResponse(200, {"content-type": "application/json"}, RESULT, 0.0)
@@ -135,9 +135,9 @@ def _handler(
     """The Lambda handler over one backend, and the list its backend times go to."""
     import serverless_wsgi
 
-    from functions.router.accounting import EmfSink
-    from functions.router.settings import RouterSettings
-    from functions.router.wiring import Overrides, create_app
+    from spillway.router.settings import RouterSettings
+    from spillway.router.wiring import Overrides, create_app
+    from spillway.routing.accounting import EmfSink
 
     backend_times: list[float] = []
 
@@ -197,7 +197,7 @@ def main() -> None:
         service="spillway.router", level="INFO", logger_handler=logging.StreamHandler(io.StringIO())
     )
     memory = overhead(_MemoryBackend(), logger, args.requests)
-    from functions.router.backends import HttpBackend
+    from spillway.router.backends import HttpBackend
 
     proc, port = _backend_process()
     try:

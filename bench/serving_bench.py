@@ -42,8 +42,8 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from bench import serving_report, wrk
-from spillway.codec import encode_request
-from spillway.repository import sha256_file
+from spillway.models.repository import sha256_file
+from spillway.protocol.codec import encode_request
 from spillway_cli import procs
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -37,7 +37,7 @@ from spillway.async_inference import (
     failure_reply,
     fair_order,
 )
-from spillway.wire import Reply, infer_reply, read_json_header
+from spillway.protocol.wire import Reply, infer_reply, read_json_header
 
 log = logging.getLogger("spillway.gpu.async")
 

@@ -42,7 +42,8 @@ from typing import Protocol
 
 from gpu_service.batching_policy import BatchingPolicy, RateTracker
 from gpu_service.stats import ModelStats
-from spillway.errors import (
+from spillway.models.processing import Prepared, Tensors
+from spillway.protocol.errors import (
     DeadlineExceededError,
     InferenceError,
     InvalidInputError,
@@ -50,7 +51,6 @@ from spillway.errors import (
     SpillwayError,
     UnavailableError,
 )
-from spillway.processing import Prepared, Tensors
 
 log = logging.getLogger("spillway.batcher")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_service.settings import GpuSettings
-from spillway.modelconfig import ModelConfig
+from spillway.models.config import ModelConfig
 
 
 @dataclass(frozen=True)

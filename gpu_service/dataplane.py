@@ -19,17 +19,17 @@ from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
 from gpu_service.stats import RequestTimer
 from gpu_service.versions import ServedVersion
-from spillway import pipeline
-from spillway.engine import config_metadata
-from spillway.errors import (
+from spillway import inference
+from spillway.models.engine import config_metadata
+from spillway.models.processing import Tensors
+from spillway.protocol.errors import (
     ControlDisabledError,
     ModelNotReadyError,
     SpillwayError,
     UnavailableError,
 )
-from spillway.processing import Tensors
-from spillway.protocol import server_metadata
-from spillway.wire import read_tenant_scope
+from spillway.protocol.v2 import server_metadata
+from spillway.protocol.wire import read_tenant_scope
 
 log = logging.getLogger("spillway.server")
 T = TypeVar("T")
@@ -228,7 +228,7 @@ class DataPlane:
         if big:
             decoded = await self._decode(body, header_length)
         else:
-            decoded = pipeline.decode(body, header_length, self.settings.max_body_bytes)
+            decoded = inference.decode(body, header_length, self.settings.max_body_bytes)
         if self.registry.pipelines.serves(name):
             answer = await self.registry.pipelines.infer(
                 name, version, decoded, arrived, self._offload, scope=scope
@@ -262,15 +262,15 @@ class DataPlane:
     async def _infer(
         self,
         served: ServedVersion,
-        decoded: pipeline.Decoded,
+        decoded: inference.Decoded,
         timeout_s: float | None,
         arrived: float,
         big: bool,
-    ) -> pipeline.Encoded:
+    ) -> inference.Encoded:
         batcher = served.batcher
         timer = RequestTimer(arrived)
 
-        async def submit(admitted: pipeline.Admitted) -> Tensors:
+        async def submit(admitted: inference.Admitted) -> Tensors:
             timer.enqueued()
             priority = admitted.parameters.priority or 0
             computed = await batcher.submit_timed(
@@ -279,12 +279,12 @@ class DataPlane:
             timer.computed(computed.queue_s, computed.infer_s)
             return computed.tensors
 
-        async def prepare(decoded: pipeline.Decoded) -> pipeline.Admitted:
+        async def prepare(decoded: inference.Decoded) -> inference.Admitted:
             # Announced to the batcher, so early dispatch keeps a batch open for it.
             with batcher.incoming():
                 return await served.preparer.admit(decoded, self._offload)
 
-        encoded = await pipeline.run_async(
+        encoded = await inference.run_async(
             served.model,
             decoded,
             submit,
@@ -296,7 +296,7 @@ class DataPlane:
         served.stats.record_success(timer)
         return encoded
 
-    async def _decode(self, body: bytes, header_length: int | None) -> pipeline.Decoded:
+    async def _decode(self, body: bytes, header_length: int | None) -> inference.Decoded:
         """A big body: binary on a thread (numpy reads the tensor bytes without the
         GIL-bound work); a big JSON header in a parse process."""
         limit, inline = self.settings.max_body_bytes, self.settings.inline_parse_bytes
@@ -305,7 +305,7 @@ class DataPlane:
             pool: Executor = self._json_pool
         else:
             pool = self._parse_pool
-        return await loop.run_in_executor(pool, pipeline.decode, body, header_length, limit)
+        return await loop.run_in_executor(pool, inference.decode, body, header_length, limit)
 
     async def _offload(self, function: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()

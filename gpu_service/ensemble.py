@@ -1,10 +1,10 @@
 """Pipelines in the GPU service: each step runs through its step model's own batcher.
 
 A pipeline is a registry entry whose configuration is an ensemble. ``sync`` checks it
-against the repository (``spillway.ensemble.read_pipeline``) and records each of its
+against the repository (``spillway.ensembles.graph.read_pipeline``) and records each of its
 versions as READY, or UNAVAILABLE with the reason, in the entry's states, so a bad
 pipeline shows why in the repository index. A request runs the core step runner
-(``spillway.ensemble_run``); each step leases a version of its model from the registry
+(``spillway.ensembles.runner``); each step leases a version of its model from the registry
 (loading it if it was scaled to zero), prepares the inputs the way that model's own
 requests are prepared (tokenising off the event loop, announced to the batcher), and
 awaits a place in that version's batcher. Concurrent pipeline requests therefore batch
@@ -22,21 +22,21 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_service.stats import RequestTimer
 from gpu_service.versions import ServedVersion, State
-from spillway import pipeline
-from spillway.ensemble import read_pipeline
-from spillway.ensemble_run import Compute, Effect, Resolve
-from spillway.ensemble_serve import ServedPipeline, serve_async
-from spillway.errors import (
+from spillway import inference
+from spillway.ensembles.graph import read_pipeline
+from spillway.ensembles.runner import Compute, Effect, Resolve
+from spillway.ensembles.serving import ServedPipeline, serve_async
+from spillway.ensembles.stepcache import CacheSettings, StepCache, open_cache
+from spillway.models.config import ModelConfig
+from spillway.models.loader import chosen_versions
+from spillway.models.processing import Tensors
+from spillway.protocol.errors import (
     DeadlineExceededError,
     ModelNotFoundError,
     ModelNotReadyError,
     SpillwayError,
 )
-from spillway.loader import chosen_versions
-from spillway.modelconfig import ModelConfig
-from spillway.processing import Tensors
-from spillway.stepcache import CacheSettings, StepCache, open_cache
-from spillway.wire import InferParameters
+from spillway.protocol.wire import InferParameters
 
 if TYPE_CHECKING:
     from gpu_service.registry import ModelEntry, ModelRegistry
@@ -48,7 +48,7 @@ Offload = Callable[..., Awaitable[Any]]
 class PipelineAnswer:
     """An encoded pipeline response and the load signals of its step versions."""
 
-    encoded: pipeline.Encoded
+    encoded: inference.Encoded
     queue_depth: int
     busy: float
 
@@ -205,7 +205,7 @@ class ServedPipelines:
         self,
         name: str,
         version: str | None,
-        decoded: pipeline.Decoded,
+        decoded: inference.Decoded,
         arrived: float,
         offload: Offload,
         *,

@@ -34,7 +34,7 @@ from urllib.parse import quote, unquote
 from gpu_service import metrics, openapi
 from gpu_service.async_consumer import AsyncConsumer, start_consumer
 from gpu_service.dataplane import DataPlane
-from spillway.errors import (
+from spillway.protocol.errors import (
     InvalidInputError,
     MethodNotAllowedError,
     PayloadTooLargeError,
@@ -43,7 +43,7 @@ from spillway.errors import (
     SpillwayError,
     UnauthorizedError,
 )
-from spillway.wire import (
+from spillway.protocol.wire import (
     INTERNAL_ERROR,
     Reply,
     Target,

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from spillway import __version__
-from spillway.openapi import (
+from spillway.protocol.openapi import (
     BINARY,
     ERROR_CONTENT,
     HEADER_LENGTH_PARAMETER,

@@ -30,17 +30,17 @@ from gpu_service.ensemble import ServedPipelines
 from gpu_service.memory import estimate
 from gpu_service.settings import GpuSettings
 from gpu_service.versions import ServedVersion, State, load_version, start_version
-from spillway.engine import OnnxModel
-from spillway.errors import (
+from spillway.models.config import ModelConfig
+from spillway.models.engine import OnnxModel
+from spillway.models.loader import chosen_versions
+from spillway.models.repository import ModelRepository
+from spillway.protocol.errors import (
     InsufficientMemoryError,
     ModelNotFoundError,
     ModelNotReadyError,
     SpillwayError,
 )
-from spillway.loader import chosen_versions
-from spillway.modelconfig import ModelConfig
-from spillway.names import validate_model_name, validate_version
-from spillway.repository import ModelRepository
+from spillway.protocol.names import validate_model_name, validate_version
 
 log = logging.getLogger("spillway.registry")
 

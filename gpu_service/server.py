@@ -28,7 +28,7 @@ from gpu_service.dataplane import DataPlane
 from gpu_service.http import GpuServiceApp
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
-from spillway.repository import open_repository
+from spillway.models.repository import open_repository
 
 
 def build_app(settings: GpuSettings) -> GpuServiceApp:

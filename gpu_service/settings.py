@@ -10,7 +10,7 @@ import onnxruntime as ort
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from spillway.engine import CPU, CUDA, EngineOptions
+from spillway.models.engine import CPU, CUDA, EngineOptions
 
 _MAX_AUTO_THREADS = 4
 """Most intra-op threads ``auto`` gives one run."""

@@ -57,8 +57,8 @@ import httptools
 
 from gpu_service.http import Exchange, GpuServiceApp, Headers, Response, encoded, route_path
 from gpu_service.settings import GpuSettings
-from spillway.errors import RequestTimeoutError, SpillwayError, UnavailableError
-from spillway.wire import INTERNAL_ERROR, error_reply
+from spillway.protocol.errors import RequestTimeoutError, SpillwayError, UnavailableError
+from spillway.protocol.wire import INTERNAL_ERROR, error_reply
 
 log = logging.getLogger("spillway.transport")
 

@@ -14,9 +14,9 @@ from gpu_service.memory import Probe
 from gpu_service.preparing import PrepareQueue
 from gpu_service.settings import GpuSettings
 from gpu_service.stats import ModelStats
-from spillway.engine import CUDA, OnnxModel
-from spillway.loader import open_version
-from spillway.modelconfig import ModelConfig
+from spillway.models.config import ModelConfig
+from spillway.models.engine import CUDA, OnnxModel
+from spillway.models.loader import open_version
 
 
 class State(StrEnum):

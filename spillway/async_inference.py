@@ -14,7 +14,7 @@ queue's dead-letter queue (its redrive target: SQS's own redrive also catches a 
 whose consumers crash before settling it). A client's error (400) fails at once.
 
 One tenancy model: every place a request names lies in its caller's own *area*
-(``spillway.tenancy``: ``<root>/<scope>/``, one per root — ``<location>/inputs`` and each
+(``spillway.tenancy.areas``: ``<root>/<scope>/``, one per root — ``<location>/inputs`` and each
 of ``input_prefixes``), anything else is 403 ``outside_tenant_area``; an input that is not
 there is a 400 ``input_not_found`` at once (and a client failure, recorded once, if it
 vanishes later); results go to keys the server chooses (``<output>/<id>/result-<attempt>``),
@@ -45,7 +45,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from spillway.envsettings import json_mapping, prefixed_values
-from spillway.errors import (
+from spillway.protocol.errors import (
     IdempotencyConflictError,
     InputNotFoundError,
     InvalidInputError,
@@ -54,11 +54,9 @@ from spillway.errors import (
     SpillwayError,
     UnavailableError,
 )
-from spillway.messages import read_staged_request, stage_request
-from spillway.names import validate_model_name, validate_version
-from spillway.state_table import scope
-from spillway.tenancy import area, folder, require_inside
-from spillway.wire import (
+from spillway.protocol.messages import read_staged_request, stage_request
+from spillway.protocol.names import validate_model_name, validate_version
+from spillway.protocol.wire import (
     BINARY_CONTENT_TYPE,
     HEADER_LENGTH,
     JSON_CONTENT_TYPE,
@@ -66,6 +64,8 @@ from spillway.wire import (
     json_reply,
     parse_s3_url,
 )
+from spillway.state.table import scope
+from spillway.tenancy.areas import area, folder, require_inside
 
 ENV_PREFIX = "ASYNC_"
 State = Literal["queued", "running", "succeeded", "failed"]
@@ -181,7 +181,7 @@ class AsyncRecord(BaseModel):
     id: str
     tenant: str
     scope: str | None = None
-    """The caller's key segment (``spillway.state_table.scope``): whose request it is."""
+    """The caller's key segment (``spillway.state.table.scope``): whose request it is."""
     digest: str | None = None
     """The digest of (model, version, payload) an ``Idempotency-Key`` is bound to."""
     model: str
@@ -362,7 +362,7 @@ class AsyncStore:
             if self._make is not None:
                 self._clients[service] = self._make(service)
             else:
-                from spillway.repository import aws_client
+                from spillway.models.repository import aws_client
 
                 self._clients[service] = aws_client(service)
         return self._clients[service]
@@ -631,7 +631,7 @@ class AsyncStore:
         if place.prefix.endswith(".v2req"):
             return read_staged_request(data)
         length = (head.get("Metadata") or {}).get(HEADER_LENGTH)
-        from spillway.wire import parse_header_length
+        from spillway.protocol.wire import parse_header_length
 
         return data, parse_header_length(length)
 
@@ -1014,7 +1014,7 @@ def _error_of(reply: Reply) -> tuple[str, str]:
 def failure_reply(error: BaseException) -> Reply:
     """The reply recorded for a run that raised: its own mapping, or 500 for anything
     unexpected (retried like any server fault)."""
-    from spillway.wire import INTERNAL_ERROR, error_reply
+    from spillway.protocol.wire import INTERNAL_ERROR, error_reply
 
     if isinstance(error, SpillwayError):
         return error_reply(error)

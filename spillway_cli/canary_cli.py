@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from spillway.canary import CanaryState, CanaryStore, RollbackBounds
-from spillway.errors import SpillwayError
+from spillway.canary.records import CanaryState, CanaryStore, RollbackBounds
+from spillway.protocol.errors import SpillwayError
 
 if TYPE_CHECKING:
-    from functions.router.backends import Backend
+    from spillway.router.backends import Backend
 
 TableOption = Annotated[
     str,
@@ -50,8 +50,8 @@ def version_backends(
     gpu_url: str | None, cpu_url: str | None, cpu_function: str | None
 ) -> dict[str, Backend]:
     """The backends a router with these settings sends to."""
-    from functions.router.backends import HttpBackend
-    from functions.router.lambda_backend import LambdaBackend
+    from spillway.router.backends import HttpBackend
+    from spillway.router.lambda_backend import LambdaBackend
 
     backends: dict[str, Backend] = {}
     if gpu_url:
@@ -65,7 +65,7 @@ def version_backends(
 
 def serving(backends: dict[str, Backend], model: str, version: int) -> dict[str, bool | None]:
     """What each backend says about serving ``version`` (``None``: it could not tell)."""
-    from functions.router.canary import version_served
+    from spillway.canary.selection import version_served
 
     return {
         name: version_served(backend, model, version, PROBE_TIMEOUT_S)
@@ -85,8 +85,8 @@ def describe_serving(version: int, answers: dict[str, bool | None]) -> str:
 def _store(table: str) -> CanaryStore:
     import time
 
-    from spillway.repository import aws_client
-    from spillway.state_table import DynamoStateStore
+    from spillway.models.repository import aws_client
+    from spillway.state.table import DynamoStateStore
 
     return CanaryStore(DynamoStateStore(table, lambda: aws_client("dynamodb")), time.time)
 

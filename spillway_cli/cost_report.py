@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.router.accounting import NAMESPACE
+from spillway.routing.accounting import NAMESPACE
 
 
 @dataclass

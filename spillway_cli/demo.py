@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 import typer
 
-from spillway.codec import decode_response, encode_request
-from spillway.messages import JobStatus
-from spillway.wire import parse_header_length
+from spillway.protocol.codec import decode_response, encode_request
+from spillway.protocol.messages import JobStatus
+from spillway.protocol.wire import parse_header_length
 from spillway_cli.console import Check, CheckFailed, Checks, at_least, at_most, equal
 from spillway_cli.demo_async import scenario_async
 from spillway_cli.demo_canary import CanaryReport, scenario_canary
@@ -269,7 +269,7 @@ def scenario_serverless(client: Client) -> list[Check]:
 
 
 def scenario_batch(stack: LocalStack, models: Path, out: Path, checks: Checks) -> None:
-    from spillway.repository import aws_client
+    from spillway.models.repository import aws_client
 
     images = np.load(models / "digits/samples/images.npy", allow_pickle=False)[:300]
     s3 = aws_client("s3", REGION)
@@ -325,7 +325,7 @@ def run_batch_job(
 
     from batch_job.service import JobService
     from batch_job.settings import JobsSettings
-    from spillway.messages import JobRequest
+    from spillway.protocol.messages import JobRequest
     from spillway_cli.jobs_cli import LAUNCHER
     from spillway_cli.local_batch import run_local
 
@@ -387,7 +387,7 @@ def scenario_kill_gpu(client: Client, stack: LocalStack, checks: Checks) -> None
 
 
 def scenario_hot_swap(client: Client, stack: LocalStack, models: Path) -> list[Check]:
-    from spillway.repository import open_repository
+    from spillway.models.repository import open_repository
     from spillway_cli.stack import REPOSITORY
 
     loaded: list[int] = []

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from spillway.canary import CanaryState, CanaryStore, RollbackBounds
-from spillway.repository import aws_client, open_repository
-from spillway.state_table import DynamoStateStore
+from spillway.canary.records import CanaryState, CanaryStore, RollbackBounds
+from spillway.models.repository import aws_client, open_repository
+from spillway.state.table import DynamoStateStore
 from spillway_cli.canary_cli import describe
 from spillway_cli.console import Check, at_most, equal
 from spillway_cli.modelbuild.faulty import publish_faulty_canary
@@ -167,7 +167,7 @@ def _body(image: np.ndarray) -> bytes:
 def follow_ttl_s() -> float:
     """How long a router may keep serving from a canary record it read before a change:
     its ``canary_ttl_s`` (``ROUTER_CANARY_TTL_S``, which the stack's router inherits)."""
-    from functions.router.settings import ENV_PREFIX, RouterSettings
+    from spillway.router.settings import ENV_PREFIX, RouterSettings
 
     default = RouterSettings.model_fields["canary_ttl_s"].default
     return float(os.environ.get(f"{ENV_PREFIX}CANARY_TTL_S", default))

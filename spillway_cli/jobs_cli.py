@@ -29,9 +29,9 @@ from batch_job.errors import EXIT_NO_RETRY
 from batch_job.plan import RunSpec
 from batch_job.service import JobService
 from batch_job.settings import JobsSettings
-from spillway.errors import SpillwayError
-from spillway.identity import tenant_hint
-from spillway.messages import JobRequest, JobStatus
+from spillway.protocol.errors import SpillwayError
+from spillway.protocol.messages import JobRequest, JobStatus
+from spillway.tenancy.identity import tenant_hint
 from spillway_cli.local_batch import (
     FaultSettings,
     configure_moto,

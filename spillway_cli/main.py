@@ -72,8 +72,8 @@ def models_publish(
 ) -> None:
     """Add the next version of a model, with its checksums; a serving GPU service swaps it
     in on its next poll or load request."""
-    from spillway.modelconfig import ModelConfig
-    from spillway.repository import open_repository
+    from spillway.models.config import ModelConfig
+    from spillway.models.repository import open_repository
 
     repo = open_repository(repository)
     parsed = ModelConfig.model_validate_json(config.read_bytes()) if config else None

@@ -140,7 +140,7 @@ def policy_apply(
     import os
     import tempfile
 
-    from functions.router.policy import PolicyError, parse_policy
+    from spillway.routing.policy import PolicyError, parse_policy
 
     if (to_file is None) == (parameter is None):
         raise _fail("give exactly one of --file and --parameter")
@@ -157,7 +157,7 @@ def policy_apply(
         os.replace(temporary, to_file)
         typer.echo(f"applied {file} ({len(policy.rules)} rules) to {to_file}")
         return
-    from spillway.repository import aws_client
+    from spillway.models.repository import aws_client
 
     aws_client("ssm").put_parameter(Name=parameter, Value=text, Type="String", Overwrite=True)
     typer.echo(f"applied {file} ({len(policy.rules)} rules) to SSM parameter {parameter}")

@@ -24,7 +24,7 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _load_policy(file: Path) -> Any:
-    from functions.router.policy import PolicyError, parse_policy
+    from spillway.routing.policy import PolicyError, parse_policy
 
     try:
         return parse_policy(file.read_text(encoding="utf-8"), str(file))
@@ -70,8 +70,8 @@ def _request_document(request: str) -> dict[str, Any]:
 
 
 def _call_and_target(document: dict[str, Any], path: str) -> tuple[Any, Any]:
-    from functions.router.facts import Call
-    from spillway.wire import require_model_target
+    from spillway.protocol.wire import require_model_target
+    from spillway.routing.facts import Call
 
     envelope = "body" in document or "headers" in document or "path" in document
     body = document.get("body") if envelope else document
@@ -98,9 +98,9 @@ def policy_explain(
     busy_for: Annotated[float, typer.Option(help="…sustained for this many seconds.")] = 0.0,
 ) -> None:
     """Print the decision for a request and why each rule before it did not fire."""
-    from functions.router.decide import explain, with_allowed_priority
-    from functions.router.facts import read_request
-    from spillway.errors import SpillwayError
+    from spillway.protocol.errors import SpillwayError
+    from spillway.routing.decision import explain, with_allowed_priority
+    from spillway.routing.facts import read_request
 
     policy = _load_policy(file)
     try:
@@ -159,9 +159,9 @@ def serve_router(
     """The router on a local HTTP server; ROUTER_* variables apply, flags win."""
     from aws_lambda_powertools.logging import Logger
 
-    from functions.router.policy import PolicyError
-    from functions.router.settings import RouterSettings
-    from functions.router.wiring import create_app
+    from spillway.router.settings import RouterSettings
+    from spillway.router.wiring import create_app
+    from spillway.routing.policy import PolicyError
     from spillway_cli.wsgi_server import serve_forever
 
     try:
@@ -183,10 +183,10 @@ def serve_cpu(
     """The CPU fallback on a local HTTP server (also Lambda's invoke API); CPU_* apply."""
     from aws_lambda_powertools.logging import Logger
 
-    from functions.cpu_infer.app import CpuApp
-    from functions.cpu_infer.async_drain import start_local_drain
-    from functions.cpu_infer.service import CpuService
-    from functions.cpu_infer.settings import CpuSettings
+    from spillway.fallback.app import CpuApp
+    from spillway.fallback.async_drain import start_local_drain
+    from spillway.fallback.service import CpuService
+    from spillway.fallback.settings import CpuSettings
     from spillway_cli.wsgi_server import serve_forever
 
     flags = {"host": host, "port": port, "repository": repository}

@@ -76,8 +76,8 @@ def local_values(stack: LocalStack) -> dict[str, str]:
     mode, which invokes the jobs function, is left off (400 ``mode_unavailable``).
     """
     from batch_job.settings import JobsSettings
-    from functions.cpu_infer.settings import CpuSettings
     from spillway.async_inference import ENV_PREFIX, AsyncSettings
+    from spillway.fallback.settings import CpuSettings
     from spillway_cli.stack import (
         DATA_BUCKET,
         POLICY_PARAMETER,

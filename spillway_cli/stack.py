@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spillway.repository import aws_client
+from spillway.models.repository import aws_client
 from spillway_cli import procs
 
 if TYPE_CHECKING:
@@ -257,7 +257,7 @@ class LocalStack:
 
     def _state_table(self) -> None:
         """The routers' state table (canaries, session affinity, session state), TTL on."""
-        from spillway.state_table import create_table
+        from spillway.state.table import create_table
 
         create_table(aws_client("dynamodb", REGION), STATE_TABLE)
 
@@ -275,7 +275,7 @@ class LocalStack:
         import boto3
         from botocore.config import Config
 
-        from functions.cpu_infer.settings import CpuSettings
+        from spillway.fallback.settings import CpuSettings
         from spillway_cli.local_states import LocalStateMachine, LocalStepFunctions, substituted
         from spillway_cli.statemachines import definition_path, substitutions
         from spillway_cli.wsgi_server import server

@@ -5,13 +5,13 @@ configuration, so the definition never drifts from the pipeline it runs.
 ``infra/statemachines/topics.asl.json`` holds; both templates deploy that file (SAM's
 ``DefinitionUri``, Serverless' ``${file()}``) with the substitutions ``substitutions``
 makes: ``${CpuInferFunctionArn}`` (the CPU fallback's alias that the router invokes too,
-which runs each state's work: ``functions.cpu_infer.chain``), ``${ResultsBucket}`` (the
+which runs each state's work: ``spillway.fallback.chain``), ``${ResultsBucket}`` (the
 bucket of ``ASYNC_LOCATION``), and ``${LambdaInvoke}`` / ``${S3PutObject}``, the service
 integrations' ARNs in the stack's partition (no ARN in the file names ``aws``; a whole
 value substituted, so cfn-lint's partition-pinned ARN pattern still checks the rest).
 
 The router starts an execution for an async request of the pipeline
-(``functions.router.async_mode``; ``ASYNC_STATE_MACHINES`` names the machine) with the
+(``spillway.router.async_mode``; ``ASYNC_STATE_MACHINES`` names the machine) with the
 input ``{"id": "<request id>", "tenant_scope": "<its caller's scope>"}``; the request's
 async record says where its body is. Each step state runs that step (``pipeline-step``,
 the step cache scoped to that tenant), ``Respond`` settles the record with the V2
@@ -30,9 +30,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from spillway.ensemble import Pipeline, read_pipeline
-from spillway.ensemble_chain import FAILED, RESPOND, STEP
-from spillway.repository import LocalRepository
+from spillway.ensembles.chain import FAILED, RESPOND, STEP
+from spillway.ensembles.graph import Pipeline, read_pipeline
+from spillway.models.repository import LocalRepository
 
 ROOT = Path(__file__).resolve().parents[1]
 FUNCTION = "${CpuInferFunctionArn}"

@@ -20,9 +20,9 @@ from typing import Any, ParamSpec, TypeVar, TypeVarTuple
 import numpy as np
 
 from gpu_service.settings import GpuSettings
-from spillway.errors import InferenceError, ModelLoadError, ModelNotFoundError
-from spillway.modelconfig import ModelConfig
-from spillway.processing import Prepared, Tensors
+from spillway.models.config import ModelConfig
+from spillway.models.processing import Prepared, Tensors
+from spillway.protocol.errors import InferenceError, ModelLoadError, ModelNotFoundError
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -8,7 +8,7 @@ import threading
 from collections import Counter
 from typing import Any
 
-from spillway.state_table import StateUnavailableError, StoredItem, ttl_value
+from spillway.state.table import StateUnavailableError, StoredItem, ttl_value
 
 
 class MemoryStateStore:

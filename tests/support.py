@@ -14,8 +14,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from spillway.engine import EngineOptions, OnnxModel
-from spillway.repository import LocalRepository
+from spillway.models.engine import EngineOptions, OnnxModel
+from spillway.models.repository import LocalRepository
 from spillway_cli import procs
 from spillway_cli.modelbuild.common import write_checksums
 

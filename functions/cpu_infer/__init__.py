@@ -1,6 +1,3 @@
-"""The CPU-fallback Lambda: the Open Inference Protocol over the core engine on the CPU.
-
-Models load at init (from a repository folder or ``s3://`` into ``/tmp``) so provisioned
-concurrency keeps them warm. ``handler`` takes direct-invoke events (the router's
-``lambda:Invoke``) and API Gateway events; ``app`` serves the same over local HTTP.
+"""The CPU-fallback Lambda: ``handler`` adapts its events (direct invoke, API Gateway, the
+async queue, the drain check, ensemble states) to the CPU fallback of ``spillway.fallback``.
 """

@@ -2,11 +2,11 @@
 
 Models load at init, from ``CPU_REPOSITORY`` (a folder packaged with the function, or
 ``s3://bucket/prefix`` fetched into /tmp), so provisioned concurrency finds them warm.
-Served: the direct-invoke event of ``functions.cpu_infer.direct`` (what the router's
+Served: the direct-invoke event of ``spillway.fallback.direct`` (what the router's
 ``lambda:Invoke`` sends), API Gateway REST v1 / HTTP API v2 events (through the WSGI
 application with serverless-wsgi), the async queue's SQS batches with the scheduled
-drain check (``functions.cpu_infer.async_drain``), and the states of a pipeline's state
-machine (``functions.cpu_infer.chain``).
+drain check (``spillway.fallback.async_drain``), and the states of a pipeline's state
+machine (``spillway.fallback.chain``).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import Any
 import serverless_wsgi
 from aws_lambda_powertools.logging import Logger
 
-from functions.cpu_infer.app import CpuApp
-from functions.cpu_infer.async_drain import DRAIN_CHECK, drain_check, handle_sqs_event
-from functions.cpu_infer.chain import handle_chain_event, is_chain_event
-from functions.cpu_infer.direct import handle_direct
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
 from spillway.async_inference import AsyncSettings, AsyncStore
+from spillway.fallback.app import CpuApp
+from spillway.fallback.async_drain import DRAIN_CHECK, drain_check, handle_sqs_event
+from spillway.fallback.chain import handle_chain_event, is_chain_event
+from spillway.fallback.direct import handle_direct
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
 
 settings = CpuSettings()
 logger = Logger(service="spillway.cpu_infer", level=settings.log_level)
@@ -56,7 +56,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if is_sqs(event):
         return handle_sqs_event(service, async_store(), event)
     if event.get("spillway") == DRAIN_CHECK:
-        from spillway.repository import aws_client
+        from spillway.models.repository import aws_client
 
         name = str(getattr(context, "function_name", ""))
         return {"draining": drain_check(async_store(), name, aws_client("lambda"))}

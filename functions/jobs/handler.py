@@ -1,11 +1,11 @@
 """The jobs Lambda: ``POST /v1/jobs``, ``GET /v1/jobs/{id}`` and the scheduled event.
 
 A thin adapter: it parses the API Gateway (REST v1 proxy, or HTTP API v2) or EventBridge
-event, finds the caller's tenant (``spillway.identity``, the router's rule: an
+event, finds the caller's tenant (``spillway.tenancy.identity``, the router's rule: an
 authorizer's ``tenant``, else the API key id or IAM principal through
 ``JOBS_IDENTITY_TENANTS``; 401 ``unauthenticated`` when nothing vouched for the caller),
 calls ``batch_job.service`` for that tenant and maps errors with the core's one mapping
-(``spillway.wire.error_reply``; ``INTERNAL_ERROR`` for anything unexpected).
+(``spillway.protocol.wire.error_reply``; ``INTERNAL_ERROR`` for anything unexpected).
 
 The router's batch mode invokes this function directly (``lambda:Invoke``, granted to
 the router's role alone) with a REST proxy event whose ``requestContext.authorizer``
@@ -27,15 +27,22 @@ from typing import Any, Protocol
 
 from batch_job.service import JobService
 from batch_job.settings import JobsSettings
-from spillway.errors import (
+from spillway.protocol.errors import (
     InvalidInputError,
     PayloadTooLargeError,
     RouteNotFoundError,
     SpillwayError,
 )
-from spillway.identity import Authenticator
-from spillway.messages import DirectInvokeAnswer, JobRequest, JobStatus, SubmitReceipt
-from spillway.wire import INTERNAL_ERROR, Reply, allow, error_reply, json_reply, strip_stage
+from spillway.protocol.messages import DirectInvokeAnswer, JobRequest, JobStatus, SubmitReceipt
+from spillway.protocol.wire import (
+    INTERNAL_ERROR,
+    Reply,
+    allow,
+    error_reply,
+    json_reply,
+    strip_stage,
+)
+from spillway.tenancy.identity import Authenticator
 
 log = logging.getLogger("spillway.jobs.api")
 logging.getLogger("spillway").setLevel(logging.INFO)

@@ -17,9 +17,14 @@ from typing import Any
 import serverless_wsgi
 from aws_lambda_powertools.logging import Logger
 
-from functions.router.settings import RouterSettings
-from functions.router.wiring import create_app
-from spillway.wire import EVENT_ENVELOPE_BYTES, LAMBDA_PAYLOAD_BYTES, body_over_limit, error_reply
+from spillway.protocol.wire import (
+    EVENT_ENVELOPE_BYTES,
+    LAMBDA_PAYLOAD_BYTES,
+    body_over_limit,
+    error_reply,
+)
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
 
 # The longest body text a proxy response may carry (base64 for a binary body).
 RESPONSE_BODY_LIMIT = LAMBDA_PAYLOAD_BYTES - EVENT_ENVELOPE_BYTES

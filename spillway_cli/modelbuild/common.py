@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from spillway.modelconfig import CHECKSUM_FILE, CONFIG_FILE, ModelConfig
+from spillway.models.config import CHECKSUM_FILE, CONFIG_FILE, ModelConfig
 
 if TYPE_CHECKING:
     import onnx

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from spillway.modelconfig import (
+from spillway.models.config import (
     DynamicBatching,
     ModelConfig,
     QueuePolicy,

@@ -18,9 +18,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from spillway.canary import CanarySpec, RollbackBounds
-from spillway.modelconfig import CHECKSUM_FILE, ModelConfig
-from spillway.repository import ModelRepository
+from spillway.canary.records import CanarySpec, RollbackBounds
+from spillway.models.config import CHECKSUM_FILE, ModelConfig
+from spillway.models.repository import ModelRepository
 
 _FACTOR = 0.6180339887498949  # the golden ratio's fractional part: well spread fractions
 

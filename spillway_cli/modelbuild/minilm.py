@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from spillway.modelconfig import (
+from spillway.models.config import (
     DynamicBatching,
     ModelConfig,
     QueuePolicy,

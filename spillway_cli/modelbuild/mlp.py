@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from spillway.modelconfig import DynamicBatching, ModelConfig, QueuePolicy, TensorConfig
+from spillway.models.config import DynamicBatching, ModelConfig, QueuePolicy, TensorConfig
 from spillway_cli.modelbuild.common import (
     ONNX_FILE,
     VERSION,

@@ -28,17 +28,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from spillway.engine import EngineOptions, OnnxModel
-from spillway.ensemble import read_pipeline
-from spillway.ensemble_schema import EnsembleScheduling, EnsembleStep, StepOptions
-from spillway.modelconfig import (
+from spillway.ensembles.graph import read_pipeline
+from spillway.ensembles.schema import EnsembleScheduling, EnsembleStep, StepOptions
+from spillway.models.config import (
     DynamicBatching,
     ModelConfig,
     QueuePolicy,
     SpillwayBlock,
     TensorConfig,
 )
-from spillway.repository import LocalRepository
+from spillway.models.engine import EngineOptions, OnnxModel
+from spillway.models.repository import LocalRepository
 from spillway_cli.modelbuild import minilm
 from spillway_cli.modelbuild.common import (
     ONNX_FILE,

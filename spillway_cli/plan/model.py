@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from functions.router.settings import RouterSettings
+from spillway.router.settings import RouterSettings
 from spillway_cli.plan.inputs import BatchJob, ModelMeasured, Prices, Serverless
 
 TAIL_SHARE = 0.01

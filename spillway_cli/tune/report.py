@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import yaml
 
-from functions.router.policy import Policy
+from spillway.routing.policy import Policy
 from spillway_cli.tune.search import Proposal, Slo
 from spillway_cli.tune.simulate import Outcome
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from functions.router.policy import Policy, PolicyError, parse_policy
+from spillway.routing.policy import Policy, PolicyError, parse_policy
 from spillway_cli.cost_report import markdown, summarise
 from spillway_cli.plan import inputs
 from spillway_cli.tune.report import dump_policy, routes_table, routing_table

@@ -1,7 +1,7 @@
 """The replay: recorded traffic through a policy, with the router's own engine.
 
 Time moves in bins of ``bin_s``. In each bin every group of requests is decided by
-``functions.router.decide`` (the router's rule evaluation, spill draws from its
+``spillway.routing.decision`` (the router's rule evaluation, spill draws from its
 ``SpillState``) against a ``LoadTracker`` (the router's moving average of the GPU's busy
 fraction, on the replay's clock). The GPU tier is ``gpu_tasks`` tasks; a request of a
 model takes ``1 / rows_per_s`` task-seconds (its measured peak); requests past a bin's
@@ -27,10 +27,10 @@ from datetime import UTC, datetime
 from functools import cache
 from itertools import groupby
 
-from functions.router.accounting import Pricing
-from functions.router.decide import Decision, SpillState, decide
-from functions.router.health import LoadTracker
-from functions.router.policy import Policy, Rule
+from spillway.routing.accounting import Pricing
+from spillway.routing.decision import Decision, SpillState, decide
+from spillway.routing.health import LoadTracker
+from spillway.routing.policy import Policy, Rule
 from spillway_cli.plan.inputs import Measured
 from spillway_cli.tune.trace import Group
 

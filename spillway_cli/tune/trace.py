@@ -32,9 +32,9 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from functions.router.decide import mismatch
-from functions.router.facts import MODES, RequestFacts
-from functions.router.policy import Match, Policy, Range, Rule, globs_hold
+from spillway.routing.decision import mismatch
+from spillway.routing.facts import MODES, RequestFacts
+from spillway.routing.policy import Match, Policy, Range, Rule, globs_hold
 from spillway_cli.cost_report import route_events
 
 CONTEXT = frozenset({"time_window", "load"})

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from spillway.state_table import scope
+from spillway.state.table import scope
 from spillway_cli.stack import DATA_BUCKET
 from tests.integration.test_jobs_support import EXAMPLE_API_KEY_ID
 

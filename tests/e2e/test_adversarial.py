@@ -33,14 +33,14 @@ import numpy as np
 import pytest
 
 from batch_job.service import JobService
-from functions.cpu_infer.app import CpuApp
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
 from functions.jobs.handler import dispatch
-from functions.router.settings import RouterSettings
-from functions.router.wiring import create_app
-from spillway.codec import encode_request
-from spillway.identity import Authenticator
+from spillway.fallback.app import CpuApp
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.protocol.codec import encode_request
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
+from spillway.tenancy.identity import Authenticator
 from spillway_cli.lambda_http import wsgi_app
 from spillway_cli.wsgi_server import running
 from tests.conftest import AWS_REGION

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import serverless_wsgi
 
-from functions.router.settings import RouterSettings
-from functions.router.wiring import Overrides, create_app
 from spillway.async_inference import AsyncSettings, AsyncStore
-from spillway.repository import aws_client
-from spillway.state_table import DynamoStateStore, create_table
+from spillway.models.repository import aws_client
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import Overrides, create_app
+from spillway.state.table import DynamoStateStore, create_table
 from spillway_cli.lambda_http import wsgi_app
 from spillway_cli.local_async import async_env, create_async_resources
 from spillway_cli.wsgi_server import running

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 import serverless_wsgi
 
-from functions.router.settings import RouterSettings
-from functions.router.wiring import create_app
 from spillway.async_inference import AsyncSettings, AsyncStore
-from spillway.codec import decode_response
+from spillway.protocol.codec import decode_response
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
 from spillway_cli.lambda_http import wsgi_app
 from spillway_cli.stack import REGION, LocalStack, offline_missing
 from spillway_cli.wsgi_server import running

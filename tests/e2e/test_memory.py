@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from spillway.codec import decode_response, encode_request
-from spillway.repository import aws_client
+from spillway.models.repository import aws_client
+from spillway.protocol.codec import decode_response, encode_request
 from spillway_cli.jobs_cli import LAUNCHER
 from tests.integration.test_jobs_support import (
     digits_images,

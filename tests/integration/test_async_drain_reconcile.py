@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from functions.cpu_infer.async_drain import drain_check, should_drain
-from functions.router.async_mode import inflight_ledger
 from spillway.async_inference import AsyncSettings, AsyncStore
-from spillway.errors import QuotaExceededError
-from spillway.state_table import scope
+from spillway.fallback.async_drain import drain_check, should_drain
+from spillway.protocol.errors import QuotaExceededError
+from spillway.router.async_mode import inflight_ledger
+from spillway.state.table import scope
 from spillway_cli.local_async import create_async_resources
 from tests.memory_store import MemoryStateStore
 

@@ -23,15 +23,15 @@ import numpy as np
 import pytest
 from werkzeug.test import Client, TestResponse
 
-from functions.cpu_infer.app import CpuApp
-from functions.cpu_infer.chain import default_store
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
-from functions.router.settings import RouterSettings
-from functions.router.wiring import Overrides, create_app
 from spillway.async_inference import AsyncSettings, AsyncStore
-from spillway.codec import decode_response, encode_request
-from spillway.repository import aws_client
+from spillway.fallback.app import CpuApp
+from spillway.fallback.chain import default_store
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.models.repository import aws_client
+from spillway.protocol.codec import decode_response, encode_request
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import Overrides, create_app
 from spillway_cli.local_async import async_env, create_async_resources
 from spillway_cli.local_states import LocalStateMachine, LocalStepFunctions, substituted
 from spillway_cli.statemachines import definition_path, substitutions

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from werkzeug.test import Client, TestResponse
 
-from functions.cpu_infer.async_drain import drain_forever
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
-from functions.router.settings import RouterSettings
-from functions.router.wiring import create_app
 from spillway.async_inference import AsyncStore
-from spillway.repository import aws_client
+from spillway.fallback.async_drain import drain_forever
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.models.repository import aws_client
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
 from spillway_cli.demo_async import scenario_async
 from spillway_cli.local_async import async_env, create_async_resources
 from spillway_cli.wsgi_server import running

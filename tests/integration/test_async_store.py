@@ -10,7 +10,8 @@ import uuid
 import pytest
 
 from spillway.async_inference import AsyncRecord, AsyncStore, Message
-from spillway.errors import (
+from spillway.models.repository import aws_client
+from spillway.protocol.errors import (
     IdempotencyConflictError,
     InferenceError,
     InputNotFoundError,
@@ -18,9 +19,8 @@ from spillway.errors import (
     OutsideTenantAreaError,
     RouteNotFoundError,
 )
-from spillway.repository import aws_client
-from spillway.state_table import scope
-from spillway.wire import error_reply, infer_reply, json_reply
+from spillway.protocol.wire import error_reply, infer_reply, json_reply
+from spillway.state.table import scope
 from spillway_cli.local_async import create_async_resources
 
 

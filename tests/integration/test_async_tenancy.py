@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 from werkzeug.test import Client, TestResponse
 
-from functions.cpu_infer.async_drain import run_message
-from functions.router.settings import RouterSettings
-from functions.router.wiring import Overrides, create_app
 from gpu_service.async_consumer import AsyncConsumer
 from spillway.async_inference import AsyncSettings, AsyncStore
-from spillway.messages import stage_request
-from spillway.repository import aws_client
-from spillway.state_table import DynamoStateStore, create_table
-from spillway.wire import infer_reply
+from spillway.fallback.async_drain import run_message
+from spillway.models.repository import aws_client
+from spillway.protocol.messages import stage_request
+from spillway.protocol.wire import infer_reply
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import Overrides, create_app
+from spillway.state.table import DynamoStateStore, create_table
 from spillway_cli.local_async import create_async_resources
 
 KEYS = {"acme": "key-acme", "globex": "key-globex"}

@@ -21,15 +21,15 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from functions.cpu_infer.app import CpuApp
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
-from functions.router.settings import RouterSettings
-from functions.router.wiring import create_app
-from spillway.canary import CanaryStore
-from spillway.modelconfig import CHECKSUM_FILE
-from spillway.repository import S3Repository
-from spillway.state_table import DynamoStateStore, create_table
+from spillway.canary.records import CanaryStore
+from spillway.fallback.app import CpuApp
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.models.config import CHECKSUM_FILE
+from spillway.models.repository import S3Repository
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
+from spillway.state.table import DynamoStateStore, create_table
 from spillway_cli.main import app as cli
 from spillway_cli.wsgi_server import running
 from tests.support import gpu_service

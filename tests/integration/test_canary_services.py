@@ -18,13 +18,13 @@ import pytest
 from typer.testing import CliRunner
 from werkzeug.test import Client
 
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
-from functions.router.settings import RouterSettings
-from functions.router.wiring import create_app
-from spillway.canary import CanaryStore, RollbackBounds
-from spillway.repository import LocalRepository
-from spillway.state_table import DynamoStateStore, create_table
+from spillway.canary.records import CanaryStore, RollbackBounds
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.models.repository import LocalRepository
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
+from spillway.state.table import DynamoStateStore, create_table
 from spillway_cli.main import app as cli
 from spillway_cli.modelbuild.faulty import publish_faulty_canary
 from tests.support import gpu_service, link_model

@@ -17,12 +17,12 @@ import pytest
 import serverless_wsgi
 import tritonclient.http as triton
 
-from functions.cpu_infer.app import CpuApp
-from functions.cpu_infer.direct import handle_direct
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
-from spillway.engine import EngineOptions, OnnxModel
-from spillway.repository import LocalRepository
+from spillway.fallback.app import CpuApp
+from spillway.fallback.direct import handle_direct
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.models.engine import EngineOptions, OnnxModel
+from spillway.models.repository import LocalRepository
 from spillway_cli.wsgi_server import running
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_direct_metadata_event(cpu: CpuService) -> None:
 
 def test_a_body_over_the_synchronous_limit_is_refused_clearly(cpu: CpuService) -> None:
     # GIVEN a body one byte over what fits base64 in Lambda's 6 MB invoke payload
-    from spillway.wire import SYNC_BODY_BYTES
+    from spillway.protocol.wire import SYNC_BODY_BYTES
 
     over = b" " * (SYNC_BODY_BYTES + 1)
     answer = handle_direct(cpu, {"model": "digits", "body_b64": base64.b64encode(over).decode()})

@@ -10,14 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from functions.cpu_infer.direct import handle_direct
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
-from spillway.engine import EngineOptions, OnnxModel
-from spillway.errors import ChecksumMismatchError, InsufficientMemoryError, ModelNotFoundError
-from spillway.loader import OnDemandVersions, file_footprint, open_version
-from spillway.modelconfig import CHECKSUM_FILE, ModelConfig
-from spillway.repository import LocalRepository
+from spillway.fallback.direct import handle_direct
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.models.config import CHECKSUM_FILE, ModelConfig
+from spillway.models.engine import EngineOptions, OnnxModel
+from spillway.models.loader import OnDemandVersions, file_footprint, open_version
+from spillway.models.repository import LocalRepository
+from spillway.protocol.errors import (
+    ChecksumMismatchError,
+    InsufficientMemoryError,
+    ModelNotFoundError,
+)
 from tests.support import link_model
 
 IMAGE = {"name": "image", "shape": [1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}

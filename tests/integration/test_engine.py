@@ -11,15 +11,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from spillway.engine import CPU, CUDA, EngineOptions, OnnxModel
-from spillway.errors import (
+from spillway.models.config import ModelConfig
+from spillway.models.engine import CPU, CUDA, EngineOptions, OnnxModel
+from spillway.protocol.errors import (
     BatchTooLargeError,
     InvalidInputError,
     ModelLoadError,
     PayloadTooLargeError,
     SpillwayError,
 )
-from spillway.modelconfig import ModelConfig
 from tests.support import load_engine
 
 SENTENCES = [

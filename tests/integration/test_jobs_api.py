@@ -16,9 +16,9 @@ from batch_job.runner import run_job
 from batch_job.service import JobService
 from batch_job.settings import JobsSettings
 from functions.jobs import handler as jobs_handler
-from spillway.messages import JobRequest
-from spillway.repository import aws_client
-from spillway.state_table import scope
+from spillway.models.repository import aws_client
+from spillway.protocol.messages import JobRequest
+from spillway.state.table import scope
 from tests.integration.test_jobs_support import (
     EXAMPLE_API_KEY_ID,
     digits_images,

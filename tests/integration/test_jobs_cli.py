@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from spillway.state_table import scope
+from spillway.state.table import scope
 from spillway_cli.jobs_cli import jobs_app
 from tests.integration.test_jobs_support import (
     digits_images,

@@ -8,7 +8,7 @@ import pytest
 
 from batch_job.errors import InputChangedError
 from batch_job.storage import open_location
-from spillway.repository import aws_client
+from spillway.models.repository import aws_client
 from tests.integration.test_jobs_support import new_bucket
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from batch_job.settings import JobsSettings
 from functions.jobs import handler as jobs_handler
-from spillway.repository import aws_client
-from spillway.state_table import scope
+from spillway.models.repository import aws_client
+from spillway.state.table import scope
 from tests.integration.test_jobs_support import (
     digits_images,
     jobs_settings,

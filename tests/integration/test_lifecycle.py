@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from spillway.repository import LocalRepository, aws_client, open_repository
+from spillway.models.repository import LocalRepository, aws_client, open_repository
 from tests.fakes import eventually
 from tests.support import Service, gpu_service, link_model
 

@@ -22,7 +22,7 @@ import pytest
 from onnx import numpy_helper
 from tokenizers import Tokenizer
 
-from spillway.modelconfig import ModelConfig
+from spillway.models.config import ModelConfig
 from spillway_cli.modelbuild.build import build_repository
 
 FRESH_MODELS = ("digits", "mlp-bench")

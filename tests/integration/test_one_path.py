@@ -20,15 +20,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from functions.cpu_infer.app import CpuApp
-from functions.cpu_infer.direct import handle_direct
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
-from functions.router.settings import RouterSettings
-from functions.router.wiring import create_app
-from spillway.codec import decode_response, encode_request
-from spillway.errors import OverloadedError, UnavailableError
-from spillway.repository import LocalRepository
+from spillway.fallback.app import CpuApp
+from spillway.fallback.direct import handle_direct
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.models.repository import LocalRepository
+from spillway.protocol.codec import decode_response, encode_request
+from spillway.protocol.errors import OverloadedError, UnavailableError
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
 from spillway_cli.wsgi_server import running
 from tests.support import Service, gpu_service, link_model
 

@@ -29,20 +29,20 @@ from onnx import TensorProto, helper
 from batch_job.plan import RunSpec
 from batch_job.runner import run_job
 from batch_job.settings import JobsSettings
-from functions.cpu_infer.app import CpuApp
-from functions.cpu_infer.chain import ServerFault, handle_chain_event
-from functions.cpu_infer.direct import handle_direct
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
-from functions.router.settings import RouterSettings
-from functions.router.wiring import create_app
-from spillway.codec import decode_response, encode_request
-from spillway.ensemble_chain import ChainStore
-from spillway.messages import read_staged_request, stage_request
-from spillway.processing import Tensors
-from spillway.repository import LocalRepository, aws_client
-from spillway.stepcache import CacheSettings, SharedCache
-from spillway.wire import parse_s3_url
+from spillway.ensembles.chain import ChainStore
+from spillway.ensembles.stepcache import CacheSettings, SharedCache
+from spillway.fallback.app import CpuApp
+from spillway.fallback.chain import ServerFault, handle_chain_event
+from spillway.fallback.direct import handle_direct
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.models.processing import Tensors
+from spillway.models.repository import LocalRepository, aws_client
+from spillway.protocol.codec import decode_response, encode_request
+from spillway.protocol.messages import read_staged_request, stage_request
+from spillway.protocol.wire import parse_s3_url
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
 from spillway_cli.demo_pipelines import scenario_topics
 from spillway_cli.local_states import LocalStateMachine, substituted
 from spillway_cli.modelbuild.common import write_checksums

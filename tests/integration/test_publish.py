@@ -7,8 +7,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from spillway.modelconfig import ModelConfig
-from spillway.repository import LocalRepository, S3Repository
+from spillway.models.config import ModelConfig
+from spillway.models.repository import LocalRepository, S3Repository
 
 CONFIG = ModelConfig.model_validate(
     {

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from spillway.errors import (
+from spillway.models.repository import LocalRepository, S3Repository, aws_client, open_repository
+from spillway.protocol.errors import (
     ChecksumMismatchError,
     InvalidModelNameError,
     ModelLoadError,
     ModelNotFoundError,
 )
-from spillway.names import validate_model_name, validate_version
-from spillway.repository import LocalRepository, S3Repository, aws_client, open_repository
+from spillway.protocol.names import validate_model_name, validate_version
 
 BAD_NAMES = [
     "..",

@@ -19,19 +19,19 @@ import numpy as np
 import pytest
 from werkzeug.test import Client
 
-from functions.cpu_infer.app import CpuApp
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
-from functions.router.settings import RouterSettings
-from functions.router.wiring import Overrides, create_app
-from spillway.messages import (
+from spillway.fallback.app import CpuApp
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.protocol.messages import (
     STAGED_SUFFIX,
     JobRequest,
     JobView,
     SubmitReceipt,
     read_staged_request,
 )
-from spillway.state_table import scope
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import Overrides, create_app
+from spillway.state.table import scope
 from spillway_cli.procs import free_port
 from spillway_cli.wsgi_server import running
 from tests.support import load_engine
@@ -213,7 +213,7 @@ def test_batch_mode_stages_the_request_in_s3_and_submits_a_job(
     aws_env: str, tmp_path: Path
 ) -> None:
     # GIVEN a staging bucket (moto) and a jobs API, and a router configured for both
-    from spillway.codec import decode_request
+    from spillway.protocol.codec import decode_request
 
     s3 = boto3.client("s3")
     with _batch_router("staging", tmp_path) as app:

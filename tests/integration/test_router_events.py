@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 import functions.router.handler as router_handler
-from functions.cpu_infer.app import CpuApp
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
-from functions.router.settings import RouterSettings
-from functions.router.wiring import create_app
+from spillway.fallback.app import CpuApp
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
 from spillway_cli.wsgi_server import running
 from tests.support import Service
 

@@ -23,14 +23,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from functions.cpu_infer.app import CpuApp
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
-from functions.router.app import RouterApp
-from functions.router.settings import RouterSettings
-from functions.router.wiring import Overrides, create_app
-from spillway.engine import EngineOptions, OnnxModel
-from spillway.repository import LocalRepository
+from spillway.fallback.app import CpuApp
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.models.engine import EngineOptions, OnnxModel
+from spillway.models.repository import LocalRepository
+from spillway.router.app import RouterApp
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import Overrides, create_app
 from spillway_cli import procs
 from spillway_cli.wsgi_server import running
 from tests.fakes import eventually

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from functions.cpu_infer.app import CpuApp
-from functions.cpu_infer.direct import handle_direct
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
-from functions.router.settings import RouterSettings
-from functions.router.wiring import create_app
+from spillway.fallback.app import CpuApp
+from spillway.fallback.direct import handle_direct
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
 from spillway_cli.wsgi_server import running
 from tests.support import Service, gpu_service, link_model
 

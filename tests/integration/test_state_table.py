@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
-from spillway.canary import CanaryStore
-from spillway.state_table import (
+from spillway.canary.records import CanaryStore
+from spillway.state.table import (
     TTL_ATTRIBUTE,
     DynamoStateStore,
     StateStore,
@@ -107,8 +107,8 @@ def test_concurrent_charges_of_one_tenant_never_pass_its_quota(store: StateStore
     # GIVEN a ledger allowing 10 items per tenant, and 6 writers charging 5 items each
     from concurrent.futures import ThreadPoolExecutor
 
-    from spillway.errors import OverloadedError, QuotaExceededError
-    from spillway.quota_ledger import QuotaLedger, QuotaLimits
+    from spillway.protocol.errors import OverloadedError, QuotaExceededError
+    from spillway.state.quotas import QuotaLedger, QuotaLimits
 
     ledger = QuotaLedger(store, "things", QuotaLimits(count=10, bytes=10**6), "things")
 

@@ -27,18 +27,18 @@ import serverless_wsgi
 
 from batch_job.runner import load_model
 from batch_job.settings import JobsSettings
-from functions.cpu_infer.app import CpuApp
-from functions.cpu_infer.direct import handle_direct
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
-from functions.router.settings import RouterSettings
-from functions.router.wiring import create_app
-from spillway.codec import encode_request
-from spillway.engine import EngineOptions
-from spillway.ensemble_serve import PipelineJobModel, load_pipeline_version
-from spillway.repository import LocalRepository
-from spillway.state_table import scope
-from spillway.stepcache import MemoryCache
+from spillway.ensembles.serving import PipelineJobModel, load_pipeline_version
+from spillway.ensembles.stepcache import MemoryCache
+from spillway.fallback.app import CpuApp
+from spillway.fallback.direct import handle_direct
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.models.engine import EngineOptions
+from spillway.models.repository import LocalRepository
+from spillway.protocol.codec import encode_request
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
+from spillway.state.table import scope
 from spillway_cli.wsgi_server import running
 from tests.support import Service, gpu_service, link_model
 

@@ -28,9 +28,9 @@ from unittest import mock
 
 from infra.checks.cfn_eval import Stack, arn
 from spillway.async_inference import AsyncSettings, AsyncStore, message_of
-from spillway.errors import InferenceError
-from spillway.state_table import scope
-from spillway.wire import error_reply, infer_reply
+from spillway.protocol.errors import InferenceError
+from spillway.protocol.wire import error_reply, infer_reply
+from spillway.state.table import scope
 from tests.unit.stacks import Deployment, serverless_config
 
 REGION = "us-east-1"
@@ -329,7 +329,7 @@ def _sqs_records(queue_url: str) -> dict[str, dict[str, Any]]:
 def _drain(store: AsyncStore, ids: list[str], function_name: str, lambda_api: Any) -> None:
     """The CPU function's calls: the drain check, then SQS batches of ``ids`` (the first
     succeeds, the second fails until its last delivery)."""
-    from functions.cpu_infer.async_drain import drain_check, handle_sqs_event
+    from spillway.fallback.async_drain import drain_check, handle_sqs_event
 
     drain_check(store, function_name, lambda_api)
     records = _sqs_records(str(store.queue_url))

@@ -12,11 +12,11 @@ from typing import Any
 
 from werkzeug.test import Client
 
-from functions.router.accounting import EmfSink
-from functions.router.backends import BackendRequest, BackendResponse
-from functions.router.batch import BatchBackend
-from functions.router.settings import RouterSettings
-from functions.router.wiring import Overrides, create_app
+from spillway.router.backends import BackendRequest, BackendResponse
+from spillway.router.batch_mode import BatchBackend
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import Overrides, create_app
+from spillway.routing.accounting import EmfSink
 from tests.memory_store import MemoryStateStore
 
 PATH = "/v2/models/digits/infer"

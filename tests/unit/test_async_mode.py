@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from werkzeug.test import Client
 
-from functions.router.batch import JobsApiSubmitter, staging_quota
-from functions.router.facts import read_hints
-from functions.router.settings import RouterSettings
-from functions.router.wiring import Overrides, create_app
 from gpu_service.async_consumer import as_background
 from spillway.async_inference import AsyncSettings, Message, fair_order, message_of
-from spillway.state_table import scope
-from spillway.wire import read_json_header
+from spillway.protocol.wire import read_json_header
+from spillway.router.batch_mode import JobsApiSubmitter, staging_quota
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import Overrides, create_app
+from spillway.routing.facts import read_hints
+from spillway.state.table import scope
 from tests.memory_store import MemoryStateStore
 from tests.unit.test_router import make_stack
 from tests.unit.test_router_staging import STAGING, JobsApi, MemoryS3

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from functions.cpu_infer.async_drain import DRAIN_CHECK
-from functions.router.async_mode import RESULTS_PREFIX
 from gpu_service.settings import GpuSettings
 from infra.checks.cfn_eval import Stack, arn
 from spillway.async_inference import AsyncRecord, AsyncSettings
+from spillway.fallback.async_drain import DRAIN_CHECK
+from spillway.router.async_mode import RESULTS_PREFIX
 from spillway_cli.local_async import async_env
 from spillway_cli.sam_env import env_vars_document, load_template, local_values
 from spillway_cli.stack import LocalStack, Ports

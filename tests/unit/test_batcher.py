@@ -19,14 +19,14 @@ from hypothesis import strategies as st
 
 from gpu_service.batcher import DynamicBatcher
 from gpu_service.batching_policy import BatchingPolicy
-from spillway.errors import (
+from spillway.models.processing import Prepared, Tensors
+from spillway.protocol.errors import (
     DeadlineExceededError,
     InferenceError,
     OverloadedError,
     SpillwayError,
     UnavailableError,
 )
-from spillway.processing import Prepared, Tensors
 from tests.fakes import (
     InlineExecutor,
     SummingRunner,

@@ -15,8 +15,8 @@ import pytest
 
 from gpu_service.batcher import Computed, DynamicBatcher
 from gpu_service.batching_policy import BatchingPolicy
-from spillway.errors import DeadlineExceededError, InferenceError, OverloadedError
-from spillway.processing import Prepared, Tensors
+from spillway.models.processing import Prepared, Tensors
+from spillway.protocol.errors import DeadlineExceededError, InferenceError, OverloadedError
 from tests.fakes import (
     InlineExecutor,
     SummingRunner,

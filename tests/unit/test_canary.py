@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from spillway.canary import CanaryState, CanaryStore, RollbackBounds
+from spillway.canary.records import CanaryState, CanaryStore, RollbackBounds
 from spillway_cli.canary_cli import describe
 from tests.memory_store import MemoryStateStore
 from tests.unit.canary_support import (

@@ -16,13 +16,13 @@ from typing import Any, cast
 import pytest
 from werkzeug.test import Client
 
-from functions.router.accounting import EmfSink
-from functions.router.backends import BackendRequest
-from functions.router.batch import BatchBackend, BatchReceipt
-from functions.router.settings import RouterSettings
-from functions.router.wiring import Overrides, create_app
 from spillway.async_inference import AsyncSettings, AsyncStore
-from spillway.canary import CanaryStore
+from spillway.canary.records import CanaryStore
+from spillway.router.backends import BackendRequest
+from spillway.router.batch_mode import BatchBackend, BatchReceipt
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import Overrides, create_app
+from spillway.routing.accounting import EmfSink
 from tests.memory_store import MemoryStateStore
 from tests.unit.canary_support import BODY, PATH, VERSION, Clock, VersionedBackend
 
@@ -160,7 +160,7 @@ def test_a_gpu_outage_during_a_canary_gives_no_404() -> None:
     s.gpu.missing.clear()
 
     def down(request: BackendRequest, timeout_s: float) -> Any:
-        from functions.router.backends import ConnectFailed
+        from spillway.router.backends import ConnectFailed
 
         raise ConnectFailed("gpu: connection refused")
 

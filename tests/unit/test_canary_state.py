@@ -11,15 +11,15 @@ import pytest
 from pydantic import ValidationError
 
 from batch_job.plan import resolve_version
-from functions.cpu_infer.service import CpuService
-from functions.cpu_infer.settings import CpuSettings
-from functions.router.canary_guard import WindowSummary, verdict
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
-from spillway import canary
-from spillway.canary import CanarySpec, CanaryState, CanaryStore, RollbackBounds
-from spillway.errors import InvalidInputError
-from spillway.modelconfig import ModelConfig
+from spillway.canary import records as canary
+from spillway.canary.guard import WindowSummary, verdict
+from spillway.canary.records import CanarySpec, CanaryState, CanaryStore, RollbackBounds
+from spillway.fallback.service import CpuService
+from spillway.fallback.settings import CpuSettings
+from spillway.models.config import ModelConfig
+from spillway.protocol.errors import InvalidInputError
 from tests.fakes import FakeLoader, FakeModel, FakeRepository, tensor_config
 from tests.memory_store import MemoryStateStore
 

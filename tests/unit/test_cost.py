@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from functions.router.accounting import (
+from spillway.routing.accounting import (
     CapacityPrice,
     EmfSink,
     LambdaPrice,

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from spillway.ensemble import build_pipeline, check_inputs, condition_holds
-from spillway.ensemble_run import (
+from spillway.ensembles.graph import build_pipeline, check_inputs, condition_holds
+from spillway.ensembles.runner import (
     CacheIO,
     Compute,
     Effect,
@@ -24,12 +24,12 @@ from spillway.ensemble_run import (
     drive,
     run_steps,
 )
-from spillway.ensemble_schema import StepCondition
-from spillway.errors import BatchTooLargeError, InvalidInputError, ModelLoadError
-from spillway.modelconfig import ModelConfig
-from spillway.processing import Tensors
-from spillway.state_table import scope
-from spillway.stepcache import MemoryCache
+from spillway.ensembles.schema import StepCondition
+from spillway.ensembles.stepcache import MemoryCache
+from spillway.models.config import ModelConfig
+from spillway.models.processing import Tensors
+from spillway.protocol.errors import BatchTooLargeError, InvalidInputError, ModelLoadError
+from spillway.state.table import scope
 
 Model = Callable[[Tensors], Tensors]
 A, B = scope("tenant-a"), scope("tenant-b")

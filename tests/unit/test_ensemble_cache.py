@@ -9,9 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spillway.processing import Tensors
-from spillway.state_table import scope
-from spillway.stepcache import (
+from spillway.ensembles.stepcache import (
     SHARED_SCOPE,
     CacheSettings,
     MemoryCache,
@@ -22,6 +20,8 @@ from spillway.stepcache import (
     open_cache,
     tensors_size,
 )
+from spillway.models.processing import Tensors
+from spillway.state.table import scope
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 TEXT = {"text": np.array([[b"hello"]], dtype=np.object_)}

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from batch_job.service import JOB_ID_NAMESPACE
-from spillway.identity import authenticated_identity
-from spillway.state_table import scope
-from spillway.tenancy import area
+from spillway.state.table import scope
+from spillway.tenancy.areas import area
+from spillway.tenancy.identity import authenticated_identity
 from spillway_cli.sam_env import FUNCTION_TYPE, load_template
 
 ROOT = Path(__file__).resolve().parents[2]

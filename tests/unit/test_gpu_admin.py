@@ -9,7 +9,7 @@ import pytest
 from gpu_service.dataplane import DataPlane
 from gpu_service.http import GpuServiceApp
 from gpu_service.settings import GpuSettings
-from spillway.errors import UnauthorizedError
+from spillway.protocol.errors import UnauthorizedError
 
 
 def _app(**settings: Any) -> GpuServiceApp:

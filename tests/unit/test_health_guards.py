@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import pytest
 
-from functions.router.health import (
+from gpu_service.stats import BusyTracker
+from spillway.routing.health import (
     CircuitBreaker,
     LoadSnapshot,
     LoadTracker,
@@ -22,7 +23,6 @@ from functions.router.health import (
     in_thread,
     parse_load_headers,
 )
-from gpu_service.stats import BusyTracker
 from tests.unit.test_router import Clock
 
 HALFLIFE_S = 10.0

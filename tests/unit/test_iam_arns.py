@@ -60,8 +60,8 @@ from tests.unit.stacks import (
 LAMBDA_STREAM = "2026/11/30/[$LATEST]0123456789abcdef0123456789abcdef"
 TASK_ID = "0123456789abcdef0123456789abcdef"
 ANY = "*"  # an action with no resource-level permissions
-SCOPE = "0123456789abcdef0123456789abcdef"  # a tenant's scope (spillway.state_table.scope)
-# Where job data lives (spillway/tenancy.py): a tenant's area, what the router staged for
+SCOPE = "0123456789abcdef0123456789abcdef"  # a tenant's scope (spillway.state.table.scope)
+# Where job data lives (spillway/tenancy/areas.py): a tenant's area, what the router staged for
 # it, the operator's nightly folder.
 JOB_AREAS = (f"tenants/{SCOPE}/", f"staging/router/{SCOPE}/", "nightly/")
 PLAN_KEY = "out/6f1d7c1e-3b0a-5c4e-9a57-5b1f0e2d8c41/_plan.json"

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from spillway.errors import InvalidInputError, SpillwayError
-from spillway.modelconfig import ModelConfig, TensorConfig
-from spillway.processing import Prepared, Tensors, outcomes
+from spillway.models.config import ModelConfig, TensorConfig
+from spillway.models.processing import Prepared, Tensors, outcomes
+from spillway.protocol.errors import InvalidInputError, SpillwayError
 from tests.fakes import sum_rows
 
 

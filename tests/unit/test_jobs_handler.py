@@ -14,8 +14,8 @@ import pytest
 from batch_job.errors import JobNotFoundError
 from batch_job.service import combined_state
 from functions.jobs.handler import dispatch
-from spillway.identity import Authenticator
-from spillway.messages import JobRequest, JobStatus, JobView, SubmitReceipt
+from spillway.protocol.messages import JobRequest, JobStatus, JobView, SubmitReceipt
+from spillway.tenancy.identity import Authenticator
 
 EVENTS = Path(__file__).resolve().parents[2] / "events" / "jobs"
 BODY = {"model": "digits", "input": "s3://data-in/x/", "output": "s3://data-out/y/"}

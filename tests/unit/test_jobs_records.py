@@ -19,9 +19,9 @@ from batch_job.records import (
     split_record,
     to_tensors,
 )
-from spillway.errors import InferenceError, InvalidInputError
-from spillway.modelconfig import TensorConfig
-from spillway.tensors import from_json_nested
+from spillway.models.config import TensorConfig
+from spillway.protocol.errors import InferenceError, InvalidInputError
+from spillway.protocol.tensors import from_json_nested
 
 TEXT = TensorConfig(name="text", data_type="TYPE_STRING", dims=(1,))
 IMAGE = TensorConfig(name="image", data_type="TYPE_FP32", dims=(2, 2))

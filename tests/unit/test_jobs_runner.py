@@ -26,10 +26,10 @@ from batch_job.progress import Progress
 from batch_job.runner import BatchHook, JobRunner, remove_stale_work_dirs
 from batch_job.settings import JobsSettings
 from batch_job.storage import LocalStore, S3Store, open_location
-from spillway.codec import encode_request
-from spillway.errors import BatchTooLargeError, InvalidInputError
-from spillway.messages import stage_request
-from spillway.repository import LocalRepository
+from spillway.models.repository import LocalRepository
+from spillway.protocol.codec import encode_request
+from spillway.protocol.errors import BatchTooLargeError, InvalidInputError
+from spillway.protocol.messages import stage_request
 from tests.unit.test_jobs_fakes import FakeModel, fake_config, line
 
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from batch_job.npyshard import process_npy
 from batch_job.recordshard import process_jsonl, process_staged
 from batch_job.shard import ShardCounts
-from spillway.codec import encode_request
-from spillway.messages import stage_request
+from spillway.protocol.codec import encode_request
+from spillway.protocol.messages import stage_request
 from tests.unit.test_jobs_fakes import FakeModel, line
 
 Lines = list[dict[str, Any]]

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from functions.router.decide import Decision, SpillState, decide, explain
-from functions.router.facts import RequestFacts
-from functions.router.policy import Policy, PolicyError, parse_policy
+from spillway.routing.decision import Decision, SpillState, decide, explain
+from spillway.routing.facts import RequestFacts
+from spillway.routing.policy import Policy, PolicyError, parse_policy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "policies" / "example.yaml"
 NOON = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from gpu_service.preparing import PrepareQueue
-from spillway import pipeline
-from spillway.engine import OnnxModel
-from spillway.errors import InvalidInputError, SpillwayError
-from spillway.modelconfig import ModelConfig, TensorConfig
-from spillway.processing import Prepared, Tensors
+from spillway import inference
+from spillway.models.config import ModelConfig, TensorConfig
+from spillway.models.engine import OnnxModel
+from spillway.models.processing import Prepared, Tensors
+from spillway.protocol.errors import InvalidInputError, SpillwayError
 from tests.fakes import idle, run_virtual
 
 
@@ -50,9 +50,9 @@ class FakeTextModel:
         ]
 
 
-def decoded(text: str) -> pipeline.Decoded:
+def decoded(text: str) -> inference.Decoded:
     body = {"inputs": [{"name": "text", "shape": [1, 1], "datatype": "BYTES", "data": [text]}]}
-    return pipeline.decode(json.dumps(body).encode(), None)
+    return inference.decode(json.dumps(body).encode(), None)
 
 
 class HeldWorker:
@@ -90,10 +90,10 @@ def test_requests_that_arrive_together_are_prepared_in_one_call() -> None:
     # THEN one call prepared all three; each request got its own outcome
     assert model.calls == [["ab", "", "abcd"]]
     first, bad, third = outcomes
-    assert isinstance(first, pipeline.Admitted)
+    assert isinstance(first, inference.Admitted)
     assert first.prepared.length == 2
     assert isinstance(bad, InvalidInputError)
-    assert isinstance(third, pipeline.Admitted)
+    assert isinstance(third, inference.Admitted)
     assert third.prepared.length == 4
     assert first.outputs == ["y"]
 

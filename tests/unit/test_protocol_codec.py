@@ -17,7 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from spillway.codec import (
+from spillway.inference import check_priority
+from spillway.models.config import ModelConfig
+from spillway.protocol.codec import (
     binary_outputs_requested,
     decode_request,
     decode_response,
@@ -25,23 +27,21 @@ from spillway.codec import (
     encode_response,
     requested_outputs,
 )
-from spillway.datatypes import NUMPY_DTYPES
-from spillway.errors import (
+from spillway.protocol.datatypes import NUMPY_DTYPES
+from spillway.protocol.errors import (
     InferenceError,
     InvalidInputError,
     PayloadTooLargeError,
     SpillwayError,
     UnsupportedDatatypeError,
 )
-from spillway.modelconfig import ModelConfig
-from spillway.pipeline import check_priority
-from spillway.protocol import (
+from spillway.protocol.tensors import tensor_from_bytes, tensor_to_bytes
+from spillway.protocol.v2 import (
     InferenceRequest,
     MetadataModelResponse,
     MetadataServerResponse,
 )
-from spillway.tensors import tensor_from_bytes, tensor_to_bytes
-from spillway.wire import NOT_UTF8, InferParameters, load_json_object, parse_header_length
+from spillway.protocol.wire import NOT_UTF8, InferParameters, load_json_object, parse_header_length
 
 DATATYPES = list(NUMPY_DTYPES)
 PROPERTY = settings(max_examples=40, deadline=None)
@@ -529,7 +529,7 @@ def test_non_finite_outputs_stay_valid_json_and_read_back() -> None:
 
 def test_a_timeout_of_zero_means_none() -> None:
     # GIVEN requests with timeout 0 (Triton: no timeout) and with a real timeout
-    from spillway.wire import InferParameters
+    from spillway.protocol.wire import InferParameters
 
     # WHEN their parameters are read THEN 0 is "no timeout", not "expire at once"
     assert InferParameters.of({"timeout": 0}).timeout_s is None

@@ -12,11 +12,11 @@ from pydantic import BaseModel
 from batch_job.errors import JobNotFoundError
 from batch_job.records import DuplicateIdError
 from batch_job.settings import JobsSettings
-from functions.cpu_infer.settings import CpuSettings
-from functions.router.settings import RouterSettings
 from gpu_service.settings import GpuSettings
 from spillway.async_inference import AsyncSettings
-from spillway.errors import SpillwayError
+from spillway.fallback.settings import CpuSettings
+from spillway.protocol.errors import SpillwayError
+from spillway.router.settings import RouterSettings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

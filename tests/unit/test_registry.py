@@ -20,9 +20,9 @@ import pytest
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
 from gpu_service.versions import State
-from spillway.errors import InsufficientMemoryError, ModelNotFoundError, ModelNotReadyError
-from spillway.modelconfig import ModelConfig
-from spillway.processing import Prepared
+from spillway.models.config import ModelConfig
+from spillway.models.processing import Prepared
+from spillway.protocol.errors import InsufficientMemoryError, ModelNotFoundError, ModelNotReadyError
 from tests.fakes import MB, FakeLoader, FakeRepository, tensor_config
 
 # Generous bound on a wait for something that should happen at once; a hang fails here.

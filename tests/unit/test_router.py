@@ -22,18 +22,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from werkzeug.test import Client
 
-from functions.router.accounting import EmfSink
-from functions.router.app import RouterApp
-from functions.router.backends import (
+from spillway.router.app import RouterApp
+from spillway.router.backends import (
     BackendError,
     BackendRequest,
     BackendResponse,
     ConnectFailed,
     TimedOut,
 )
-from functions.router.batch import BatchReceipt, JobRefused
-from functions.router.settings import RouterSettings
-from functions.router.wiring import Overrides, create_app
+from spillway.router.batch_mode import BatchReceipt, JobRefused
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import Overrides, create_app
+from spillway.routing.accounting import EmfSink
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = [float(i % 17) for i in range(64)]
@@ -113,7 +113,7 @@ def make_stack(
         "gpu": FakeBackend("gpu", gpu or [ok(headers={"x-spillway-busy": "0.2"})]),
         "cpu": FakeBackend("cpu", cpu or [ok()]),
     }
-    from functions.router.batch import BatchBackend
+    from spillway.router.batch_mode import BatchBackend
 
     backends["batch"] = BatchBackend(submitter)
     for name in without:
@@ -741,12 +741,12 @@ def test_the_router_never_imports_numpy() -> None:
     script = (
         "import sys\n"
         "import functions.router.handler\n"
-        "from functions.router.batch import JobsApiSubmitter, staging_key\n"
-        "from functions.router.facts import Call, read_request\n"
-        "from functions.router.lambda_backend import direct_event\n"
-        "from functions.router.routing import backend_request\n"
-        "from spillway.messages import stage_request\n"
-        "from spillway.wire import require_model_target\n"
+        "from spillway.router.batch_mode import JobsApiSubmitter, staging_key\n"
+        "from spillway.routing.facts import Call, read_request\n"
+        "from spillway.router.lambda_backend import direct_event\n"
+        "from spillway.router.dispatch import backend_request\n"
+        "from spillway.protocol.messages import stage_request\n"
+        "from spillway.protocol.wire import require_model_target\n"
         'body = b\'{"inputs":[{"name":"x","shape":[1],"datatype":"FP32",'
         '"parameters":{"binary_data_size":4}}]}\'\n'
         "call = Call('POST', {'inference-header-content-length': str(len(body))},"
@@ -789,14 +789,14 @@ class FakeLambda:
 
 
 def lambda_backend(client: FakeLambda) -> Any:
-    from functions.router.lambda_backend import LambdaBackend
+    from spillway.router.lambda_backend import LambdaBackend
 
     return LambdaBackend("cpu", "spillway-cpu-infer", new_client=lambda _timeout: client)
 
 
 def test_the_lambda_backend_speaks_the_shared_direct_invoke_schemas() -> None:
-    from spillway.messages import DirectInvokeAnswer, DirectInvokeEvent, parse_message
-    from spillway.wire import infer_reply
+    from spillway.protocol.messages import DirectInvokeAnswer, DirectInvokeEvent, parse_message
+    from spillway.protocol.wire import infer_reply
 
     # GIVEN a CPU function that answers a binary infer result
     result = b'{"outputs":[]}' + b"\x00\x01"

@@ -20,8 +20,10 @@ from werkzeug.test import Client
 
 from batch_job.errors import JobConflictError
 from functions.jobs.handler import dispatch
-from functions.router.backends import BackendRequest, CannotServe
-from functions.router.lambda_backend import (
+from spillway.protocol.messages import JobRequest, JobView, SubmitReceipt
+from spillway.protocol.wire import LAMBDA_PAYLOAD_BYTES, SYNC_BODY_BYTES
+from spillway.router.backends import BackendRequest, CannotServe
+from spillway.router.lambda_backend import (
     MIN_READ_TIMEOUT_S,
     LambdaBackend,
     cpu_payload,
@@ -29,10 +31,8 @@ from functions.router.lambda_backend import (
     jobs_payload,
     read_timeout_step,
 )
-from functions.router.settings import RouterSettings
-from functions.router.wiring import Overrides, create_app
-from spillway.messages import JobRequest, JobView, SubmitReceipt
-from spillway.wire import LAMBDA_PAYLOAD_BYTES, SYNC_BODY_BYTES
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import Overrides, create_app
 
 ROOT = Path(__file__).resolve().parents[2]
 REST_EVENT = json.loads((ROOT / "events" / "router" / "infer-rest-v1.json").read_text())

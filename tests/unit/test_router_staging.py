@@ -13,10 +13,10 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from functions.router.backends import BackendRequest, BackendResponse
-from functions.router.batch import STAGED_NAME, JobsApiSubmitter, staging_key
-from spillway.messages import JobRequest, JobView, SubmitReceipt, read_staged_request
-from spillway.state_table import scope
+from spillway.protocol.messages import JobRequest, JobView, SubmitReceipt, read_staged_request
+from spillway.router.backends import BackendRequest, BackendResponse
+from spillway.router.batch_mode import STAGED_NAME, JobsApiSubmitter, staging_key
+from spillway.state.table import scope
 from tests.unit.test_router import BODY, Stack, make_stack
 
 STAGING = "s3://staging/router"

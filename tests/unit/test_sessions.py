@@ -178,8 +178,8 @@ def test_other_methods_are_405_with_allow(world: tuple[MemoryStateStore, Clock, 
 def test_without_a_state_table_there_are_no_sessions() -> None:
     from werkzeug.test import Client
 
-    from functions.router.settings import RouterSettings
-    from functions.router.wiring import create_app
+    from spillway.router.settings import RouterSettings
+    from spillway.router.wiring import create_app
 
     client = Client(create_app(RouterSettings(metrics_log="/dev/null")))
     answer = client.get("/v1/sessions/s")
@@ -294,9 +294,9 @@ def test_concurrent_writers_of_one_tenant_never_pass_its_quota() -> None:
     # GIVEN a quota of 20 sessions and 8 threads creating 10 sessions each at once
     from concurrent.futures import ThreadPoolExecutor
 
-    from functions.router.facts import Call
-    from functions.router.sessions import Sessions
-    from spillway.errors import SpillwayError
+    from spillway.protocol.errors import SpillwayError
+    from spillway.router.sessions import Sessions
+    from spillway.routing.facts import Call
 
     store, clock = MemoryStateStore(), Clock()
     sessions = Sessions(store, ttl_s=TTL_S, wall=clock, quota_count=20, quota_bytes=10**9)

@@ -29,12 +29,12 @@ from gpu_service.ensemble import _BatcherSteps
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
 from gpu_service.stats import BusyTracker, ModelStats, RequestTimer
-from spillway.ensemble import Step
-from spillway.ensemble_run import Compute, Resolve
-from spillway.errors import InferenceError
-from spillway.modelconfig import ModelConfig
-from spillway.processing import Prepared, Tensors
-from spillway.wire import InferParameters
+from spillway.ensembles.graph import Step
+from spillway.ensembles.runner import Compute, Resolve
+from spillway.models.config import ModelConfig
+from spillway.models.processing import Prepared, Tensors
+from spillway.protocol.errors import InferenceError
+from spillway.protocol.wire import InferParameters
 from tests.fakes import (
     MB,
     FakeModel,

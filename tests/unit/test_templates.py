@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from functions.router.policy import parse_policy
 from infra.checks.cfn_eval import load_cfn
+from spillway.routing.policy import parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGE = "prod"

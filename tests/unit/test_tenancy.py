@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spillway.errors import InvalidInputError, OutsideTenantAreaError, UnauthenticatedError
-from spillway.identity import Authenticator, authenticated_identity
-from spillway.state_table import scope
-from spillway.tenancy import area, folder, require_inside
+from spillway.protocol.errors import InvalidInputError, OutsideTenantAreaError, UnauthenticatedError
+from spillway.state.table import scope
+from spillway.tenancy.areas import area, folder, require_inside
+from spillway.tenancy.identity import Authenticator, authenticated_identity
 
 ROOT = "s3://data/tenants"
 

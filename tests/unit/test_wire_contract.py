@@ -1,4 +1,4 @@
-"""What every transport reads off the wire (``spillway.wire``), value by value.
+"""What every transport reads off the wire (``spillway.protocol.wire``), value by value.
 
 Each server calls these helpers, so a value one of them accepts or refuses is accepted or
 refused by all: here each rule is pinned at its edges (the last value taken, the first
@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from spillway.errors import (
+from spillway.protocol.errors import (
     InvalidInputError,
     InvalidModelNameError,
     MethodNotAllowedError,
     PayloadTooLargeError,
     RouteNotFoundError,
 )
-from spillway.wire import (
+from spillway.protocol.wire import (
     NOT_UTF8,
     InferParameters,
     Reply,
@@ -60,7 +60,7 @@ def refused(call: Any, *args: Any) -> str:
 
 
 def test_the_synchronous_limits_are_lambdas() -> None:
-    from spillway import wire
+    from spillway.protocol import wire
 
     assert wire.LAMBDA_PAYLOAD_BYTES == 6_291_456
     assert wire.EVENT_ENVELOPE_BYTES == 131_072
@@ -444,7 +444,7 @@ class CountingStream:
 
 
 def test_a_wsgi_body_is_never_read_past_its_declared_length_or_the_limit() -> None:
-    from spillway.wire import read_wsgi_body
+    from spillway.protocol.wire import read_wsgi_body
 
     declared = CountingStream(b"abcdef")
     assert read_wsgi_body({"CONTENT_LENGTH": "3", "wsgi.input": declared}, 1000) == b"abc"

@@ -3,7 +3,7 @@
 The router's circuit breakers and the canary's rollback count a 5xx against a backend
 only when the answer carries ``x-spillway-fault: server``; a 504 (deadline passed in a
 busy queue) and every 4xx must never carry it. Checked on the one mapping
-(``spillway.wire.error_reply``), on the GPU service's encoding of a refusal, on the CPU
+(``spillway.protocol.wire.error_reply``), on the GPU service's encoding of a refusal, on the CPU
 fallback's WSGI and direct-invoke answers, and on the router's reading of it."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from werkzeug.test import Client
 
-from functions.cpu_infer.app import CpuApp
-from functions.cpu_infer.direct import handle_direct
 from gpu_service.http import GpuServiceApp, encoded
-from spillway.errors import (
+from spillway.fallback.app import CpuApp
+from spillway.fallback.direct import handle_direct
+from spillway.protocol.errors import (
     DeadlineExceededError,
     InferenceError,
     InvalidInputError,
@@ -32,7 +32,7 @@ from spillway.errors import (
     SpillwayError,
     UnavailableError,
 )
-from spillway.wire import FAULT_HEADER, INTERNAL_ERROR, error_reply, read_wsgi_body
+from spillway.protocol.wire import FAULT_HEADER, INTERNAL_ERROR, error_reply, read_wsgi_body
 from tests.unit.test_router import SERVER_FAULT, make_stack, ok
 
 SERVER_ERRORS: list[SpillwayError] = [

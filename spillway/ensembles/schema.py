@@ -1,0 +1,109 @@
+"""The ``ensemble_scheduling`` block of a pipeline's ``config.json``.
+
+Triton's vocabulary, with Triton's meaning: a pipeline (``platform: "ensemble"``) lists
+``step``\\ s, each naming a model (``model_name``, ``model_version``; -1 is whatever
+version that model serves) and how the pipeline's tensors feed it (``input_map``: the
+step model's input -> a pipeline tensor) and what it adds (``output_map``: the step
+model's output -> a new pipeline tensor). What Triton has no word for lives in a step's
+own ``spillway`` block: a ``condition`` (run the step only when a tensor passes a
+threshold, the "light model first" rule) and ``cache`` (reuse the step's outputs for
+inputs it has seen). A step's cache is kept per tenant; ``cache_scope: "shared"`` shares
+it across tenants, which the pipeline may declare only for a step whose inputs are
+public: every tensor it reads comes from inputs listed in the scheduling's own
+``spillway.public_inputs`` (checked when the pipeline loads).
+
+Only what one configuration can check on its own is checked here; whether the step
+models exist and fit together is checked when the pipeline loads (``spillway.ensembles.graph``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from spillway.protocol.names import MODEL_NAME_PATTERN
+
+TensorName = str
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StepCondition(_Strict):
+    """Run the step only when ``tensor`` passes ``op value`` for a request.
+
+    Each row of the tensor becomes one number: its value at ``element`` (a flat index
+    within the row), or its ``reduce`` (max, min, mean) when no element is named; the
+    step runs when ``rows`` of them (``any`` or ``all``) pass."""
+
+    tensor: TensorName = Field(min_length=1, max_length=128)
+    op: Literal[">", ">=", "<", "<="]
+    value: float
+    element: int | None = Field(default=None, ge=0)
+    reduce: Literal["max", "min", "mean"] = "max"
+    rows: Literal["any", "all"] = "any"
+
+
+class StepOptions(_Strict):
+    """What only Spillway does with a step."""
+
+    condition: StepCondition | None = None
+    cache: bool = False
+    """Keep the step's outputs by (tenant, model, version, hash of its inputs) and reuse
+    them for the same tenant."""
+    cache_scope: Literal["tenant", "shared"] = "tenant"
+    """``shared``: one entry for every tenant, for a step whose inputs are public (it
+    reads only tensors made from ``public_inputs``); no answer then says it was cached.
+    A step reading anything a tenant sent must stay ``tenant``: another tenant's hit
+    (and its speed) would tell what was sent."""
+
+    @model_validator(mode="after")
+    def _shared_needs_cache(self) -> StepOptions:
+        if self.cache_scope == "shared" and not self.cache:
+            raise ValueError('cache_scope "shared" needs cache: true')
+        return self
+
+
+class EnsembleStep(_Strict):
+    """One step: a model and the tensors it reads and adds."""
+
+    model_name: str = Field(pattern=MODEL_NAME_PATTERN.pattern)
+    model_version: int = -1
+    """-1: the version the model serves (its newest, or its canary's stable one)."""
+    input_map: dict[str, TensorName] = Field(min_length=1)
+    output_map: dict[str, TensorName] = Field(min_length=1)
+    spillway: StepOptions = StepOptions()
+
+    @field_validator("model_version")
+    @classmethod
+    def _version(cls, value: int) -> int:
+        if value == 0 or value < -1:
+            raise ValueError("model_version is a version number or -1 (the served one)")
+        return value
+
+
+class SchedulingOptions(_Strict):
+    """What only Spillway knows about a pipeline as a whole."""
+
+    public_inputs: tuple[TensorName, ...] = ()
+    """Pipeline inputs that hold nothing private to a tenant (e.g. a fixed label set every
+    client sends): only steps that read nothing else may share their cache."""
+
+
+class EnsembleScheduling(_Strict):
+    """Triton's ``ensemble_scheduling``: the steps, in any order (tensors decide it)."""
+
+    step: tuple[EnsembleStep, ...] = Field(min_length=1, max_length=64)
+    spillway: SchedulingOptions = SchedulingOptions()
+
+    @model_validator(mode="after")
+    def _each_tensor_made_once(self) -> EnsembleScheduling:
+        made: set[str] = set()
+        for step in self.step:
+            for tensor in step.output_map.values():
+                if tensor in made:
+                    raise ValueError(f"pipeline tensor {tensor!r} is produced by two steps")
+                made.add(tensor)
+        return self

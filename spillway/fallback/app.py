@@ -1,0 +1,126 @@
+"""The CPU fallback over HTTP: a WSGI application (``spillway serve cpu``, API Gateway).
+
+It serves the Open Inference Protocol paths the fallback supports, and, for local stacks,
+Lambda's invoke API (``POST /2015-03-31/functions/{name}/invocations``) answered with the
+direct-invoke handler, so the router's ``lambda:Invoke`` path runs end to end on
+127.0.0.1 exactly as against ``sam local start-lambda``. Errors are mapped here once,
+with the core mapping every transport uses.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable
+from http import HTTPStatus
+from typing import Any
+
+from spillway.fallback.chain import ClientFault, ServerFault, handle_chain_event, is_chain_event
+from spillway.fallback.direct import handle_direct
+from spillway.fallback.service import CpuService
+from spillway.protocol.errors import RouteNotFoundError, SpillwayError
+from spillway.protocol.wire import (
+    INTERNAL_ERROR,
+    Reply,
+    Target,
+    allow,
+    error_reply,
+    infer_reply,
+    json_reply,
+    load_json_object,
+    model_target,
+    parse_header_length,
+    read_wsgi_body,
+    strip_stage,
+)
+
+log = logging.getLogger("spillway.cpu_infer")
+
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+_INVOKE_PATH = re.compile(r"^/2015-03-31/functions/(?P<name>[^/]+)/invocations$")
+
+
+class CpuApp:
+    """WSGI entry point of the CPU fallback."""
+
+    def __init__(self, service: CpuService) -> None:
+        self.service = service
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        path = strip_stage(environ.get("PATH_INFO") or "/", environ.get("serverless.event"))
+        try:
+            reply = self._route(method, path, environ)
+        except SpillwayError as error:
+            reply = error_reply(error)
+            log.info(
+                "request refused",
+                extra={"path": path[:200], "status": error.status, "code": error.code},
+            )
+        except Exception:
+            log.exception("unhandled error on %s", method[:16])
+            reply = INTERNAL_ERROR
+        headers = [*reply.headers, ("content-length", str(len(reply.body)))]
+        start_response(f"{reply.status} {HTTPStatus(reply.status).phrase}", headers)
+        return [reply.body]
+
+    def _route(self, method: str, path: str, environ: dict[str, Any]) -> Reply:
+        if (target := model_target(path)) is not None:
+            allow(method, path, target.method)
+            return self._model(target, environ)
+        if match := _INVOKE_PATH.match(path):
+            allow(method, path, "POST")
+            return self._invoke(match["name"], self._body(environ))
+        allow(method, path, "GET")
+        if path == "/v2/health/live":
+            return json_reply(200, {"live": True})
+        if path == "/v2/health/ready":
+            return json_reply(200, {"ready": True})
+        if path == "/v2":
+            return json_reply(200, self.service.server_metadata())
+        raise RouteNotFoundError(f"no route for {path[:200]}")
+
+    def _model(self, target: Target, environ: dict[str, Any]) -> Reply:
+        model, version, op = target.model, target.version, target.operation
+        if model is None or op == "stats":
+            raise RouteNotFoundError(f"the CPU fallback does not serve {target.path}")
+        if op == "infer":
+            length = parse_header_length(environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH"))
+            body = self._body(environ)
+            answer = self.service.infer(
+                model, version, body, length, tenant_scope=_tenant_scope(environ)
+            )
+            return infer_reply(answer.body, answer.header_length, answer.version)
+        if op == "ready":
+            self.service.check_ready(model, version)
+            return json_reply(200, {"ready": True})
+        if op == "config":
+            return json_reply(200, self.service.config(model, version))
+        return json_reply(200, self.service.metadata(model, version))
+
+    def _invoke(self, name: str, body: bytes) -> Reply:
+        if name != self.service.settings.function_name:
+            headers = [("x-amzn-errortype", "ResourceNotFoundException")]
+            message = {"Type": "User", "message": f"Function not found: {name[:64]}"}
+            return json_reply(404, message, headers)
+        event = load_json_object(body)
+        if is_chain_event(event):  # a state machine's state, as Lambda reports a raise
+            try:
+                return json_reply(200, handle_chain_event(self.service, event))
+            except (ClientFault, ServerFault) as fault:
+                error = {"errorMessage": str(fault), "errorType": type(fault).__name__}
+                return json_reply(200, error, [("x-amz-function-error", "Unhandled")])
+        return json_reply(200, handle_direct(self.service, event))
+
+    def _body(self, environ: dict[str, Any]) -> bytes:
+        # The invoke API carries base64 of the body, so allow for its growth by 4/3.
+        return read_wsgi_body(environ, self.service.settings.max_payload_bytes * 4 // 3 + 4096)
+
+
+def _tenant_scope(environ: dict[str, Any]) -> str | None:
+    """The tenant scope a router in front sent; an API Gateway event's header is nobody's
+    word (any client could set it there): such a request is anonymous."""
+    if environ.get("serverless.event") is not None:
+        return None
+    value = environ.get("HTTP_X_SPILLWAY_TENANT_SCOPE")
+    return value if isinstance(value, str) else None

@@ -1,0 +1,6 @@
+"""Models: where they live, how they are configured, loaded and run.
+
+``repository`` (a folder or an S3 prefix), ``config`` (Triton's configuration plus the
+``spillway`` block), ``loader`` (one way to load a version), ``engine`` (one ONNX Runtime
+session per version) and ``processing`` (prepare and finish steps per model kind).
+"""

@@ -1,0 +1,322 @@
+"""Loading model versions, one way for every deployable.
+
+The GPU service, the CPU fallback and the batch job all load through here: the model's
+``version_policy`` picks the versions, the repository fetches and verifies every file
+against its ``SHA256SUMS``, and each session is warmed before it takes a request.
+
+``OnDemandVersions`` is the synchronous form the CPU fallback serves from: the versions
+each model's policy serves are read from the repository again once per ``refresh_s``
+(and, at most once per ``miss_refresh_s``, when a request names a version the last read
+did not have), and a served version that is not loaded yet is loaded by the request that
+first asks for it: one load per version however many requests wait for it (single
+flight), loads one at a time, every file verified, and within a memory budget that
+evicts the least recently used versions first.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from spillway.models.engine import EngineOptions, OnnxModel
+from spillway.protocol.errors import InsufficientMemoryError, ModelNotFoundError
+from spillway.models.config import ModelConfig, VersionPolicy
+from spillway.protocol.names import validate_model_name
+from spillway.models.repository import ModelRepository
+
+log = logging.getLogger("spillway.loader")
+
+
+def chosen_versions(policy: VersionPolicy, available: list[int]) -> list[int]:
+    """The versions a Triton version policy selects from those available (ascending)."""
+    if policy.specific is not None:
+        return [v for v in policy.specific["versions"] if v in available]
+    if policy.all is not None:
+        return list(available)
+    count = policy.latest["num_versions"] if policy.latest else 1
+    return available[-count:]
+
+
+def served_versions(repository: ModelRepository, name: str) -> tuple[ModelConfig, list[int]]:
+    """A model's configuration and the versions its policy serves; 404 if there are none."""
+    config = repository.read_config(validate_model_name(name))
+    versions = chosen_versions(config.version_policy, repository.list_versions(name))
+    if not versions:
+        raise ModelNotFoundError(
+            f"model {name!r} has no version its version_policy serves in {repository.location}"
+        )
+    return config, versions
+
+
+def warm_up(model: OnnxModel) -> None:
+    """One row through every length bucket, then a full batch through the shortest: each
+    shape class is initialised before the first request, at a bounded cost."""
+    buckets = model.config.spillway.length_buckets
+    lengths = [max(1, edge - 2) for edge in buckets] or [8]
+    for length in lengths:
+        model.infer(model.sample_inputs(1, length=length))
+    if model.config.max_batch_size > 1:
+        model.infer(model.sample_inputs(model.config.max_batch_size, length=lengths[0]))
+
+
+def open_version(
+    config: ModelConfig, version: int, path: Path, options: EngineOptions
+) -> OnnxModel:
+    """A session over a fetched, verified version folder, warmed up; blocking."""
+    model = OnnxModel(config.name, version, config, path, options)
+    warm_up(model)
+    return model
+
+
+def load_version(
+    repository: ModelRepository,
+    config: ModelConfig,
+    version: int,
+    cache_dir: Path,
+    options: EngineOptions,
+) -> OnnxModel:
+    """Fetch (verifying checksums), open and warm one version; blocking."""
+    started = time.monotonic()
+    path = repository.fetch_version(config.name, version, cache_dir)
+    model = open_version(config, version, path, options)
+    log.info(
+        "loaded %s v%d on %s in %.2f s",
+        config.name,
+        version,
+        model.provider,
+        time.monotonic() - started,
+    )
+    return model
+
+
+def load_served(
+    repository: ModelRepository,
+    names: list[str] | None,
+    cache_dir: Path,
+    options: EngineOptions,
+) -> dict[str, dict[int, OnnxModel]]:
+    """Every version each model's policy serves (all models when ``names`` is ``None``);
+    pipelines are not models to load (``spillway.ensembles.graph`` serves them over these)."""
+    loaded: dict[str, dict[int, OnnxModel]] = {}
+    for name in repository.list_models() if names is None else names:
+        config, versions = served_versions(repository, name)
+        if config.is_pipeline:
+            continue
+        loaded[name] = {
+            v: load_version(repository, config, v, cache_dir, options) for v in versions
+        }
+    return loaded
+
+
+FOOTPRINT_FACTOR = 1.5
+"""A version's memory before it is loaded: its files' size times this (a session holds
+the weights and ONNX Runtime's arenas around them)."""
+
+Opener = Callable[[ModelConfig, int, Path], OnnxModel]
+
+
+def file_footprint(path: Path) -> int:
+    """The memory a fetched version folder is expected to take once loaded."""
+    size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    return int(size * FOOTPRINT_FACTOR)
+
+
+@dataclass(frozen=True)
+class VersionIndex:
+    """A model's configuration and the versions its policy serves, as last read."""
+
+    config: ModelConfig
+    versions: tuple[int, ...]
+    read_at: float
+
+    def default(self) -> int:
+        """The version a request that pins none gets (the stable one under a canary)."""
+        return self.config.default_version(self.versions) or max(self.versions)
+
+
+@dataclass
+class _Loaded:
+    model: OnnxModel
+    footprint: int
+
+
+class OnDemandVersions:
+    """The versions of ``names`` (``None``: every model of the repository) that their
+    policies serve, each loaded on first use and kept within ``memory_budget_bytes``
+    (``None``: unbounded). Without a repository it serves the ``preloaded`` versions."""
+
+    def __init__(
+        self,
+        repository: ModelRepository | None,
+        names: Iterable[str] | None,
+        *,
+        cache_dir: Path,
+        options: EngineOptions,
+        refresh_s: float = 60.0,
+        miss_refresh_s: float = 1.0,
+        memory_budget_bytes: int | None = None,
+        opener: Opener | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        preloaded: Mapping[str, Mapping[int, OnnxModel]] | None = None,
+    ) -> None:
+        self.repository = repository
+        self.names = None if names is None else frozenset(names)
+        self.cache_dir = cache_dir
+        self._open = opener or (lambda c, n, p: open_version(c, n, p, options))
+        self.refresh_s = refresh_s
+        self.miss_refresh_s = miss_refresh_s
+        self.memory_budget_bytes = memory_budget_bytes
+        self.clock = clock
+        self._indexes: dict[str, VersionIndex] = {}
+        self._listing: tuple[frozenset[str], float] | None = None
+        self._loaded: OrderedDict[tuple[str, int], _Loaded] = OrderedDict()
+        self._flights: dict[tuple[str, int], threading.Lock] = {}
+        self._lock = threading.Lock()
+        self._load_lock = threading.Lock()
+        self.loads = 0
+        self.evictions = 0
+        for name, versions in (preloaded or {}).items():
+            config = next(iter(versions.values())).config
+            self._indexes[name] = VersionIndex(config, tuple(sorted(versions)), math.inf)
+            for number, model in sorted(versions.items()):
+                self._loaded[(name, number)] = _Loaded(model, 0)
+
+    # -- the index -----------------------------------------------------------------------
+
+    def _served_names(self, now: float) -> frozenset[str]:
+        """The models served here: those named, else the repository's (listed again once
+        per ``refresh_s``), so an invented name costs no repository read."""
+        if self.names is not None:
+            return self.names
+        if self.repository is None:
+            return frozenset(self._indexes)
+        listing = self._listing
+        if listing is None or now - listing[1] >= self.refresh_s:
+            listing = (frozenset(self.repository.list_models()), now)
+            self._listing = listing
+        return listing[0]
+
+    def index(self, name: str, *, missing: int | None = None) -> VersionIndex:
+        """The model's index, read again when older than ``refresh_s`` (or than
+        ``miss_refresh_s`` when it lacks the version ``missing``)."""
+        now = self.clock()
+        if name not in self._served_names(now):
+            raise ModelNotFoundError(f"unknown model {name!r}")
+        with self._lock:
+            index = self._indexes.get(name)
+        if index is not None:
+            age = now - index.read_at
+            stale = age >= self.refresh_s
+            if missing is not None and missing not in index.versions:
+                stale = stale or age >= self.miss_refresh_s
+            if not stale or self.repository is None:
+                return index
+        if self.repository is None:
+            raise ModelNotFoundError(f"unknown model {name!r}")
+        try:
+            config, versions = served_versions(self.repository, name)
+        except ModelNotFoundError:
+            if index is None:
+                raise
+            log.warning("model %s: no version is served any more; keeping the last index", name)
+            return index
+        fresh = VersionIndex(config, tuple(versions), now)
+        with self._lock:
+            self._indexes[name] = fresh
+        if index is not None and index.versions != fresh.versions:
+            log.info("model %s: versions %s served (were %s)", name, versions, index.versions)
+        return fresh
+
+    def models(self) -> list[str]:
+        """The models served here (pipelines left out), their indexes read."""
+        names = sorted(self._served_names(self.clock()))
+        return [n for n in names if not self.index(n).config.is_pipeline]
+
+    # -- versions ------------------------------------------------------------------------
+
+    def get(self, name: str, version: int | None) -> OnnxModel:
+        """The version asked for (else the model's default one), loaded if need be; 404
+        when the model's policy does not serve it."""
+        index = self.index(name, missing=version)
+        number = index.default() if version is None else version
+        if number not in index.versions:
+            raise ModelNotFoundError(f"model {name!r} has no version {number} loaded")
+        key = (name, number)
+        with self._lock:
+            found = self._loaded.get(key)
+            if found is not None:
+                self._loaded.move_to_end(key)
+                return found.model
+            flight = self._flights.setdefault(key, threading.Lock())
+        with flight:  # concurrent first requests share the one load
+            with self._lock:
+                found = self._loaded.get(key)
+            if found is not None:
+                return found.model
+            return self._load_one(index.config, number)
+
+    def _load_one(self, config: ModelConfig, number: int) -> OnnxModel:
+        key = (config.name, number)
+        if self.repository is None:
+            raise ModelNotFoundError(f"model {config.name!r} has no version {number} loaded")
+        with self._load_lock:  # one at a time: the budget is checked against settled loads
+            started = time.monotonic()
+            path = self.repository.fetch_version(config.name, number, self.cache_dir)
+            footprint = file_footprint(path)
+            self._make_room(footprint, key)
+            model = self._open(config, number, path)
+            with self._lock:
+                self._loaded[key] = _Loaded(model, footprint)
+                self._flights.pop(key, None)
+                self.loads += 1
+        log.info(
+            "loaded %s v%d on demand in %.2f s (%.1f MB expected)",
+            config.name,
+            number,
+            time.monotonic() - started,
+            footprint / 1e6,
+        )
+        return model
+
+    def _make_room(self, needed: int, loading: tuple[str, int]) -> None:
+        budget = self.memory_budget_bytes
+        if budget is None:
+            return
+        if needed > budget:
+            raise InsufficientMemoryError(
+                f"{loading[0]} v{loading[1]} needs {needed / 1e6:.1f} MB, over the "
+                f"{budget / 1e6:.1f} MB memory budget"
+            )
+        with self._lock:
+            while self._loaded and self.memory_in_use() + needed > budget:
+                # Least recently used first; a request still holding an evicted model
+                # finishes on it, and its memory goes with the last reference.
+                (name, number), _ = self._loaded.popitem(last=False)
+                self.evictions += 1
+                log.info("evicted %s v%d to make room for %s v%d", name, number, *loading)
+
+    def memory_in_use(self) -> int:
+        """The expected footprints of the loaded versions."""
+        return sum(entry.footprint for entry in self._loaded.values())
+
+    def loaded(self) -> dict[str, dict[int, OnnxModel]]:
+        """The versions loaded now, by model and version."""
+        with self._lock:
+            items = list(self._loaded.items())
+        found: dict[str, dict[int, OnnxModel]] = {}
+        for (name, number), entry in sorted(items, key=lambda item: item[0]):
+            found.setdefault(name, {})[number] = entry.model
+        return found
+
+    def preload(self) -> None:
+        """Load every version each model's policy serves now (at start-up, so a
+        provisioned instance answers its first request without a load)."""
+        for name in self.models():
+            for number in self.index(name).versions:
+                self.get(name, number)

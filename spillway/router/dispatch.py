@@ -1,0 +1,488 @@
+"""One routing step, request in and reply out: decide, walk the fallback chain, account.
+
+``Router.route`` reads the request (``facts``), lets the policy pick a chain of backends
+(``decide``) and tries them in order within the request's deadline. A backend is skipped
+while its circuit is open. An attempt that finds a backend unreachable, overloaded (429),
+unavailable (502/503), late (504) or silent moves on to the next backend; anything else
+the backend says (a result, or a 4xx caused by the request) is the answer. Only connect
+errors are retried, once, on the same backend, within the retry budget. An attempt with
+backends after it leaves ``fallback_reserve`` of the remaining time to them; its timeout
+travels down as the Open Inference Protocol ``timeout`` parameter, so a backend drops
+work nobody waits for.
+
+For a model with a canary record the router chooses the version of a request that pins
+none (``canary``), in every mode: an async request is queued, and a batch-mode one
+submitted, with that version, never left to a worker's default. A backend that answers
+that chosen version with 404 ``model_not_found`` does not serve it: the walk moves on to
+the next backend with the same version, and when none serves it the request walks the
+chain again for the stable version (``x-spillway-fallback`` then names
+``<backend>:version_not_served``). A client sees a 404 only for a version it asked for.
+
+What counts against a backend's circuit: no connection, no answer in time, a broken
+connection, a 502, a 5xx the backend marks as its own fault (``x-spillway-fault:
+server``). An unmarked 5xx is neutral: it may have been caused by the request. A 429
+or a 504 says "busy", not "broken": it moves the request on without a verdict, and a
+429 counts as a fully busy load reading. A 4xx is the request's own fault and the
+backend's good answer.
+
+Every reply says what happened: ``x-spillway-rule`` (the rule that fired),
+``x-spillway-backend`` (who answered), ``x-spillway-cost-usd`` (the estimate),
+``x-spillway-fallback`` (``<first backend>:<why>`` when another one served) and
+``x-spillway-spilled`` (when the rule's spill share moved it); one EMF line and one log
+line record it. A request too malformed to route raises its ``SpillwayError`` before any
+of that, for the transport to answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from spillway.canary.selection import CanaryRouter, Pick, version_missing
+from spillway.protocol.errors import (
+    DeadlineExceededError,
+    ModeUnavailableError,
+    SpillwayError,
+    UnavailableError,
+)
+from spillway.protocol.wire import (
+    BINARY_CONTENT_TYPE,
+    FAULT_HEADER,
+    HEADER_LENGTH,
+    JSON_CONTENT_TYPE,
+    Reply,
+    Target,
+    error_reply,
+)
+from spillway.router.async_mode import AsyncFront
+from spillway.router.backends import (
+    RESPONSE_HEADERS,
+    Backend,
+    BackendError,
+    BackendRequest,
+    BackendResponse,
+    CannotServe,
+    ConnectFailed,
+)
+from spillway.routing.accounting import EmfSink, Pricing, RouteRecord, event_metric
+from spillway.routing.decision import Decision, SpillState, decide, with_allowed_priority
+from spillway.routing.facts import Call, Request, read_request, with_timeout
+from spillway.routing.health import CircuitBreaker, LoadTracker, RetryBudget, parse_load_headers
+from spillway.routing.policy_store import PolicyStore
+
+log = logging.getLogger("spillway.router")
+
+FAILOVER_STATUS = {429: "overloaded", 502: "bad_gateway", 503: "unavailable", 504: "deadline"}
+VERSION_NOT_SERVED = "version_not_served"
+_MIN_ATTEMPT_S = 0.005
+# The backend is told 90% of the attempt's time so that its own 504 arrives before ours.
+BACKEND_TIMEOUT_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """The router's tuning (from ``RouterSettings``)."""
+
+    default_deadline_s: float = 5.0
+    deadline_margin_s: float = 0.15
+    fallback_reserve: float = 0.3
+    breaker_failures: int = 5
+    breaker_reset_s: float = 5.0
+    breaker_max_reset_s: float = 120.0
+    breaker_probe_interval_s: float = 1.0
+    breaker_probe_timeout_s: float = 0.25
+    retry_budget: float = 0.1
+    load_halflife_s: float = 10.0
+    load_stale_s: float = 30.0
+    trust_tenant_hints: bool = False
+
+
+@dataclass
+class Attempt:
+    """One try on one backend: how it ended, and what it billed."""
+
+    backend: str
+    outcome: str
+    billed_s: float = 0.0
+    served: bool = False
+
+
+@dataclass
+class Outcome:
+    """The walk down a chain: the answer (if any backend gave one) and every attempt."""
+
+    decision: Decision
+    response: BackendResponse | None = None
+    backend: str | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    error: SpillwayError | None = None
+
+    @property
+    def fallback(self) -> str | None:
+        """``<first backend>:<why it did not serve>`` when another backend served."""
+        if self.backend is None or self.backend == self.decision.chain[0]:
+            return None
+        first = next((a for a in self.attempts if a.backend == self.decision.chain[0]), None)
+        return f"{self.decision.chain[0]}:{first.outcome if first else 'not_configured'}"
+
+
+class Router:
+    """Policy decisions, fallback chains, circuit breakers, live load and accounting."""
+
+    def __init__(
+        self,
+        backends: Mapping[str, Backend],
+        policies: PolicyStore,
+        *,
+        config: RouterConfig,
+        pricing: Pricing,
+        sink: EmfSink,
+        spills: SpillState,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        canaries: CanaryRouter | None = None,
+        async_front: AsyncFront | None = None,
+    ) -> None:
+        self.backends = dict(backends)
+        self.async_front = async_front
+        self.canaries = canaries
+        self.policies = policies
+        self.config = config
+        self.pricing = pricing
+        self.sink = sink
+        self.spills = spills
+        self.clock = clock
+        self.wall = wall
+        self.breakers = {
+            name: CircuitBreaker(
+                name,
+                failures=config.breaker_failures,
+                reset_s=config.breaker_reset_s,
+                max_reset_s=config.breaker_max_reset_s,
+                clock=clock,
+                probe=readiness_probe(self.backends[name], config.breaker_probe_timeout_s)
+                if name in self.backends
+                else None,
+                probe_interval_s=config.breaker_probe_interval_s,
+            )
+            for name in ("gpu", "cpu", "batch")
+        }
+        self.load = LoadTracker(config.load_halflife_s, config.load_stale_s, clock)
+        self.budget = RetryBudget(config.retry_budget)
+
+    def route(self, call: Call, target: Target) -> Reply:
+        """Decide, walk the chain within the deadline, account, and answer."""
+        started = self.clock()
+        request = read_request(call, target, trust_tenant_hints=self.config.trust_tenant_hints)
+        if self.canaries is not None:
+            self.canaries.admit(request)
+        policy = self.policies.policy
+        facts = with_allowed_priority(policy, request.facts)
+        if facts is not request.facts:
+            request = replace(request, facts=facts)
+        # The version of a request that pins none, for a model with a canary record: in
+        # every mode (a queued or batch request would otherwise get a worker's default).
+        pick = self.canaries.pick(request) if self.canaries is not None else None
+        if pick is not None:
+            request = pick.pinned(request)
+        if facts.mode == "async":
+            if self.async_front is None:
+                raise ModeUnavailableError(
+                    "async mode is not offered by this deployment (ASYNC_TABLE, "
+                    "ASYNC_QUEUE_URL and ASYNC_LOCATION are unset)"
+                )
+            reply = self.async_front.submit(request)
+            self.sink.write(event_metric("AsyncAccepted"))
+            return reply
+        decision = decide(policy, facts, self.wall(), self.load, self.spills)
+        deadline = self._deadline(started, facts.latency_budget_ms, call.remaining_ms)
+        outcome = self._walk(decision, request, deadline, pick)
+        if pick is not None and self.canaries is not None and _version_unserved(outcome):
+            stable = self.canaries.to_stable(pick, [a.outcome for a in outcome.attempts])
+            if stable is not None:
+                pick, request = stable, stable.pinned(request)
+                tried = outcome.attempts
+                outcome = self._walk(decision, request, deadline, pick)
+                outcome.attempts[:0] = tried
+        cost = self._account(outcome, request, started)
+        reply = _reply(outcome, request.target, cost)
+        if self.canaries is not None and pick is not None:
+            reply = self.canaries.settle(pick, outcome.response, self.clock() - started, reply)
+        return reply
+
+    def ready(self) -> bool:
+        """Whether some synchronous backend is configured and its circuit is not open."""
+        return any(
+            name in self.backends and self.breakers[name].state != "open" for name in ("gpu", "cpu")
+        )
+
+    def _deadline(
+        self, started: float, budget_ms: float | None, remaining_ms: float | None
+    ) -> float:
+        """The request's deadline: its latency budget (else the default), capped by what
+        is left of the Lambda invocation minus the margin."""
+        limit_s = budget_ms / 1000 if budget_ms is not None else self.config.default_deadline_s
+        if remaining_ms is not None:
+            limit_s = min(limit_s, remaining_ms / 1000 - self.config.deadline_margin_s)
+        return started + max(limit_s, 0.0)
+
+    # --- the walk ----------------------------------------------------------------------
+
+    def _walk(
+        self, decision: Decision, request: Request, deadline: float, pick: Pick | None = None
+    ) -> Outcome:
+        """Try the chain's backends in order until one answers for good; ``pick``: the
+        version the router chose, which a backend that does not serve it is not sent (or,
+        answering 404 for it, does not answer for good)."""
+        self.budget.deposit()
+        outcome = Outcome(decision)
+        chain = [name for name in decision.chain if name in self.backends]
+        last_failover: tuple[str, BackendResponse] | None = None
+        for index, name in enumerate(chain):
+            if pick is not None and self.canaries is not None and self.canaries.skips(name, pick):
+                outcome.attempts.append(Attempt(name, VERSION_NOT_SERVED))
+                continue
+            if not self.breakers[name].allow():
+                outcome.attempts.append(Attempt(name, "circuit_open"))
+                continue
+            remaining = deadline - self.clock()
+            if remaining < _MIN_ATTEMPT_S:
+                self.breakers[name].neutral()
+                outcome.attempts.append(Attempt(name, "deadline"))
+                break
+            later = any(self.breakers[n].state != "open" for n in chain[index + 1 :])
+            timeout = remaining * (1 - self.config.fallback_reserve) if later else remaining
+            try:
+                attempt, response = self._attempt(name, request, timeout, deadline)
+            except SpillwayError as exc:  # e.g. batch mode without a jobs API
+                outcome.attempts.append(Attempt(name, exc.code))
+                outcome.error = exc
+                continue
+            if pick is not None and response is not None and version_missing(response):
+                # The backend does not serve the version the router chose: not an answer
+                # for the client, who asked for no version (the next backend, or the
+                # stable version, serves it).
+                attempt = replace(attempt, outcome=VERSION_NOT_SERVED, served=False)
+                if self.canaries is not None:
+                    self.canaries.missed(name, pick)
+            outcome.attempts.append(attempt)
+            if response is not None and attempt.served:
+                outcome.response, outcome.backend = response, name
+                return outcome
+            if response is not None:
+                last_failover = (name, response)
+        return self._unserved(outcome, last_failover)
+
+    def _attempt(
+        self, name: str, request: Request, timeout: float, deadline: float
+    ) -> tuple[Attempt, BackendResponse | None]:
+        backend, breaker = self.backends[name], self.breakers[name]
+        started = self.clock()
+        while True:
+            try:
+                response = backend.send(backend_request(request, name, timeout), timeout)
+            except CannotServe:
+                breaker.neutral()
+                return Attempt(name, "cannot_serve"), None
+            except ConnectFailed:
+                breaker.failure(refused=True)
+                left = deadline - self.clock()
+                if left >= _MIN_ATTEMPT_S and breaker.allow():
+                    if self.budget.try_spend():
+                        timeout = min(timeout, left)
+                        continue
+                    breaker.neutral()
+                return Attempt(name, "connect_error", self.clock() - started), None
+            except BackendError as exc:
+                breaker.failure()
+                return Attempt(name, exc.kind, self.clock() - started), None
+            except SpillwayError:
+                breaker.neutral()
+                raise
+            return self._judge(name, response), response
+
+    def _judge(self, name: str, response: BackendResponse) -> Attempt:
+        breaker = self.breakers[name]
+        reading = parse_load_headers(response.headers)
+        if reading is not None:
+            self.load.observe(name, *reading)
+        status = response.status
+        billed = response.billed_s if response.billed_s is not None else response.elapsed_s
+        if status == 429:
+            self.load.observe(name, 1.0)
+            breaker.neutral()
+        elif status == 504:
+            # The backend answered in time that the deadline had passed in its queue: it is
+            # busy, not broken (a backend that does not answer at all times out instead).
+            breaker.neutral()
+        elif status >= 500 and (response.headers.get(FAULT_HEADER) == "server" or status == 502):
+            # Only a failure the backend calls its own (or a gateway that could not reach it)
+            # counts: an unmarked 5xx may have been caused by the request.
+            breaker.failure()
+        elif status >= 500:
+            breaker.neutral()
+        else:
+            breaker.success()
+        if status in FAILOVER_STATUS:
+            return Attempt(name, FAILOVER_STATUS[status], billed)
+        return Attempt(name, f"status_{status}", billed, served=True)
+
+    def _unserved(
+        self, outcome: Outcome, last_failover: tuple[str, BackendResponse] | None
+    ) -> Outcome:
+        if last_failover is not None:
+            outcome.backend, outcome.response = last_failover
+            outcome.error = None
+            return outcome
+        if outcome.error is not None:
+            return outcome
+        kinds = ", ".join(f"{a.backend}: {a.outcome}" for a in outcome.attempts) or "none"
+        if any(a.outcome in ("timeout", "deadline") for a in outcome.attempts):
+            outcome.error = DeadlineExceededError(
+                f"the deadline passed before a backend answered ({kinds})"
+            )
+        else:
+            waits = [
+                self.breakers[a.backend].retry_after_s()
+                for a in outcome.attempts
+                if a.outcome == "circuit_open"
+            ]
+            outcome.error = UnavailableError(
+                f"no backend could serve the request ({kinds})",
+                retry_after_s=min(waits) if waits else None,
+            )
+        return outcome
+
+    # --- accounting --------------------------------------------------------------------
+
+    def _account(self, outcome: Outcome, request: Request, started: float) -> float:
+        """The request's cost; one EMF line and one log line say what happened."""
+        decision = outcome.decision
+        elapsed = self.clock() - started
+        cost = self.pricing.router.cost(elapsed) + sum(
+            self.pricing.attempt(
+                a.backend, rows=request.facts.rows, billed_s=a.billed_s, served=a.served
+            )
+            for a in outcome.attempts
+        )
+        status = _status(outcome)
+        record = RouteRecord(
+            rule=decision.rule,
+            backend=outcome.backend or "none",
+            # A metric dimension only for models a backend knows: a client inventing names
+            # must not create a CloudWatch metric per name.
+            model=request.target.model if outcome.response is not None and status != 404 else None,
+            status=status,
+            latency_ms=elapsed * 1000,
+            cost_usd=cost,
+            fallback=outcome.fallback is not None,
+            spilled=decision.spilled,
+            attempts=len(outcome.attempts),
+        )
+        self.sink.emit(record)
+        log.info(
+            "routed",
+            extra={
+                "rule": decision.rule,
+                "chain": list(decision.chain),
+                "attempts": [f"{a.backend}:{a.outcome}" for a in outcome.attempts],
+                "status": status,
+                "cost_usd": cost,
+                "request_id": request.call.request_id,
+            },
+        )
+        return cost
+
+
+READY_PATH = "/v2/health/ready"
+
+
+def readiness_probe(backend: Backend, timeout_s: float) -> Callable[[], bool]:
+    """``GET /v2/health/ready`` on the backend within ``timeout_s``: whether it answers 200
+    (what a circuit opened by refused connections asks before its wait is over)."""
+    request = BackendRequest(method="GET", path=READY_PATH, operation="ready")
+
+    def probe() -> bool:
+        try:
+            return backend.send(request, timeout_s).status == 200
+        except (BackendError, SpillwayError):
+            return False
+
+    return probe
+
+
+def backend_request(request: Request, backend: str, timeout_s: float) -> BackendRequest:
+    """What one attempt sends: the canonical path, the allowed headers, and an infer body
+    carrying the attempt's timeout (a batch job gets the body as the client sent it, and
+    the client's ``Idempotency-Key``)."""
+    call, target = request.call, request.target
+    body, length = call.body, request.header_length
+    if request.header is None:
+        body, length = b"", None
+    elif backend != "batch":
+        timeout_us = max(1, int(timeout_s * BACKEND_TIMEOUT_SHARE * 1e6))
+        body, length = with_timeout(
+            call.body, request.header, length, timeout_us, request.facts.priority
+        )
+    headers: dict[str, str] = {}
+    if target.operation == "infer":
+        headers["content-type"] = JSON_CONTENT_TYPE if length is None else BINARY_CONTENT_TYPE
+    if length is not None:
+        headers[HEADER_LENGTH] = str(length)
+    if backend == "batch" and request.idempotency_key is not None:
+        headers["idempotency-key"] = request.idempotency_key
+    return BackendRequest(
+        method=call.method,
+        path=target.path,
+        operation=target.operation,
+        model=target.model,
+        version=target.version,
+        headers=headers,
+        body=body,
+        request_id=call.request_id,
+        tenant=request.facts.tenant,
+    )
+
+
+def _version_unserved(outcome: Outcome) -> bool:
+    """Whether no backend served the request and one said it does not serve the version
+    the router chose for it."""
+    attempts = outcome.attempts
+    return not any(a.served for a in attempts) and any(
+        a.outcome == VERSION_NOT_SERVED for a in attempts
+    )
+
+
+def _status(outcome: Outcome) -> int:
+    if outcome.response is not None:
+        return outcome.response.status
+    return outcome.error.status if outcome.error is not None else 500
+
+
+def _reply(outcome: Outcome, target: Target, cost: float) -> Reply:
+    """The backend's answer (or the routing error) with the headers that explain it."""
+    decision = outcome.decision
+    extra = [
+        ("x-spillway-rule", decision.rule),
+        ("x-spillway-backend", outcome.backend or "none"),
+        ("x-spillway-cost-usd", f"{cost:.9f}"),
+    ]
+    if outcome.fallback is not None:
+        extra.append(("x-spillway-fallback", outcome.fallback))
+    if decision.spilled:
+        extra.append(("x-spillway-spilled", "true"))
+    response = outcome.response
+    if response is None:
+        error = error_reply(outcome.error or UnavailableError("no backend answered"))
+        return Reply(error.status, [*error.headers, *extra], error.body)
+    headers = [(k, v) for k, v in response.headers.items() if k in RESPONSE_HEADERS]
+    body = response.body
+    if target.operation == "ready" and response.status == 200:
+        # Triton answers readiness with an empty body; the router's answer is JSON.
+        headers, body = [(k, v) for k, v in headers if k != "content-type"], b'{"ready":true}'
+    if not any(k == "content-type" for k, _ in headers):
+        headers.append(("content-type", JSON_CONTENT_TYPE))
+    return Reply(response.status, headers + extra, body)

@@ -1,0 +1,233 @@
+"""Building the router from its settings: backends, policy store, pricing, metrics.
+
+Tests and benchmarks pass their own clocks, random source, backends or metrics sink;
+everything else comes from ``RouterSettings``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from spillway.async_inference import AsyncSettings, AsyncStore
+from spillway.canary.records import CanaryStore
+from spillway.canary.selection import Affinity, CanaryRouter, backend_config
+from spillway.router.app import RouterApp
+from spillway.router.async_mode import AsyncFront, inflight_ledger
+from spillway.router.backends import Backend, HttpBackend
+from spillway.router.batch_mode import BatchBackend, BatchSubmitter, JobsApiSubmitter, staging_quota
+from spillway.router.dispatch import Router, RouterConfig
+from spillway.router.lambda_backend import LambdaBackend, Payload, cpu_payload, jobs_payload
+from spillway.router.openapi import document_bytes
+from spillway.router.sessions import Sessions
+from spillway.router.settings import RouterSettings
+from spillway.routing.accounting import EmfSink, Pricing, event_metric, load_pricing
+from spillway.routing.decision import SpillState
+from spillway.routing.policy_store import FileSource, PolicySource, PolicyStore, SsmSource
+from spillway.state.table import DynamoStateStore, StateStore
+
+log = logging.getLogger("spillway.router")
+
+
+@dataclass
+class Overrides:
+    """What a test or benchmark replaces; ``None`` keeps the real thing."""
+
+    clock: Callable[[], float] | None = None
+    wall: Callable[[], datetime] | None = None
+    rng: random.Random | None = None
+    backends: Mapping[str, Backend] | None = None
+    submitter: BatchSubmitter | None = None
+    sink: EmfSink | None = None
+    pricing: Pricing | None = None
+    state: StateStore | None = None
+    epoch: Callable[[], float] | None = None
+    async_store: AsyncStore | None = None
+
+
+def make_backends(
+    settings: RouterSettings, submitter: BatchSubmitter | None, state: StateStore | None = None
+) -> dict[str, Backend]:
+    """The backends the settings name (an unset one is left out of every chain); batch
+    staging is counted per tenant in ``state`` when there is one."""
+
+    def http(name: str, url: str) -> HttpBackend:
+        return HttpBackend(
+            name,
+            url,
+            pool_size=settings.pool_size,
+            idle_s=settings.pool_idle_s,
+            connect_timeout_s=settings.connect_timeout_ms / 1000,
+        )
+
+    def invoked(name: str, function: str, payload: Payload) -> Backend:
+        return LambdaBackend(
+            name,
+            function,
+            payload=payload,
+            read_timeout_s=settings.lambda_timeout_s,
+            connect_timeout_s=settings.connect_timeout_ms / 1000,
+        )
+
+    backends: dict[str, Backend] = {}
+    if settings.gpu_url:
+        backends["gpu"] = http("gpu", settings.gpu_url)
+    if settings.cpu_function:
+        backends["cpu"] = invoked("cpu", settings.cpu_function, cpu_payload)
+    elif settings.cpu_url:
+        backends["cpu"] = http("cpu", settings.cpu_url)
+    if submitter is None and settings.jobs_staging:
+        jobs: Backend | None = None
+        if settings.jobs_function:
+            jobs = invoked("jobs", settings.jobs_function, jobs_payload)
+        elif settings.jobs_url:
+            jobs = HttpBackend("jobs", settings.jobs_url, pool_size=4)
+        if jobs is not None:
+            quota = staging_quota(AsyncSettings.from_env(), state) if state is not None else None
+            submitter = JobsApiSubmitter(jobs, settings.jobs_staging, quota=quota)
+    backends["batch"] = BatchBackend(submitter)
+    return backends
+
+
+def _policy_source(settings: RouterSettings) -> PolicySource | None:
+    if settings.policy_parameter:
+        return SsmSource(settings.policy_parameter)
+    if settings.policy_file is not None:
+        return FileSource(settings.policy_file)
+    return None
+
+
+def router_config(settings: RouterSettings) -> RouterConfig:
+    """The router's tuning from the settings."""
+    return RouterConfig(
+        default_deadline_s=settings.default_deadline_ms / 1000,
+        deadline_margin_s=settings.deadline_margin_ms / 1000,
+        fallback_reserve=settings.fallback_reserve,
+        breaker_failures=settings.breaker_failures,
+        breaker_reset_s=settings.breaker_reset_s,
+        breaker_max_reset_s=settings.breaker_max_reset_s,
+        breaker_probe_interval_s=settings.breaker_probe_interval_s,
+        breaker_probe_timeout_s=settings.breaker_probe_timeout_s,
+        retry_budget=settings.retry_budget,
+        load_halflife_s=settings.load_halflife_s,
+        load_stale_s=settings.load_stale_s,
+        trust_tenant_hints=settings.trust_tenant_hints,
+    )
+
+
+def state_store(settings: RouterSettings) -> StateStore | None:
+    """The shared state table the settings name; its client is made on first use, with
+    short timeouts (it is on the request path) and botocore's standard retries."""
+    if not settings.state_table:
+        return None
+
+    def client() -> Any:
+        import boto3
+        from botocore.config import Config
+
+        config = Config(
+            connect_timeout=1, read_timeout=2, retries={"mode": "standard", "max_attempts": 3}
+        )
+        return boto3.client("dynamodb", config=config)
+
+    return DynamoStateStore(settings.state_table, client)
+
+
+def canary_router(
+    settings: RouterSettings,
+    store: StateStore,
+    backends: Mapping[str, Backend],
+    *,
+    clock: Callable[[], float],
+    epoch: Callable[[], float],
+    sink: EmfSink,
+    rng: random.Random,
+) -> CanaryRouter:
+    """Canary versions and session affinity over the shared state table."""
+    return CanaryRouter(
+        CanaryStore(store, epoch),
+        Affinity(store, settings.session_ttl_s),
+        rng=rng,
+        clock=clock,
+        ttl_s=settings.canary_ttl_s,
+        config_check_s=settings.canary_config_check_s,
+        config_source=backend_config(backends, settings.connect_timeout_ms / 1000),
+        sink=sink,
+    )
+
+
+def async_front(store: AsyncStore | None, state: StateStore | None = None) -> AsyncFront | None:
+    """Async mode over the given store, else over the one ``ASYNC_*`` names (if any); its
+    per-tenant quota counted in the state table ``state``."""
+    if store is None:
+        settings = AsyncSettings.from_env()
+        if not settings.enabled:
+            return None
+        store = AsyncStore(settings)
+    if state is None:
+        log.warning("async mode without ROUTER_STATE_TABLE: no per-tenant async quota")
+        return AsyncFront(store)
+    return AsyncFront(store, inflight_ledger(store.settings, state))
+
+
+def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> RouterApp:
+    """The router WSGI application for these settings."""
+    o = overrides or Overrides()
+    clock = o.clock or time.monotonic
+    rng = o.rng or random.Random(settings.spill_seed)  # noqa: S311 - spill draws, not secrets
+    sink = o.sink or EmfSink(settings.metrics_log)
+    store = o.state if o.state is not None else state_store(settings)
+    backends = o.backends if o.backends is not None else make_backends(settings, o.submitter, store)
+    spills = SpillState(rng)
+    epoch = o.epoch or time.time
+    canaries = None
+    if store is not None:
+        draws = random.Random(settings.canary_seed)  # noqa: S311 - canary draws, not secrets
+        canaries = canary_router(
+            settings, store, backends, clock=clock, epoch=epoch, sink=sink, rng=draws
+        )
+    policies = PolicyStore(
+        _policy_source(settings),
+        ttl_s=settings.policy_ttl_s,
+        clock=clock,
+        on_change=lambda _: spills.reset(),
+        on_reject=lambda _: sink.write(event_metric("PolicyRejected")),
+    )
+    router = Router(
+        backends,
+        policies,
+        config=router_config(settings),
+        pricing=o.pricing or load_pricing(settings.pricing_file),
+        sink=sink,
+        spills=spills,
+        clock=clock,
+        wall=o.wall or (lambda: datetime.now(UTC)),
+        canaries=canaries,
+        async_front=async_front(o.async_store, store),
+    )
+    log.info(
+        "router up: backends %s, policy from %s, state table %s",
+        sorted(backends),
+        policies.loaded.source,
+        settings.state_table or "none",
+    )
+    sessions = Sessions(
+        store,
+        ttl_s=settings.session_ttl_s,
+        wall=epoch,
+        trust_tenant_hints=settings.trust_tenant_hints,
+        quota_count=settings.session_quota_count,
+        quota_bytes=settings.session_quota_bytes,
+    )
+    return RouterApp(
+        router,
+        max_body_bytes=settings.max_body_bytes,
+        openapi=document_bytes(),
+        identity_tenants=settings.identity_tenants,
+        sessions=sessions,
+    )

@@ -1,0 +1,1 @@
+"""Tenants: who is calling (``identity``) and where their data may live (``areas``)."""
