@@ -12,9 +12,10 @@ No numpy here: the router imports this module and must stay light.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -478,3 +479,30 @@ def error_reply(error: SpillwayError) -> Reply:
 
 INTERNAL_ERROR = json_reply(500, {"error": "internal error", "code": "internal"})
 """The last-resort answer to an unexpected exception (logged with its traceback)."""
+
+
+def refused(log: logging.Logger, error: SpillwayError, **where: object) -> Reply:
+    """The reply to a refused request, logged once at INFO on every transport: ``refused``
+    with where it happened (``where``: method, path, request id…) and the error's status,
+    code and reason."""
+    fields = {**where, "status": error.status, "code": error.code, "reason": error.message}
+    log.info("refused", extra=fields)
+    return error_reply(error)
+
+
+def unhandled(log: logging.Logger, **where: object) -> Reply:
+    """The reply to an unexpected exception (call it from its ``except``): logged with its
+    traceback as ``unhandled error`` and where it happened; answered ``INTERNAL_ERROR``."""
+    log.exception("unhandled error", extra=where)
+    return INTERNAL_ERROR
+
+
+def guarded(log: logging.Logger, answer: Callable[[], Reply], **where: object) -> Reply:
+    """``answer()``, or the reply to what it raised: a ``SpillwayError`` as ``refused``,
+    anything else as ``unhandled``. Never raises."""
+    try:
+        return answer()
+    except SpillwayError as error:
+        return refused(log, error, **where)
+    except Exception:  # noqa: BLE001 - logged with its traceback by unhandled()
+        return unhandled(log, **where)
