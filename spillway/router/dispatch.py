@@ -67,6 +67,7 @@ from spillway.router.backends import (
     CannotServe,
     ConnectFailed,
 )
+from spillway.router.settings import RouterSettings
 from spillway.routing.accounting import EmfSink, Pricing, RouteRecord, event_metric
 from spillway.routing.decision import Decision, SpillState, decide, with_allowed_priority
 from spillway.routing.facts import Call, Request, read_request, with_timeout
@@ -80,24 +81,6 @@ VERSION_NOT_SERVED = "version_not_served"
 _MIN_ATTEMPT_S = 0.005
 # The backend is told 90% of the attempt's time so that its own 504 arrives before ours.
 BACKEND_TIMEOUT_SHARE = 0.9
-
-
-@dataclass(frozen=True)
-class RouterConfig:
-    """The router's tuning (from ``RouterSettings``)."""
-
-    default_deadline_s: float = 5.0
-    deadline_margin_s: float = 0.15
-    fallback_reserve: float = 0.3
-    breaker_failures: int = 5
-    breaker_reset_s: float = 5.0
-    breaker_max_reset_s: float = 120.0
-    breaker_probe_interval_s: float = 1.0
-    breaker_probe_timeout_s: float = 0.25
-    retry_budget: float = 0.1
-    load_halflife_s: float = 10.0
-    load_stale_s: float = 30.0
-    trust_tenant_hints: bool = False
 
 
 @dataclass
@@ -130,14 +113,17 @@ class Outcome:
 
 
 class Router:
-    """Policy decisions, fallback chains, circuit breakers, live load and accounting."""
+    """Policy decisions, fallback chains, circuit breakers, live load and accounting.
+
+    ``config`` is the deployment's ``RouterSettings`` as they are, read where they are
+    used: a new knob is one field there, never a copy here."""
 
     def __init__(
         self,
         backends: Mapping[str, Backend],
         policies: PolicyStore,
         *,
-        config: RouterConfig,
+        config: RouterSettings,
         pricing: Pricing,
         sink: EmfSink,
         spills: SpillState,
@@ -170,7 +156,7 @@ class Router:
             )
             for name in ("gpu", "cpu", "batch")
         }
-        self.load = LoadTracker(config.load_halflife_s, config.load_stale_s, clock)
+        self.load = LoadTracker.configured(config, clock)
         self.budget = RetryBudget(config.retry_budget)
 
     def route(self, call: Call, target: Target) -> Reply:
@@ -224,9 +210,10 @@ class Router:
     ) -> float:
         """The request's deadline: its latency budget (else the default), capped by what
         is left of the Lambda invocation minus the margin."""
-        limit_s = budget_ms / 1000 if budget_ms is not None else self.config.default_deadline_s
+        settings = self.config
+        limit_s = budget_ms / 1000 if budget_ms is not None else settings.default_deadline_ms / 1000
         if remaining_ms is not None:
-            limit_s = min(limit_s, remaining_ms / 1000 - self.config.deadline_margin_s)
+            limit_s = min(limit_s, remaining_ms / 1000 - settings.deadline_margin_ms / 1000)
         return started + max(limit_s, 0.0)
 
     # --- the walk ----------------------------------------------------------------------

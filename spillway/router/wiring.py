@@ -21,7 +21,7 @@ from spillway.router.app import RouterApp
 from spillway.router.async_mode import AsyncFront, inflight_ledger
 from spillway.router.backends import Backend, HttpBackend
 from spillway.router.batch_mode import BatchBackend, BatchSubmitter, JobsApiSubmitter, staging_quota
-from spillway.router.dispatch import Router, RouterConfig
+from spillway.router.dispatch import Router
 from spillway.router.lambda_backend import LambdaBackend, Payload, cpu_payload, jobs_payload
 from spillway.router.openapi import document_bytes
 from spillway.router.sessions import Sessions
@@ -100,24 +100,6 @@ def _policy_source(settings: RouterSettings) -> PolicySource | None:
     if settings.policy_file is not None:
         return FileSource(settings.policy_file)
     return None
-
-
-def router_config(settings: RouterSettings) -> RouterConfig:
-    """The router's tuning from the settings."""
-    return RouterConfig(
-        default_deadline_s=settings.default_deadline_ms / 1000,
-        deadline_margin_s=settings.deadline_margin_ms / 1000,
-        fallback_reserve=settings.fallback_reserve,
-        breaker_failures=settings.breaker_failures,
-        breaker_reset_s=settings.breaker_reset_s,
-        breaker_max_reset_s=settings.breaker_max_reset_s,
-        breaker_probe_interval_s=settings.breaker_probe_interval_s,
-        breaker_probe_timeout_s=settings.breaker_probe_timeout_s,
-        retry_budget=settings.retry_budget,
-        load_halflife_s=settings.load_halflife_s,
-        load_stale_s=settings.load_stale_s,
-        trust_tenant_hints=settings.trust_tenant_hints,
-    )
 
 
 def state_store(settings: RouterSettings) -> StateStore | None:
@@ -201,7 +183,7 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
     router = Router(
         backends,
         policies,
-        config=router_config(settings),
+        config=settings,
         pricing=o.pricing or load_pricing(settings.pricing_file),
         sink=sink,
         spills=spills,

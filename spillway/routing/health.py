@@ -36,7 +36,7 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 State = Literal["closed", "open", "half_open"]
 
@@ -231,6 +231,17 @@ class LoadSnapshot:
     age_s: float
 
 
+class LoadSettings(Protocol):
+    """Where a tracker's half-life and staleness come from: the router's settings (their
+    defaults are defined there, once), read by the router and by ``spillway tune``'s replay."""
+
+    @property
+    def load_halflife_s(self) -> float: ...
+
+    @property
+    def load_stale_s(self) -> float: ...
+
+
 class LoadTracker:
     """Moving averages of busy fraction and queue depth per backend."""
 
@@ -240,6 +251,11 @@ class LoadTracker:
         self._clock = clock
         self._readings: dict[str, _Reading] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def configured(cls, settings: LoadSettings, clock: Callable[[], float]) -> LoadTracker:
+        """The tracker the settings describe, on ``clock``."""
+        return cls(settings.load_halflife_s, settings.load_stale_s, clock)
 
     def observe(self, backend: str, busy: float, queue_depth: float | None = None) -> None:
         """Fold one reading (busy in [0, 1]) into the backend's averages."""
