@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from spillway.router.settings import RouterSettings
 from spillway.routing.policy import Policy, PolicyError, parse_policy
 from spillway_cli.cost_report import markdown, summarise
 from spillway_cli.plan import inputs
@@ -49,8 +52,11 @@ def run_tune(
     gpu_tasks: int = 1,
     bin_s: float = 10.0,
     seed: int = 7,
+    router: RouterSettings | None = None,
 ) -> Tuned:
-    """Tune and write the proposal to ``out`` (when there is one to write)."""
+    """Tune and write the proposal to ``out`` (when there is one to write). The replay's
+    router has the deployment's settings: ``router``, else the ``ROUTER_*`` environment
+    (the defaults where it sets none)."""
     policy = load_policy(policy_file)
     slo: Slo = inputs.load_model(Slo, slo_file)
     table = inputs.load_prices(pricing or inputs.ROUTER_PRICING, prices or inputs.PLAN_PRICES)
@@ -59,6 +65,7 @@ def run_tune(
         table.router,
         gpu_tasks,
         table.plan.batch_start_s * 1000,
+        router or _router_settings(),
     )
     try:
         trace = read_trace(metrics)
@@ -70,7 +77,7 @@ def run_tune(
         backends.measured.model(model)  # every model needs measured figures
     bins = binned(group_requests(policy, trace, bin_s), policy.defaults.priority)
     proposal = propose(policy, lambda p: replay(p, bins, backends, bin_s, seed), slo)
-    lines = _report(proposal, slo, trace_span(trace), len(trace), metrics, policy_file, gpu_tasks)
+    lines = _report(proposal, slo, trace_span(trace), len(trace), metrics, policy_file, backends)
     lines.append("Recorded (spillway cost report of the metrics):\n")
     lines.append(markdown(summarise(_lines(metrics))))
     report = "\n".join(lines)
@@ -89,6 +96,13 @@ def run_tune(
         f"  spillway policy apply {out} --file {policy_file}   (a local router)\n"
         f"  spillway policy apply {out} --parameter /spillway-<stage>/router/policy   (AWS)",
     )
+
+
+def _router_settings() -> RouterSettings:
+    try:
+        return RouterSettings.from_env()
+    except ValidationError as exc:
+        raise ValueError(f"the ROUTER_* environment is not valid: {exc}") from None
 
 
 def _lines(paths: list[Path]) -> list[str]:
@@ -111,13 +125,16 @@ def _report(
     count: int,
     metrics: list[Path],
     policy_file: Path,
-    gpu_tasks: int,
+    backends: Backends,
 ) -> list[str]:
     now = proposal.recorded.outcome
     kinds = ", ".join(f"{k} {v.requests:,}" for k, v in sorted(now.kinds.items()))
+    router = backends.router
     lines = [
         f"Replayed {count:,} requests ({span}) from {', '.join(map(str, metrics))} through "
-        f"{policy_file}, {gpu_tasks} GPU task(s); {proposal.tried} candidate policies.",
+        f"{policy_file}, {backends.gpu_tasks} GPU task(s); {proposal.tried} candidate policies.",
+        f"Load as the router reads it: half-life {router.load_halflife_s:g} s, a reading "
+        f"stale after {router.load_stale_s:g} s (ROUTER_LOAD_HALFLIFE_S, ROUTER_LOAD_STALE_S).",
         f"Routes (kinds of request): {kinds}.",
         "",
     ]

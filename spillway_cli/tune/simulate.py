@@ -3,10 +3,11 @@
 Time moves in bins of ``bin_s``. In each bin every group of requests is decided by
 ``spillway.routing.decision`` (the router's rule evaluation, spill draws from its
 ``SpillState``) against a ``LoadTracker`` (the router's moving average of the GPU's busy
-fraction, on the replay's clock). The GPU tier is ``gpu_tasks`` tasks; a request of a
-model takes ``1 / rows_per_s`` task-seconds (its measured peak); requests past a bin's
-capacity are refused (429) and go down the rule's fallback chain, as the router sends
-them. At the end of a bin the tier's busy fraction is what the router reads.
+fraction, built from the deployment's ``RouterSettings`` as the router builds it, on the
+replay's clock). The GPU tier is ``gpu_tasks`` tasks; a request of a model takes
+``1 / rows_per_s`` task-seconds (its measured peak); requests past a bin's capacity are
+refused (429) and go down the rule's fallback chain, as the router sends them. At the end
+of a bin the tier's busy fraction is what the router reads.
 
 Latency, per request, is a log-normal fitted to a measured p50 and p99: the GPU task's
 at the rate the tier ran at in that bin (interpolated between the measured loads), the
@@ -27,6 +28,7 @@ from datetime import UTC, datetime
 from functools import cache
 from itertools import groupby
 
+from spillway.router.settings import RouterSettings
 from spillway.routing.accounting import Pricing
 from spillway.routing.decision import Decision, SpillState, decide
 from spillway.routing.health import LoadTracker
@@ -90,8 +92,8 @@ class Backends:
     pricing: Pricing
     gpu_tasks: int = 1
     batch_latency_ms: float = 300_000.0
-    load_halflife_s: float = 10.0
-    load_stale_s: float = 30.0
+    router: RouterSettings = field(default_factory=RouterSettings)
+    """The deployment's router settings: the replay's load tracker is the router's."""
 
     @cache  # noqa: B019 - a few models; the instance lives as long as the search
     def gpu_rate(self, model: str | None) -> float:
@@ -199,9 +201,7 @@ class Replay:
 
     def run(self, binned: Binned) -> Outcome:
         """Replay every bin, in time order."""
-        self.tracker = LoadTracker(
-            self.backends.load_halflife_s, self.backends.load_stale_s, lambda: self.now
-        )
+        self.tracker = LoadTracker.configured(self.backends.router, lambda: self.now)
         self.spills = SpillState(random.Random(self.seed))  # noqa: S311 - a replay, not a secret
         self.rules = {rule.name: rule for rule in self.policy.rules}
         self.chains = {

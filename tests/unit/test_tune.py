@@ -11,6 +11,7 @@ recorded policy broke). It never proposes a policy whose replay breaks an SLO.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from spillway.router.settings import RouterSettings
 from spillway.routing.policy import parse_policy
 from spillway_cli.main import app
 from spillway_cli.plan import inputs
@@ -98,6 +100,41 @@ def test_the_tuner_proposes_what_the_hand_analysis_finds(tuned: tuple[Tuned, Pat
     assert best.kinds["spill-when-hot"].p99_ms <= 300
     assert parse_policy(out.read_text()) == proposal.best.policy
     assert "spill-when-hot: spill.share 1 -> 0.65" in result.report
+
+
+def test_the_replay_reads_load_as_the_deployment_does(
+    recorded: tuple[list[Recorded], Binned],
+) -> None:
+    # GIVEN a router that averages the GPU's load over ten minutes instead of ten seconds
+    trace, bins = recorded
+    slow = replace(example_backends(), router=RouterSettings(load_halflife_s=600.0))
+    # WHEN the recorded policy is replayed with those settings
+    outcome = replay(example_policy(), bins, slow, BIN_S)
+    # THEN its load condition holds at other times: the routes are not the recorded ones
+    assert outcome.routes != Counter((r.rule, r.backend) for r in trace)
+    assert outcome.routes.total() == len(trace)
+
+
+def test_the_tuner_takes_the_load_settings_from_the_router_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a deployment whose ROUTER_* environment sets the load tracker's figures
+    monkeypatch.setenv("ROUTER_LOAD_HALFLIFE_S", "600")
+    monkeypatch.setenv("ROUTER_LOAD_STALE_S", "900")
+    short = tmp_path / "trace.jsonl"
+    write_trace(short, segments=((11.0, 11.1, 3.2),))
+    lax = tmp_path / "slo.yaml"
+    lax.write_text("routes: {interactive: 100000, spill-when-hot: 100000}\n")
+    # WHEN the tuner runs
+    result = run_tune(
+        [short],
+        EXAMPLES / "tune-policy.yaml",
+        lax,
+        tmp_path / "policy.yaml",
+        measured=EXAMPLES / "tune-measured.yaml",
+    )
+    # THEN its replay read load with them, and the report says so
+    assert "half-life 600 s, a reading stale after 900 s" in result.report
 
 
 def test_a_smaller_share_breaks_the_interactive_slo(
