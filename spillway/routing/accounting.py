@@ -18,6 +18,11 @@ measured throughput in a pricing file (``config/pricing.yaml``).
 requests or threads), with the dimensions rule, backend and model: CloudWatch turns them
 into metrics; ``spillway cost report`` reads the same lines back. On Lambda the lines go
 to stdout (CloudWatch Logs); locally they may go to a file.
+
+**Reading them back.** ``route_events`` turns the lines into ``RouteEvent``s (anything
+else on the lines is skipped) and ``RouteTotals`` sums them per route or backend: the one
+sum behind ``spillway cost report``, the dashboard and the tuner's recorded figures, so
+they agree to the digit.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ import json
 import math
 import sys
 import threading
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -175,3 +182,138 @@ def event_metric(name: str) -> dict[str, object]:
     metrics = EphemeralMetrics(namespace=NAMESPACE, service=SERVICE)
     metrics.add_metric(name, MetricUnit.Count, 1)
     return dict(metrics.serialize_metric_set())
+
+
+# --- reading the lines back ---------------------------------------------------------
+
+
+def _values(value: object) -> list[float]:
+    items = value if isinstance(value, list) else [value]
+    return [float(v) for v in items if isinstance(v, int | float) and not isinstance(v, bool)]
+
+
+def _is_route_document(document: object) -> bool:
+    if not isinstance(document, dict):
+        return False
+    directives = document.get("_aws", {}).get("CloudWatchMetrics", [])
+    return (
+        any(isinstance(d, dict) and d.get("Namespace") == NAMESPACE for d in directives)
+        and isinstance(document.get("rule"), str)
+        and isinstance(document.get("backend"), str)
+    )
+
+
+def route_document(line: str) -> dict[str, Any] | None:
+    """The router's EMF document of one request on ``line``, or ``None`` for any other
+    line (plain logs, other namespaces, broken JSON)."""
+    text = line.strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return None
+    return document if _is_route_document(document) else None
+
+
+@dataclass(frozen=True)
+class RouteEvent:
+    """One request as the router's metric line records it."""
+
+    at: float
+    """Seconds since the epoch (the EMF timestamp)."""
+    rule: str
+    backend: str
+    model: str
+    requests: int
+    errors: int
+    fallbacks: int
+    spills: int
+    cost_usd: float
+    latencies_ms: tuple[float, ...]
+
+    @classmethod
+    def of(cls, document: dict[str, Any]) -> RouteEvent:
+        """The event of a document ``route_document`` accepted."""
+        stamp = document.get("_aws", {}).get("Timestamp", 0)
+        return cls(
+            at=float(stamp) / 1000 if isinstance(stamp, int | float) else 0.0,
+            rule=document["rule"],
+            backend=document["backend"],
+            model=str(document.get("model", "-")),
+            requests=int(sum(_values(document.get("Requests", 0)))),
+            errors=int(sum(_values(document.get("Errors", 0)))),
+            fallbacks=int(sum(_values(document.get("Fallbacks", 0)))),
+            spills=int(sum(_values(document.get("Spills", 0)))),
+            cost_usd=sum(_values(document.get("CostUSD", 0))),
+            latencies_ms=tuple(_values(document.get("LatencyMs", []))),
+        )
+
+
+def route_events(lines: Iterable[str]) -> Iterator[RouteEvent]:
+    """The request events among ``lines``, in order."""
+    for line in lines:
+        document = route_document(line)
+        if document is not None:
+            yield RouteEvent.of(document)
+
+
+def nearest_rank(values: Iterable[float], quantile: float) -> float:
+    """The nearest-rank ``quantile`` of ``values`` (0 when there are none)."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(quantile * len(ordered)) - 1))]
+
+
+@dataclass
+class RouteTotals:
+    """Sums of request events: one route's (rule, backend), one backend's, or all of them.
+    Latencies are kept as they come; ``keeping(n)`` keeps only the last ``n``."""
+
+    requests: int = 0
+    errors: int = 0
+    fallbacks: int = 0
+    spills: int = 0
+    cost_usd: float = 0.0
+    latencies_ms: deque[float] = field(default_factory=deque)
+
+    @classmethod
+    def keeping(cls, keep: int) -> RouteTotals:
+        """Totals that keep the latencies of the last ``keep`` requests only."""
+        return cls(latencies_ms=deque(maxlen=keep))
+
+    def add(self, event: RouteEvent) -> None:
+        """Count one request event."""
+        self.requests += event.requests
+        self.errors += event.errors
+        self.fallbacks += event.fallbacks
+        self.spills += event.spills
+        self.cost_usd += event.cost_usd
+        self.latencies_ms.extend(event.latencies_ms)
+
+    @property
+    def usd_per_1k(self) -> float:
+        """Average cost of a thousand requests."""
+        return self.cost_usd / self.requests * 1000 if self.requests else 0.0
+
+    @property
+    def error_rate(self) -> float:
+        """Share of the requests that failed (5xx)."""
+        return self.errors / self.requests if self.requests else 0.0
+
+    def latency_ms(self, quantile: float) -> float:
+        """A latency quantile (nearest rank), 0 when there are none."""
+        return nearest_rank(self.latencies_ms, quantile)
+
+
+def combined(parts: Iterable[RouteTotals]) -> RouteTotals:
+    """One total of several (their counts and cost; latencies are not pooled)."""
+    total = RouteTotals()
+    for part in parts:
+        total.requests += part.requests
+        total.errors += part.errors
+        total.fallbacks += part.fallbacks
+        total.spills += part.spills
+        total.cost_usd += part.cost_usd
+    return total

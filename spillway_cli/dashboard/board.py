@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spillway_cli.cost_report import RouteEvent, nearest_rank
+from spillway.routing.accounting import RouteEvent, RouteTotals, combined, nearest_rank
 from spillway_cli.dashboard.sources import BreakerSighting, GpuReading
 
 
@@ -34,41 +34,18 @@ class _Second:
     cost_usd: float = 0.0
 
 
-@dataclass
-class _Totals:
-    """Running totals of a backend or a route."""
-
-    keep: int
-    requests: int = 0
-    errors: int = 0
-    fallbacks: int = 0
-    spills: int = 0
-    cost_usd: float = 0.0
-    latencies: deque[float] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.latencies = deque(maxlen=self.keep)
-
-    def add(self, event: RouteEvent) -> None:
-        self.requests += event.requests
-        self.errors += event.errors
-        self.fallbacks += event.fallbacks
-        self.spills += event.spills
-        self.cost_usd += event.cost_usd
-        self.latencies.extend(event.latencies_ms)
-
-    def figures(self) -> dict[str, float]:
-        return {
-            "requests": self.requests,
-            "errors": self.errors,
-            "error_rate": self.errors / self.requests if self.requests else 0.0,
-            "fallbacks": self.fallbacks,
-            "spills": self.spills,
-            "cost_usd": self.cost_usd,
-            "usd_per_1k": self.cost_usd / self.requests * 1000 if self.requests else 0.0,
-            "p50_ms": nearest_rank(self.latencies, 0.5),
-            "p99_ms": nearest_rank(self.latencies, 0.99),
-        }
+def _figures(totals: RouteTotals) -> dict[str, float]:
+    return {
+        "requests": totals.requests,
+        "errors": totals.errors,
+        "error_rate": totals.error_rate,
+        "fallbacks": totals.fallbacks,
+        "spills": totals.spills,
+        "cost_usd": totals.cost_usd,
+        "usd_per_1k": totals.usd_per_1k,
+        "p50_ms": totals.latency_ms(0.5),
+        "p99_ms": totals.latency_ms(0.99),
+    }
 
 
 @dataclass
@@ -80,8 +57,8 @@ class Board:
     keep_latencies: int = 100_000
     clock: Callable[[], float] = time.time
     seconds: dict[int, _Second] = field(default_factory=dict)
-    backends: dict[str, _Totals] = field(default_factory=dict)
-    routes: dict[tuple[str, str], _Totals] = field(default_factory=dict)
+    backends: dict[str, RouteTotals] = field(default_factory=dict)
+    routes: dict[tuple[str, str], RouteTotals] = field(default_factory=dict)
     rules: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     breakers: dict[str, BreakerSighting] = field(default_factory=dict)
     gpu: deque[tuple[GpuReading, GpuReading | None]] = field(default_factory=deque)
@@ -114,9 +91,9 @@ class Board:
         for second in [s for s in self.seconds if s <= oldest]:
             del self.seconds[second]
 
-    def _totals(self, table: dict[Any, _Totals], key: Any) -> _Totals:
+    def _totals(self, table: dict[Any, RouteTotals], key: Any) -> RouteTotals:
         if key not in table:
-            table[key] = _Totals(self.keep_latencies)
+            table[key] = RouteTotals.keeping(self.keep_latencies)
         return table[key]
 
     def add_sightings(self, sightings: Iterable[BreakerSighting]) -> None:
@@ -206,30 +183,27 @@ class Board:
         return sum(b.requests.get(backend, 0) for b in buckets) / span_s
 
     def _backend(self, backend: str, now: float) -> dict[str, Any]:
-        figures = self.backends[backend].figures()
+        figures = _figures(self.backends[backend])
         figures["rps"] = self._recent_rate(now, backend)
         return figures
 
     def _routes(self) -> list[dict[str, Any]]:
         rows = [
-            {"rule": rule, "backend": backend, **totals.figures()}
+            {"rule": rule, "backend": backend, **_figures(totals)}
             for (rule, backend), totals in self.routes.items()
         ]
         return sorted(rows, key=lambda r: (-r["cost_usd"], r["rule"], r["backend"]))
 
     def _grand_totals(self, now: float) -> dict[str, float]:
-        parts = self.backends.values()
-        requests = sum(t.requests for t in parts)
-        errors = sum(t.errors for t in parts)
-        cost = sum(t.cost_usd for t in parts)
+        total = combined(self.backends.values())
         return {
-            "requests": requests,
-            "errors": errors,
-            "error_rate": errors / requests if requests else 0.0,
-            "fallbacks": sum(t.fallbacks for t in parts),
-            "spills": sum(t.spills for t in parts),
-            "cost_usd": cost,
-            "usd_per_1k": cost / requests * 1000 if requests else 0.0,
+            "requests": total.requests,
+            "errors": total.errors,
+            "error_rate": total.error_rate,
+            "fallbacks": total.fallbacks,
+            "spills": total.spills,
+            "cost_usd": total.cost_usd,
+            "usd_per_1k": total.usd_per_1k,
             "rps": self._recent_rate(now, None),
         }
 

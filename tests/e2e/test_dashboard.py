@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spillway_cli.cost_report import nearest_rank, route_events, summarise
+from spillway.routing.accounting import nearest_rank, route_events
+from spillway_cli.cost_report import summarise
 from spillway_cli.dashboard.sources import GpuReading, parse_prometheus
 from spillway_cli.demo import Client
 from spillway_cli.stack import LocalStack
