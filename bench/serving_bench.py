@@ -33,7 +33,6 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from bench import serving_report, wrk
+from bench.serving_report import Point, Raw, Run
 from spillway.models.repository import sha256_file
 from spillway.protocol.codec import encode_request
 from spillway_cli import procs
@@ -81,46 +81,6 @@ def texts(count: int, low: int, high: int, seed: int) -> list[str]:
     """Sentences whose token counts lie between ``low`` and ``high``."""
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, int(rng.integers(low - 2, high - 2)))) for _ in range(count)]
-
-
-@dataclass
-class Point:
-    """One load on one server: what the client saw and the batches the server formed."""
-
-    scenario: str
-    concurrency: int
-    layout: str
-    result: wrk.WrkResult
-    mean_batch: float | None = None
-    """Rows per run the service formed (None: not read, e.g. two loads at once)."""
-
-    @property
-    def rows_per_s(self) -> float:
-        return self.result.per_s  # every request carries one row
-
-
-@dataclass
-class Raw:
-    """A graph run directly in ONNX Runtime: batch-1 latency and batch-32 throughput."""
-
-    b1_p50_ms: float
-    b32_rows_per_s: float
-    b8_rows_per_s: float = 0.0
-    """The most a closed group of 8 clients can get: no batch holds more than 8 rows."""
-
-
-@dataclass
-class Run:
-    """Everything one benchmark run measured."""
-
-    providers: list[str]
-    seconds: float
-    repeats: int
-    raw: dict[str, Raw] = field(default_factory=dict)
-    floor: dict[int, wrk.WrkResult] = field(default_factory=dict)
-    native_floor: dict[int, wrk.WrkResult] = field(default_factory=dict)
-    points: list[Point] = field(default_factory=list)
-    load: list[str] = field(default_factory=list)
 
 
 # -- the benchmark repository ------------------------------------------------------------

@@ -1,15 +1,54 @@
-"""The serving benchmark's report: the raw table, the goals read from it, and the chart."""
+"""The serving benchmark's report: what a run measured (``Run``, written by
+``bench.serving_bench``), the raw table, the goals read from it, and the chart."""
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from bench.serving_bench import Point, Run
+from bench import wrk
+
+
+@dataclass
+class Point:
+    """One load on one server: what the client saw and the batches the server formed."""
+
+    scenario: str
+    concurrency: int
+    layout: str
+    result: wrk.WrkResult
+    mean_batch: float | None = None
+    """Rows per run the service formed (None: not read, e.g. two loads at once)."""
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.result.per_s  # every request carries one row
+
+
+@dataclass
+class Raw:
+    """A graph run directly in ONNX Runtime: batch-1 latency and batch-32 throughput."""
+
+    b1_p50_ms: float
+    b32_rows_per_s: float
+    b8_rows_per_s: float = 0.0
+    """The most a closed group of 8 clients can get: no batch holds more than 8 rows."""
+
+
+@dataclass
+class Run:
+    """Everything one benchmark run measured."""
+
+    providers: list[str]
+    seconds: float
+    repeats: int
+    raw: dict[str, Raw] = field(default_factory=dict)
+    floor: dict[int, wrk.WrkResult] = field(default_factory=dict)
+    native_floor: dict[int, wrk.WrkResult] = field(default_factory=dict)
+    points: list[Point] = field(default_factory=list)
+    load: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
