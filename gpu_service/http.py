@@ -44,13 +44,14 @@ from spillway.protocol.errors import (
     UnauthorizedError,
 )
 from spillway.protocol.wire import (
-    INTERNAL_ERROR,
     Reply,
     Target,
     allow,
-    error_reply,
+    infer_reply,
     model_target,
     parse_header_length,
+    refused,
+    unhandled,
 )
 
 log = logging.getLogger("spillway.http")
@@ -64,7 +65,6 @@ Response = tuple[int, bytes, Headers]
 
 _REPOSITORY_PATH = re.compile(r"^/v2/repository/models/(?P<model>[^/]+)/(?P<op>load|unload)$")
 _JSON = (b"content-type", b"application/json")
-_BINARY = (b"content-type", b"application/octet-stream")
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 _OPENAPI = openapi.document_bytes()
 _MAX_TARGETS = 1024
@@ -143,7 +143,9 @@ class GpuServiceApp:
         else:
             raise RouteNotFoundError(f"no route for {path[:200]}")
         # No other route reads its body (a load request's parameters are not used).
-        declared = self._declared_length(_header(headers, b"content-length"), _OTHER_BODY_BYTES)
+        declared = self._declared_length(
+            header_value(headers, b"content-length"), _OTHER_BODY_BYTES
+        )
         limit = _OTHER_BODY_BYTES if declared is None else declared
         return Exchange(method, path, headers, target, declared, limit)
 
@@ -180,26 +182,19 @@ class GpuServiceApp:
             return await self._answer(exchange, body)
         except SpillwayError as error:
             return self.refusal(error, exchange.method, exchange.path)
-        except Exception:
-            log.exception("unhandled error on %s", exchange.method)
-            return encoded(INTERNAL_ERROR)
+        except Exception:  # noqa: BLE001 - logged with its traceback by unhandled()
+            return self.failure(exchange.method, exchange.path)
         finally:
             self.abandon(exchange)
 
     def refusal(self, error: SpillwayError, method: str, path: str) -> Response:
-        """The response to a refused request, logged."""
-        status, body, headers = encoded(error_reply(error))
-        log.info(
-            "request refused",
-            extra={
-                "method": method,
-                "path": path[:200],
-                "status": status,
-                "code": error.code,
-                "reason": error.message,
-            },
-        )
-        return status, body, headers
+        """The response to a refused request, logged (``wire.refused``)."""
+        return encoded(refused(log, error, method=method[:16], path=path[:200]))
+
+    def failure(self, method: str, path: str) -> Response:
+        """The response to an unexpected exception, logged with its traceback (call it
+        from its ``except``: ``wire.unhandled``)."""
+        return encoded(unhandled(log, method=method[:16], path=path[:200]))
 
     # -- ASGI ----------------------------------------------------------------------------
 
@@ -232,9 +227,8 @@ class GpuServiceApp:
             exchange = self.begin(method, path, scope["headers"], scope["http_version"])
         except SpillwayError as error:
             status, body, headers = self.refusal(error, method, scope["path"])
-        except Exception:
-            log.exception("unhandled error on %s", method)
-            status, body, headers = encoded(INTERNAL_ERROR)
+        except Exception:  # noqa: BLE001 - logged with its traceback by failure()
+            status, body, headers = self.failure(method, scope["path"])
         else:
             try:
                 request_body = await self._asgi_body(receive, exchange)
@@ -263,7 +257,7 @@ class GpuServiceApp:
         size = 0
         # Without a body to wait for, the one message is there at once: no timer.
         waits = exchange.declared != 0 and (
-            exchange.declared is not None or _header(exchange.headers, b"transfer-encoding")
+            exchange.declared is not None or header_value(exchange.headers, b"transfer-encoding")
         )
         while True:
             if not waits:
@@ -326,7 +320,7 @@ class GpuServiceApp:
             return 200, _json(plane.model_stats(None, None)), [_JSON]
         if op == "infer":
             # The caller's tenant scope as the router in front names it (none: anonymous).
-            scope = _header(exchange.headers, b"x-spillway-tenant-scope")
+            scope = header_value(exchange.headers, b"x-spillway-tenant-scope")
             return await self._infer(model, version, body, exchange.header_length, scope)
         if op == "ready":
             return self._flag(plane.model_ready(model, version), f"model {model} is not ready")
@@ -345,23 +339,13 @@ class GpuServiceApp:
         scope: str | None,
     ) -> Response:
         result = await self.plane.infer(model, version, body, header_length, tenant_scope=scope)
-        headers: Headers = [
-            (b"x-spillway-model-version", str(result.version).encode()),
-            (b"x-spillway-queue-depth", str(result.queue_depth).encode()),
-            (b"x-spillway-busy", f"{result.busy:.3f}".encode()),
+        load = [
+            ("x-spillway-queue-depth", str(result.queue_depth)),
+            ("x-spillway-busy", f"{result.busy:.3f}"),
         ]
         if result.cold_start_s is not None:
-            headers.append(
-                (b"x-spillway-cold-start-ms", f"{result.cold_start_s * 1e3:.0f}".encode())
-            )
-        if result.header_length is None:
-            headers.append(_JSON)
-        else:
-            headers += [
-                _BINARY,
-                (b"inference-header-content-length", str(result.header_length).encode()),
-            ]
-        return 200, result.body, headers
+            load.append(("x-spillway-cold-start-ms", f"{result.cold_start_s * 1e3:.0f}"))
+        return encoded(infer_reply(result.body, result.header_length, result.version, load))
 
     async def _repository_route(self, path: str) -> Response:
         if path == "/v2/repository/index":
@@ -384,7 +368,7 @@ class GpuServiceApp:
             raise UnauthorizedError(
                 "repository control needs GPU_ADMIN_TOKEN when the service listens beyond loopback"
             )
-        given = _header(headers, b"authorization") or ""
+        given = header_value(headers, b"authorization") or ""
         if not hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode()):
             raise UnauthorizedError("repository control needs the admin token")
 
@@ -474,7 +458,7 @@ def encoded(reply: Reply) -> Response:
 
 def _infer_headers(headers: Headers) -> tuple[str | None, str | None]:
     """``Inference-Header-Content-Length`` and ``Content-Length`` (each the first one
-    sent, as ``_header`` reads them), in one pass."""
+    sent, as ``header_value`` reads them), in one pass."""
     header_length = content_length = None
     for key, value in headers:
         if key == b"inference-header-content-length" and header_length is None:
@@ -484,7 +468,8 @@ def _infer_headers(headers: Headers) -> tuple[str | None, str | None]:
     return header_length, content_length
 
 
-def _header(headers: Headers, name: bytes) -> str | None:
+def header_value(headers: Headers, name: bytes) -> str | None:
+    """The first value of a header (``name`` lower-case, as both servers keep names)."""
     for key, value in headers:
         if key == name:
             return str(value.decode("latin-1"))

@@ -55,10 +55,18 @@ from typing import Protocol
 
 import httptools
 
-from gpu_service.http import Exchange, GpuServiceApp, Headers, Response, encoded, route_path
+from gpu_service.http import (
+    Exchange,
+    GpuServiceApp,
+    Headers,
+    Response,
+    encoded,
+    header_value,
+    route_path,
+)
 from gpu_service.settings import GpuSettings
 from spillway.protocol.errors import RequestTimeoutError, SpillwayError, UnavailableError
-from spillway.protocol.wire import INTERNAL_ERROR, error_reply
+from spillway.protocol.wire import error_reply, status_phrase, unhandled
 
 log = logging.getLogger("spillway.transport")
 
@@ -79,15 +87,14 @@ _INLINE_BODY = 64 * 1024
 _RESET_ON_CLOSE = struct.pack("ii", 1, 0)
 """``SO_LINGER`` on, zero seconds: closing sends a reset and drops unsent bytes."""
 
-_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 def _status_line(status: int) -> bytes:
-    return b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b""))
+    return b"HTTP/1.1 %d %s\r\n" % (status, status_phrase(status).encode())
 
 
-_STATUS_LINES = {status: _status_line(status) for status in _REASONS}
+_STATUS_LINES = {status.value: _status_line(status.value) for status in HTTPStatus}
 
 
 def _plain(status: int, code: str, message: str) -> Response:
@@ -105,7 +112,6 @@ _HEAD_LATE = encoded(
     error_reply(RequestTimeoutError("the request line and headers did not arrive in time"))
 )
 _BODY_LATE = encoded(error_reply(RequestTimeoutError("the request body did not arrive in time")))
-_INTERNAL = encoded(INTERNAL_ERROR)
 
 
 class Handler(Protocol):
@@ -217,8 +223,7 @@ class _Connection(asyncio.Protocol):
             else:
                 self._close()
         except httptools.HttpParserCallbackError:
-            log.exception("request handling failed in the parser")
-            self._fail(_INTERNAL)
+            self._fail(encoded(unhandled(log, stage="parser")))
         except httptools.HttpParserError:
             self._fail(_MALFORMED)
 
@@ -269,7 +274,7 @@ class _Connection(asyncio.Protocol):
         return True
 
     def _expects_continue(self) -> bool:
-        expect = _header(self.headers, b"expect")
+        expect = header_value(self.headers, b"expect")
         return expect is not None and expect.strip().lower() == "100-continue"
 
     def on_headers_complete(self) -> None:
@@ -286,9 +291,9 @@ class _Connection(asyncio.Protocol):
             self.refused = self.app.refusal(error, method, self.url[:200].decode("latin-1"))
         except (httptools.HttpParserError, UnicodeDecodeError):
             self.refused = _MALFORMED  # a URL httptools or ASCII cannot read: the client's
-        except Exception:
-            log.exception("unhandled error on %s", method)
-            self.refused = _INTERNAL
+        except Exception:  # noqa: BLE001 - logged with its traceback by unhandled()
+            url = self.url[:200].decode("latin-1")
+            self.refused = encoded(unhandled(log, method=method[:16], path=url))
         if self.refused is not None:
             self._refuse_now(self.refused)
         elif self.transport is not None and self._expects_continue():
@@ -299,8 +304,8 @@ class _Connection(asyncio.Protocol):
         is read and dropped and the connection kept; an unknown or big one is not worth
         reading (nor is one a client holds back for ``Expect: 100-continue``), so the
         connection closes after the answer."""
-        follows = _header(self.headers, b"content-length")
-        small = follows is None and _header(self.headers, b"transfer-encoding") is None
+        follows = header_value(self.headers, b"content-length")
+        small = follows is None and header_value(self.headers, b"transfer-encoding") is None
         small = small or (
             follows is not None and follows.isdigit() and int(follows) <= _DROP_BODY_BYTES
         )
@@ -540,13 +545,6 @@ class _Connection(asyncio.Protocol):
 
     def idle(self) -> bool:
         return not self.slots and not self.in_message
-
-
-def _header(headers: Headers, name: bytes) -> str | None:
-    for key, value in headers:
-        if key == name:
-            return value.decode("latin-1")
-    return None
 
 
 def _path(url: bytes) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from spillway.protocol.wire import parse_s3_url
 from spillway_cli.console import Check, equal
 
 REQUESTS = 20
@@ -70,8 +71,10 @@ def _named_input(port: int, headers: Mapping[str, str], area: str, body: Any) ->
     from spillway_cli.stack import REGION
 
     url = f"{area}demo/{uuid.uuid4().hex}.json"
-    bucket, _, key = url.removeprefix("s3://").partition("/")
-    aws_client("s3", REGION).put_object(Bucket=bucket, Key=key, Body=json.dumps(body).encode())
+    where = parse_s3_url(url)
+    aws_client("s3", REGION).put_object(
+        Bucket=where.bucket, Key=where.prefix, Body=json.dumps(body).encode()
+    )
     named = {"inputs": [], "parameters": {"input_location": url}}
     return _call(
         port, "POST", "/v2/models/digits/infer", {**headers, "prefer": "respond-async"}, named

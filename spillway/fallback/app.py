@@ -3,40 +3,36 @@
 It serves the Open Inference Protocol paths the fallback supports, and, for local stacks,
 Lambda's invoke API (``POST /2015-03-31/functions/{name}/invocations``) answered with the
 direct-invoke handler, so the router's ``lambda:Invoke`` path runs end to end on
-127.0.0.1 exactly as against ``sam local start-lambda``. Errors are mapped here once,
-with the core mapping every transport uses.
+127.0.0.1 exactly as against ``sam local start-lambda``. Errors are mapped once, by the
+core's WSGI entry (``spillway.protocol.wsgi.serve``) the router uses too.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable
-from http import HTTPStatus
+from collections.abc import Iterable
 from typing import Any
 
 from spillway.fallback.chain import ClientFault, ServerFault, handle_chain_event, is_chain_event
 from spillway.fallback.direct import handle_direct
 from spillway.fallback.service import CpuService
-from spillway.protocol.errors import RouteNotFoundError, SpillwayError
+from spillway.protocol.errors import RouteNotFoundError
 from spillway.protocol.wire import (
-    INTERNAL_ERROR,
     Reply,
     Target,
     allow,
-    error_reply,
     infer_reply,
     json_reply,
     load_json_object,
     model_target,
     parse_header_length,
     read_wsgi_body,
-    strip_stage,
 )
+from spillway.protocol.wsgi import StartResponse, serve
 
 log = logging.getLogger("spillway.cpu_infer")
 
-StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 _INVOKE_PATH = re.compile(r"^/2015-03-31/functions/(?P<name>[^/]+)/invocations$")
 
 
@@ -47,22 +43,9 @@ class CpuApp:
         self.service = service
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        method = environ.get("REQUEST_METHOD", "GET")
-        path = strip_stage(environ.get("PATH_INFO") or "/", environ.get("serverless.event"))
-        try:
-            reply = self._route(method, path, environ)
-        except SpillwayError as error:
-            reply = error_reply(error)
-            log.info(
-                "request refused",
-                extra={"path": path[:200], "status": error.status, "code": error.code},
-            )
-        except Exception:
-            log.exception("unhandled error on %s", method[:16])
-            reply = INTERNAL_ERROR
-        headers = [*reply.headers, ("content-length", str(len(reply.body)))]
-        start_response(f"{reply.status} {HTTPStatus(reply.status).phrase}", headers)
-        return [reply.body]
+        return serve(
+            environ, start_response, log, lambda method, path: self._route(method, path, environ)
+        )
 
     def _route(self, method: str, path: str, environ: dict[str, Any]) -> Reply:
         if (target := model_target(path)) is not None:

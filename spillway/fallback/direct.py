@@ -14,9 +14,8 @@ import time
 from typing import Any
 
 from spillway.fallback.service import CpuService
-from spillway.protocol.errors import SpillwayError
 from spillway.protocol.messages import DirectInvokeAnswer, DirectInvokeEvent, parse_message
-from spillway.protocol.wire import INTERNAL_ERROR, Reply, error_reply, infer_reply, json_reply
+from spillway.protocol.wire import Reply, guarded, infer_reply, json_reply
 
 log = logging.getLogger("spillway.cpu_infer")
 
@@ -24,17 +23,11 @@ log = logging.getLogger("spillway.cpu_infer")
 def handle_direct(service: CpuService, event: dict[str, Any]) -> dict[str, Any]:
     """Serve one direct-invoke event; errors become answers, not exceptions."""
     arrived = time.monotonic()
-    try:
-        reply = serve_event(service, parse_message(DirectInvokeEvent, event, "event"), arrived)
-    except SpillwayError as error:
-        log.info(
-            "direct invoke refused",
-            extra={"status": error.status, "code": error.code, "reason": error.message},
-        )
-        reply = error_reply(error)
-    except Exception:
-        log.exception("unhandled error in a direct invoke")
-        reply = INTERNAL_ERROR
+    reply = guarded(
+        log,
+        lambda: serve_event(service, parse_message(DirectInvokeEvent, event, "event"), arrived),
+        via="direct_invoke",
+    )
     return DirectInvokeAnswer.of(reply).dump()
 
 

@@ -17,14 +17,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from spillway.models.config import CHECKSUM_FILE, CONFIG_FILE, ModelConfig
 from spillway.protocol.errors import (
     ChecksumMismatchError,
+    InvalidInputError,
     InvalidModelNameError,
     ModelLoadError,
     ModelNotFoundError,
 )
-from spillway.models.config import CHECKSUM_FILE, CONFIG_FILE, ModelConfig
 from spillway.protocol.names import MODEL_NAME_PATTERN, validate_model_name, validate_version
+from spillway.protocol.wire import is_s3_url, parse_s3_url
 
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CHUNK = 1 << 20
@@ -318,11 +320,12 @@ def aws_client(service: str, region: str | None = None) -> Any:
 
 def open_repository(location: str, *, client: Any | None = None) -> ModelRepository:
     """A repository for ``DIR`` or ``s3://bucket/prefix``."""
-    if location.startswith("s3://"):
-        bucket, _, prefix = location.removeprefix("s3://").partition("/")
-        if not bucket:
-            raise ModelLoadError(f"no bucket in {location!r}")
-        return S3Repository(bucket, prefix, client or aws_client("s3"))
+    if is_s3_url(location):
+        try:
+            where = parse_s3_url(location)
+        except InvalidInputError as exc:  # a setting, not a request: the server's fault
+            raise ModelLoadError(f"model repository: {exc.message}") from None
+        return S3Repository(where.bucket, where.prefix, client or aws_client("s3"))
     root = Path(location)
     if not root.is_dir():
         raise ModelLoadError(f"model repository {location!r} is not a folder")

@@ -17,6 +17,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from spillway.protocol.errors import (
@@ -451,7 +452,8 @@ def json_reply(status: int, value: Any, headers: Headers | None = None) -> Reply
 def infer_reply(
     body: bytes, header_length: int | None, version: int, extra: Headers | None = None
 ) -> Reply:
-    """The 200 of an infer request: JSON, or binary with its header length."""
+    """The 200 of an infer request, on every server: the model version that answered,
+    ``extra`` (a server's load report), and JSON or binary with its header length."""
     headers: Headers = [("x-spillway-model-version", str(version)), *(extra or [])]
     if header_length is None:
         headers.append(("content-type", JSON_CONTENT_TYPE))
@@ -475,6 +477,15 @@ def error_reply(error: SpillwayError) -> Reply:
     if isinstance(error, MethodNotAllowedError) and error.allow:
         headers.append(("allow", error.allow))
     return json_reply(error.status, error.to_body(), headers)
+
+
+_PHRASES = {status.value: status.phrase for status in HTTPStatus}
+
+
+def status_phrase(status: int) -> str:
+    """The reason phrase every transport writes after a status (``Unknown`` for a status
+    HTTP does not name)."""
+    return _PHRASES.get(status, "Unknown")
 
 
 INTERNAL_ERROR = json_reply(500, {"error": "internal error", "code": "internal"})

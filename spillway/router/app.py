@@ -1,10 +1,10 @@
 """The router's HTTP transport: a plain WSGI application.
 
 It only translates: find the route, read the body within its cap, hand the request to
-the router, write the reply. Errors are mapped here once, with the core's mapping: a
-``SpillwayError`` becomes its status, ``{"error", "code"}`` body and ``Retry-After`` or
-``Allow`` header; anything else is logged with its traceback and answered with a generic
-500.
+the router, write the reply. Errors are mapped once, by the core's WSGI entry
+(``spillway.protocol.wsgi.serve``): a ``SpillwayError`` becomes its status,
+``{"error", "code"}`` body and ``Retry-After`` or ``Allow`` header; anything else is
+logged with its traceback and answered with a generic 500.
 
 The same application runs behind API Gateway (serverless-wsgi, REST v1 and HTTP API v2
 events: an HTTP API stage name at the front of the path is removed) and on 127.0.0.1.
@@ -16,23 +16,20 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
-from http import HTTPStatus
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from spillway import __version__
-from spillway.protocol.errors import RouteNotFoundError, SpillwayError
+from spillway.protocol.errors import RouteNotFoundError
 from spillway.protocol.wire import (
-    INTERNAL_ERROR,
     JSON_CONTENT_TYPE,
     Reply,
     allow,
-    error_reply,
     json_reply,
     read_wsgi_body,
     require_model_target,
-    strip_stage,
 )
+from spillway.protocol.wsgi import StartResponse, serve
 from spillway.router.async_mode import RESULTS_PREFIX
 from spillway.router.dispatch import Router
 from spillway.router.sessions import PREFIX as SESSIONS_PREFIX
@@ -42,7 +39,6 @@ from spillway.tenancy.identity import vouched_tenant
 
 log = logging.getLogger("spillway.router")
 
-StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
 
@@ -67,30 +63,14 @@ class RouterApp:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         request_id = _request_id(environ)
-        method = environ.get("REQUEST_METHOD", "GET")
-        path = strip_stage(environ.get("PATH_INFO") or "/", environ.get("serverless.event"))
-        try:
-            reply = self._route(method, path, environ, request_id)
-        except SpillwayError as error:
-            reply = error_reply(error)
-            log.info(
-                "refused",
-                extra={
-                    "method": method[:16],
-                    "path": path[:200],
-                    "status": error.status,
-                    "code": error.code,
-                    "reason": error.message,
-                    "request_id": request_id,
-                },
-            )
-        except Exception:
-            log.exception("unhandled error", extra={"method": method[:16], "path": path[:200]})
-            reply = INTERNAL_ERROR
-        headers = [*reply.headers, ("x-request-id", request_id)]
-        headers.append(("content-length", str(len(reply.body))))
-        start_response(f"{reply.status} {_phrase(reply.status)}", headers)
-        return [reply.body]
+        return serve(
+            environ,
+            start_response,
+            log,
+            lambda method, path: self._route(method, path, environ, request_id),
+            where={"request_id": request_id},
+            headers=[("x-request-id", request_id)],
+        )
 
     def _route(self, method: str, path: str, environ: dict[str, Any], request_id: str) -> Reply:
         if path.startswith("/v2/models/"):
@@ -145,13 +125,6 @@ class RouterApp:
 
     def _body(self, environ: dict[str, Any]) -> bytes:
         return read_wsgi_body(environ, self.max_body_bytes)
-
-
-def _phrase(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
 
 
 def _headers(environ: dict[str, Any]) -> dict[str, str]:

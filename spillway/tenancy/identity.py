@@ -99,17 +99,20 @@ class Authenticator:
         if tenant is not None:
             return tenant
         if self.trust_tenant_hints:
-            return tenant_hint(_header(event, TENANT_HEADER))
+            return tenant_hint(event_header(event, TENANT_HEADER))
         raise UnauthenticatedError(
             "this API needs an authenticated caller (an API key or IAM credentials)"
         )
 
 
-def _header(event: Mapping[str, object], name: str) -> str | None:
+def event_header(event: Mapping[str, object], name: str) -> str | None:
+    """A header of an API Gateway proxy event (REST v1 or HTTP API v2), its name matched
+    in any case; absent, empty or not text: ``None``."""
     headers = event.get("headers")
     if not isinstance(headers, dict):
         return None
+    wanted = name.lower()
     for key, value in headers.items():
-        if isinstance(key, str) and key.lower() == name and isinstance(value, str):
+        if isinstance(key, str) and key.lower() == wanted and isinstance(value, str) and value:
             return value
     return None
