@@ -107,3 +107,8 @@ class JobsSettings(BaseSettings):
     """Output root; each run writes under ``<root>/<YYYY-MM-DD>/``."""
     schedule_shards: int | None = Field(default=None, ge=1)
     """Array children of a scheduled run (default: one per shard, up to the cap)."""
+
+    # --- the jobs Lambda -----------------------------------------------------------------
+    tracing: bool = False
+    """Create the jobs function's X-Ray tracer (imported only when true, so cold starts
+    do not pay for it)."""

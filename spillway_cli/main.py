@@ -137,13 +137,20 @@ def serve_jobs(
     it, as the router's batch mode calls it on AWS); JOBS_* variables apply. Locally moto
     accepts the Batch job but runs nothing, so each new job's array children are run here
     as processes, as `spillway jobs submit --local` does."""
-    from functions.jobs.handler import handler
+    from batch_job.api import answer
+    from batch_job.service import JobService
+    from batch_job.settings import JobsSettings
     from spillway_cli.jobs_cli import run_submitted_locally
     from spillway_cli.lambda_http import wsgi_app
     from spillway_cli.wsgi_server import serve_forever
 
     _logging(False)
-    served = wsgi_app(run_submitted_locally(handler), "/v1/health", function_name)
+    jobs = JobService(JobsSettings())
+    served = wsgi_app(
+        run_submitted_locally(lambda event, _context: answer(event, jobs)),
+        "/v1/health",
+        function_name,
+    )
     serve_forever(served, host, port)
 
 

@@ -2,9 +2,10 @@
 
 The application is built at init (settings from ``ROUTER_*`` variables), so provisioned
 concurrency finds it ready. serverless-wsgi turns API Gateway REST (v1) and HTTP API (v2)
-events into WSGI calls and the reply back into the event's response shape. The X-Ray
-tracer is created only when ``ROUTER_TRACING`` is true: with tracing off its import never
-happens and the cold start does not pay for it.
+events into WSGI calls and the reply back into the event's response shape. An adapter in
+Powertools' shape: Logger, Metrics and Tracer around that one call; the X-Ray tracer is
+created only when ``ROUTER_TRACING`` is true: with tracing off its import never happens
+and the cold start does not pay for it.
 
 A response that would not fit Lambda's 6 MB synchronous payload (API Gateway would turn
 it into a bare 502) is replaced by a 413 that names the offline path for large outputs.
@@ -16,7 +17,9 @@ from typing import Any
 
 import serverless_wsgi
 from aws_lambda_powertools.logging import Logger
+from aws_lambda_powertools.metrics import Metrics
 
+from spillway.powertools import API_GATEWAY_REQUEST_ID, NAMESPACE, traced
 from spillway.protocol.wire import (
     EVENT_ENVELOPE_BYTES,
     LAMBDA_PAYLOAD_BYTES,
@@ -29,21 +32,18 @@ from spillway.router.wiring import create_app
 # The longest body text a proxy response may carry (base64 for a binary body).
 RESPONSE_BODY_LIMIT = LAMBDA_PAYLOAD_BYTES - EVENT_ENVELOPE_BYTES
 
+SERVICE = "spillway-router"
+
 settings = RouterSettings.from_env()
+# The parent of the router's own loggers (``spillway.router.*``).
 logger = Logger(service="spillway.router", level=settings.log_level)
+metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
 app = create_app(settings)
 
 
-def _traced(function: Any) -> Any:
-    if not settings.tracing:
-        return function
-    from aws_lambda_powertools.tracing import Tracer
-
-    return Tracer(service="spillway-router").capture_lambda_handler(function)
-
-
-@_traced
-@logger.inject_lambda_context(correlation_id_path="requestContext.requestId")
+@traced(settings.tracing, SERVICE)
+@metrics.log_metrics(capture_cold_start_metric=True)
+@logger.inject_lambda_context(correlation_id_path=API_GATEWAY_REQUEST_ID)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Serve one API Gateway event with the router application."""
     response: dict[str, Any] = serverless_wsgi.handle_request(app, event, context)

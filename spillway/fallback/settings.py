@@ -48,6 +48,9 @@ class CpuSettings(BaseSettings):
     """Port ``spillway serve cpu`` listens on."""
     log_level: str = "INFO"
     """Log level of the function."""
+    tracing: bool = False
+    """Create the function's X-Ray tracer (imported only when true, so cold starts do not
+    pay for it)."""
 
     def engine_options(self) -> EngineOptions:
         """Engine options: the CPU provider only."""

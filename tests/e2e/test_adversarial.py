@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from batch_job.api import dispatch
 from batch_job.service import JobService
-from functions.jobs.handler import dispatch
 from spillway.fallback.app import CpuApp
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings

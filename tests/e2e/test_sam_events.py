@@ -32,7 +32,7 @@ from tests.e2e.sam_local import (
 # first (stdout is the function's log).
 _RUNNER = """
 import importlib, json, os, sys
-from tests.integration.test_router_events import LambdaContext
+from tests.lambda_context import LambdaContext
 module, name = os.environ["AWS_LAMBDA_FUNCTION_HANDLER"].rsplit(".", 1)
 handler = getattr(importlib.import_module(module), name)
 with open(sys.argv[1], "w") as out:

@@ -164,7 +164,7 @@ def test_the_handler_in_a_fresh_process_like_sam_local_invoke(
     script = (
         "import json, sys\n"
         "from functions.cpu_infer.handler import handler\n"
-        "from tests.integration.test_router_events import LambdaContext\n"
+        "from tests.lambda_context import LambdaContext\n"
         "for path in sys.argv[1:]:\n"
         "    print(json.dumps(handler(json.load(open(path)), LambdaContext())))\n"
     )

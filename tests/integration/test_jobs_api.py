@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from tests.integration.test_jobs_support import (
     put_jsonl,
     record,
 )
+from tests.lambda_context import LambdaContext
 
 EVENTS = Path(__file__).resolve().parents[2] / "events" / "jobs"
 
@@ -37,14 +37,13 @@ def settings(aws_env: str, models_dir: Path) -> JobsSettings:
 
 
 @pytest.fixture
-def lambda_env(settings: JobsSettings, monkeypatch: pytest.MonkeyPatch) -> Iterator[JobsSettings]:
+def lambda_env(settings: JobsSettings, monkeypatch: pytest.MonkeyPatch) -> JobsSettings:
     """The jobs function's environment (``JOBS_*``), as its template would set it."""
     for name in ("repository", "job_queue", "job_definition", "table"):
         monkeypatch.setenv(f"JOBS_{name.upper()}", str(getattr(settings, name)))
     monkeypatch.setenv("JOBS_TENANTS_ROOT", "s3://spillway-data/tenants")
-    jobs_handler.service.cache_clear()
-    yield settings
-    jobs_handler.service.cache_clear()
+    monkeypatch.setattr(jobs_handler, "jobs", JobService(JobsSettings()))
+    return settings
 
 
 def _digits_input(bucket: str, prefix: str, models_dir: Path, files: int = 2) -> None:
@@ -139,8 +138,8 @@ def test_api_events_submit_then_report_status(lambda_env: JobsSettings, models_d
 
     # WHEN API Gateway delivers POST /v1/jobs (events/jobs/submit.json) twice
     post = _event("submit")
-    first = jobs_handler.handler(post, None)
-    again = jobs_handler.handler(post, None)
+    first = jobs_handler.handler(post, LambdaContext())
+    again = jobs_handler.handler(post, LambdaContext())
 
     # THEN one job is accepted and the retry replays it
     assert first["statusCode"] == 202, first
@@ -156,7 +155,7 @@ def test_api_events_submit_then_report_status(lambda_env: JobsSettings, models_d
     get = _event("status")
     get["path"] = f"/v1/jobs/{job['job_id']}"
     get["pathParameters"] = {"id": job["job_id"]}
-    response = jobs_handler.handler(get, None)
+    response = jobs_handler.handler(get, LambdaContext())
     assert response["statusCode"] == 200, response
     status = json.loads(response["body"])
     assert (status["state"], status["batch_status"]) == ("SUCCEEDED", "SUCCEEDED")
@@ -165,7 +164,7 @@ def test_api_events_submit_then_report_status(lambda_env: JobsSettings, models_d
 
 def test_api_errors_are_mapped_once(lambda_env: JobsSettings) -> None:
     # GIVEN the status event for a job that does not exist
-    missing = jobs_handler.handler(_event("status"), None)
+    missing = jobs_handler.handler(_event("status"), LambdaContext())
     # THEN 404 with a stable code and no internals
     assert missing["statusCode"] == 404
     assert json.loads(missing["body"])["code"] == "job_not_found"
@@ -173,7 +172,7 @@ def test_api_errors_are_mapped_once(lambda_env: JobsSettings) -> None:
     post = _event("submit")
     post["body"] = json.dumps({"model": "../etc", "input": "s3://a-b/x/", "output": "s3://a-b/y/"})
     post["isBase64Encoded"] = False
-    bad = jobs_handler.handler(post, None)
+    bad = jobs_handler.handler(post, LambdaContext())
     assert bad["statusCode"] == 400
     assert json.loads(bad["body"])["code"] == "invalid_input"
     assert json.loads(bad["body"])["error"].startswith("invalid job request: model:")
@@ -188,12 +187,12 @@ def test_scheduled_event_starts_the_configured_job_once(
     monkeypatch.setenv("JOBS_SCHEDULE_MODEL", "digits")
     monkeypatch.setenv("JOBS_SCHEDULE_INPUT", f"s3://{bucket}/content/")
     monkeypatch.setenv("JOBS_SCHEDULE_OUTPUT", f"s3://{bucket}/rescored")
-    jobs_handler.service.cache_clear()
+    monkeypatch.setattr(jobs_handler, "jobs", JobService(JobsSettings()))
 
     # WHEN EventBridge delivers the scheduled event (events/jobs/nightly.json), twice
     event = _event("nightly")
-    first = jobs_handler.handler(event, None)
-    second = jobs_handler.handler(event, None)
+    first = jobs_handler.handler(event, LambdaContext())
+    second = jobs_handler.handler(event, LambdaContext())
 
     # THEN one job re-scores the prefix into that day's output prefix
     job = first["job"]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from batch_job.service import JobService
 from batch_job.settings import JobsSettings
 from functions.jobs import handler as jobs_handler
 from spillway.models.repository import aws_client
@@ -23,6 +23,7 @@ from tests.integration.test_jobs_support import (
     put_jsonl,
     record,
 )
+from tests.lambda_context import LambdaContext
 
 EVENTS = Path(__file__).resolve().parents[2] / "events" / "jobs"
 KEYS = {"a": "key-id-tenant-a", "b": "key-id-tenant-b"}
@@ -44,9 +45,7 @@ class Deployment:
 
 
 @pytest.fixture
-def deployment(
-    aws_env: str, models_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Deployment]:
+def deployment(aws_env: str, models_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Deployment:
     settings: JobsSettings = jobs_settings(aws_env, models_dir)
     data, models = new_bucket(), new_bucket()
     env = {
@@ -60,15 +59,14 @@ def deployment(
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    jobs_handler.service.cache_clear()
+    monkeypatch.setattr(jobs_handler, "jobs", JobService(JobsSettings()))
     found = Deployment(data, models)
     images = digits_images(models_dir)
     for tenant in ("tenant-a", "tenant-b"):
         for root in (found.area(tenant), found.staging(tenant)):
             key = f"{root.split('/', 3)[3]}in/0.jsonl"
             put_jsonl(data, key, [record(f"r{i}", image=images[i].tolist()) for i in range(3)])
-    yield found
-    jobs_handler.service.cache_clear()
+    return found
 
 
 def _call(
@@ -84,7 +82,7 @@ def _call(
         event["headers"]["Idempotency-Key"] = key
     event["requestContext"]["identity"]["apiKeyId"] = KEYS[who] if who else None
     event["requestContext"]["identity"]["userArn"] = None
-    answer = jobs_handler.handler(event, None)
+    answer = jobs_handler.handler(event, LambdaContext())
     return answer["statusCode"], json.loads(answer["body"])
 
 
@@ -223,7 +221,7 @@ def test_the_router_vouches_for_its_callers_tenant(deployment: Deployment) -> No
         "requestContext": {"requestId": "r1", "authorizer": {"tenant": "tenant-b"}},
     }
     # WHEN it arrives
-    answer = jobs_handler.handler(event, None)
+    answer = jobs_handler.handler(event, LambdaContext())
     # THEN the job is tenant B's: B sees it, A does not
     assert answer["statusCode"] == 202, answer
     job_id = json.loads(answer["body"])["job"]["job_id"]
@@ -234,9 +232,9 @@ def test_the_router_vouches_for_its_callers_tenant(deployment: Deployment) -> No
 def test_the_local_jobs_server_maps_api_keys_as_api_gateway_does(
     deployment: Deployment,
 ) -> None:
-    # GIVEN the jobs function behind the local HTTP server (`spillway serve jobs`), which
-    # passes a request's x-api-key as API Gateway passes the key's id
-    from functions.jobs.handler import handler
+    # GIVEN the jobs API behind the local HTTP server (as `spillway serve jobs` serves it),
+    # which passes a request's x-api-key as API Gateway passes the key's id
+    from batch_job import api
     from spillway_cli.lambda_http import wsgi_app
     from spillway_cli.wsgi_server import running
 
@@ -252,7 +250,8 @@ def test_the_local_jobs_server_maps_api_keys_as_api_gateway_does(
         except urllib.error.HTTPError as refused:
             return refused.code
 
-    with running(wsgi_app(handler, "/v1/health")) as url:
+    jobs = JobService(JobsSettings())
+    with running(wsgi_app(lambda event, _context: api.answer(event, jobs), "/v1/health")) as url:
         # WHEN tenant A submits with its key, and B, then nobody, ask for the job
         request = urllib.request.Request(
             f"{url}/v1/jobs", body, {"x-api-key": KEYS["a"]}, method="POST"

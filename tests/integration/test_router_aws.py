@@ -307,10 +307,12 @@ def test_two_clients_with_one_request_id_each_get_their_own_rows(
 def test_batch_mode_invokes_the_jobs_function_with_lambda_invoke(
     aws_env: str, tmp_path: Path, models_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # GIVEN the jobs function (its real handler, on moto's Batch, DynamoDB and S3) behind
+    # GIVEN the jobs API (its real event adapter, on moto's Batch, DynamoDB and S3) behind
     # Lambda's invoke API, and a router configured as the templates configure it on AWS:
     # ROUTER_JOBS_FUNCTION and ROUTER_JOBS_STAGING, no jobs URL
-    from functions.jobs import handler as jobs_handler
+    from batch_job.api import answer
+    from batch_job.service import JobService
+    from batch_job.settings import JobsSettings
     from spillway_cli.lambda_http import wsgi_app
     from tests.integration.test_jobs_support import jobs_settings, new_bucket
 
@@ -319,9 +321,10 @@ def test_batch_mode_invokes_the_jobs_function_with_lambda_invoke(
         monkeypatch.setenv(f"JOBS_{name.upper()}", str(getattr(jobs, name)))
     bucket = new_bucket()
     monkeypatch.setenv("JOBS_STAGING", f"s3://{bucket}/staging")
-    jobs_handler.service.cache_clear()
+    api = JobService(JobsSettings())
     function = "arn:aws:lambda:us-east-1:123456789012:function:spillway-jobs"
-    with running(wsgi_app(jobs_handler.handler, "/v1/health", "spillway-jobs")) as url:
+    served = wsgi_app(lambda event, _context: answer(event, api), "/v1/health", "spillway-jobs")
+    with running(served) as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA", url)
         settings = RouterSettings(
             gpu_url=None,
@@ -347,14 +350,11 @@ def test_batch_mode_invokes_the_jobs_function_with_lambda_invoke(
             json=body,
             headers={"x-spillway-mode": "batch", "x-spillway-tenant": "tenant-r"},
         )
-    jobs_handler.service.cache_clear()
     # THEN the jobs function started one job over the staged request
     assert first.status_code == 202, first.data
     receipt = json.loads(first.data)
     assert json.loads(again.data)["job_id"] == receipt["job_id"]
     assert first.headers["location"] == f"/v1/jobs/{receipt['job_id']}"
-    from batch_job.service import JobService
-
     # AND the job is the router's caller's (the invoke event vouched for its tenant), over
     # what was staged in that tenant's own staging area
     status = JobService(jobs).status(receipt["job_id"], tenant="tenant-r")

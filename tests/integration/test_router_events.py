@@ -22,29 +22,12 @@ from spillway.fallback.settings import CpuSettings
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from spillway_cli.wsgi_server import running
+from tests.lambda_context import LambdaContext
 from tests.support import Service
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = ROOT / "events" / "router"
 EXAMPLE = ROOT / "policies" / "example.yaml"
-
-
-class LambdaContext:
-    """What the Lambda runtime passes as ``context`` (the fields Powertools reads)."""
-
-    function_name = "spillway-router"
-    function_version = "$LATEST"
-    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:spillway-router"
-    memory_limit_in_mb = 512
-    aws_request_id = "6f1c0cd2-5b5a-4b59-9d44-6a6e6f1b8c1e"
-    log_group_name = "/aws/lambda/spillway-router"
-    log_stream_name = "2026/01/15/[$LATEST]abc"
-
-    def __init__(self, remaining_ms: int = 30_000) -> None:
-        self.remaining_ms = remaining_ms
-
-    def get_remaining_time_in_millis(self) -> int:
-        return self.remaining_ms
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +123,7 @@ def test_the_handler_in_a_fresh_process_like_sam_local_invoke(service: Service) 
     script = (
         "import json, sys\n"
         "from functions.router.handler import handler\n"
-        "from tests.integration.test_router_events import LambdaContext\n"
+        "from tests.lambda_context import LambdaContext\n"
         "for path in sys.argv[1:]:\n"
         "    print('RESPONSE', json.dumps(handler(json.load(open(path)), LambdaContext())))\n"
     )

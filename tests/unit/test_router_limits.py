@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from werkzeug.test import Client
 
+from batch_job.api import dispatch
 from batch_job.errors import JobConflictError
-from functions.jobs.handler import dispatch
 from spillway.protocol.messages import JobRequest, JobView, SubmitReceipt
 from spillway.protocol.wire import LAMBDA_PAYLOAD_BYTES, SYNC_BODY_BYTES
 from spillway.router.backends import BackendRequest, CannotServe

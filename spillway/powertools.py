@@ -1,0 +1,39 @@
+"""What the three Lambda handlers (``functions/*/handler.py``) share of Powertools' shape.
+
+Each handler builds its settings at init and wraps its one adapter call in Powertools'
+``Logger`` (``inject_lambda_context``, the correlation id API Gateway's request id),
+``Metrics`` (``log_metrics``, the cold-start metric; EMF lines on stdout, which Lambda
+sends to CloudWatch, so no permission is needed) and, only where the function's tracing
+setting is on, ``Tracer``: ``traced`` imports it (and aws-xray-sdk) only then, so a cold
+start without tracing does not pay for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+NAMESPACE = "Spillway"
+"""CloudWatch namespace of the functions' metrics (the templates'
+``POWERTOOLS_METRICS_NAMESPACE``; set in code so that a missing variable changes nothing)."""
+API_GATEWAY_REQUEST_ID = "requestContext.requestId"
+"""Where REST (v1) and HTTP API (v2) events carry API Gateway's request id, the log
+lines' correlation id; other events (direct invoke, SQS, schedules) have none."""
+
+LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
+"""An event and the Lambda context → the function's answer."""
+
+
+def traced(on: bool, service: str) -> Callable[[LambdaHandler], LambdaHandler]:
+    """A decorator: Powertools' ``Tracer(service).capture_lambda_handler`` when ``on``,
+    else the handler unchanged (and the tracer never imported)."""
+
+    def wrap(handler: LambdaHandler) -> LambdaHandler:
+        if not on:
+            return handler
+        from aws_lambda_powertools.tracing import Tracer
+
+        traced_handler: LambdaHandler = Tracer(service=service).capture_lambda_handler(handler)
+        return traced_handler
+
+    return wrap
