@@ -15,12 +15,17 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 
-if TYPE_CHECKING:
-    from spillway_cli.stack import LocalStack
+from spillway_cli.local_names import (
+    DATA_BUCKET,
+    POLICY_PARAMETER,
+    REPOSITORY,
+    STATE_TABLE,
+    TENANTS_ROOT,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "template.yaml"
@@ -67,7 +72,20 @@ def env_vars_document(
     }
 
 
-def local_values(stack: LocalStack) -> dict[str, str]:
+class StackEndpoints(Protocol):
+    """What the env-vars file needs of a running ``spillway_cli.stack.LocalStack``."""
+
+    @property
+    def async_vars(self) -> Mapping[str, str]:
+        """The ``ASYNC_*`` variables of the stack's async resources (empty until made)."""
+        ...
+
+    def url(self, part: str) -> str:
+        """The base URL of one part (``moto``, ``gpu``, ``cpu`` ...)."""
+        ...
+
+
+def local_values(stack: StackEndpoints) -> dict[str, str]:
     """What each template variable is on the local stack, by name.
 
     Containers run on the host's network (``sam local invoke --docker-network host``), so
@@ -78,13 +96,6 @@ def local_values(stack: LocalStack) -> dict[str, str]:
     from batch_job.settings import JobsSettings
     from spillway.async_inference import ENV_PREFIX, AsyncSettings
     from spillway.fallback.settings import CpuSettings
-    from spillway_cli.stack import (
-        DATA_BUCKET,
-        POLICY_PARAMETER,
-        REPOSITORY,
-        STATE_TABLE,
-        TENANTS_ROOT,
-    )
 
     jobs = JobsSettings()
     # The async queue, table and prefix exist once the stack has started them
@@ -116,7 +127,7 @@ def local_values(stack: LocalStack) -> dict[str, str]:
     }
 
 
-def write_env_vars(stack: LocalStack, path: Path, template: Path = TEMPLATE) -> Path:
+def write_env_vars(stack: StackEndpoints, path: Path, template: Path = TEMPLATE) -> Path:
     """Write the env-vars file for ``stack`` (atomically: a reader never sees half)."""
     document = env_vars_document(local_values(stack), load_template(template))
     path.parent.mkdir(parents=True, exist_ok=True)

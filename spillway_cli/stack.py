@@ -24,14 +24,22 @@ from typing import TYPE_CHECKING, Any
 from spillway.models.repository import aws_client
 from spillway_cli import procs
 
+# The resource names, re-exported: the demos and tests name them from here.
+from spillway_cli.local_names import DATA_BUCKET as DATA_BUCKET
+from spillway_cli.local_names import JOBS_FUNCTION as JOBS_FUNCTION
+from spillway_cli.local_names import JOBS_STAGING as JOBS_STAGING
+from spillway_cli.local_names import LOCAL_API_KEY as LOCAL_API_KEY
+from spillway_cli.local_names import MODELS_BUCKET as MODELS_BUCKET
+from spillway_cli.local_names import POLICY_PARAMETER as POLICY_PARAMETER
+from spillway_cli.local_names import REGION as REGION
+from spillway_cli.local_names import REPOSITORY as REPOSITORY
+from spillway_cli.local_names import STATE_TABLE as STATE_TABLE
+from spillway_cli.local_names import TENANTS_ROOT as TENANTS_ROOT
+
 if TYPE_CHECKING:
     from spillway_cli.local_states import LocalStepFunctions
 
 log = logging.getLogger("spillway.stack")
-REGION = "us-east-1"
-MODELS_BUCKET = "spillway-models"
-DATA_BUCKET = "spillway-data"
-REPOSITORY = f"s3://{MODELS_BUCKET}/repository"
 ROOT = Path(__file__).resolve().parent.parent
 SERVERLESS = ROOT / "node_modules" / ".bin" / "serverless"
 APP_ZIP = ROOT / "build" / "lambda" / "app.zip"  # serverless.yml's package.artifact
@@ -39,12 +47,6 @@ APP_ZIP = ROOT / "build" / "lambda" / "app.zip"  # serverless.yml's package.arti
 # seconds on an idle machine, more than a minute on a loaded 2-core one (as long as the
 # other services are given), and `auto` must not pick the runtime by the machine's load.
 FALLBACK_WAIT_S = 180.0
-LOCAL_API_KEY = "spillway-local-key"  # serverless.yml's key name at stage local; not a secret
-TENANTS_ROOT = f"s3://{DATA_BUCKET}/tenants"  # each tenant's job data: <root>/<scope>/
-JOBS_STAGING = f"s3://{DATA_BUCKET}/staging"  # the router's batch-mode staging
-JOBS_FUNCTION = "spillway-local-jobs"  # the name `spillway serve jobs` answers invokes for
-STATE_TABLE = "spillway-local-router-state"  # serverless.yml's stateTable at stage local
-POLICY_PARAMETER = "/spillway-local/router/policy"  # SSM name at serverless.yml's stage local
 STATE_MACHINES = {
     "topics": f"arn:aws:states:{REGION}:123456789012:stateMachine:spillway-local-topics"
 }
