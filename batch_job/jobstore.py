@@ -9,35 +9,12 @@ lease that a later submission with the same key may take over once it expires.
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
-from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from spillway.state import dynamo
 
 SUBMITTING = "SUBMITTING"
 SUBMITTED = "SUBMITTED"
-
-_SERIALIZER = TypeSerializer()
-_DESERIALIZER = TypeDeserializer()
-
-
-def _item(record: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: _SERIALIZER.serialize(Decimal(repr(v)) if isinstance(v, float) else v)
-        for k, v in record.items()
-        if v is not None
-    }
-
-
-def _record(item: dict[str, Any]) -> dict[str, Any]:
-    return {k: _plain(_DESERIALIZER.deserialize(v)) for k, v in item.items()}
-
-
-def _plain(value: Any) -> Any:
-    """DynamoDB numbers come back as ``Decimal``; whole ones become ``int``."""
-    if isinstance(value, Decimal):
-        return int(value) if value == int(value) else float(value)
-    return value
 
 
 class JobStore:
@@ -48,37 +25,33 @@ class JobStore:
         self.client = client
 
     def _conditional(self, call: Any, **kwargs: Any) -> bool:
-        try:
-            call(TableName=self.table, **kwargs)
-        except self.client.exceptions.ConditionalCheckFailedException:
-            return False
-        return True
+        return dynamo.conditional(call, TableName=self.table, **kwargs) is not None
 
     def create(self, record: dict[str, Any]) -> bool:
         """Write a new record; ``False`` when one with this job id exists."""
         return self._conditional(
             self.client.put_item,
-            Item=_item(record),
+            Item=dynamo.item(record),
             ConditionExpression="attribute_not_exists(job_id)",
         )
 
     def get(self, job_id: str) -> dict[str, Any] | None:
         """The record, read consistently, or ``None``."""
         found = self.client.get_item(
-            TableName=self.table, Key={"job_id": {"S": job_id}}, ConsistentRead=True
+            TableName=self.table, Key={"job_id": dynamo.typed(job_id)}, ConsistentRead=True
         )
-        return _record(found["Item"]) if "Item" in found else None
+        return dynamo.plain_item(found["Item"]) if "Item" in found else None
 
     def take_over(self, job_id: str, lease_until: float, new_lease_until: float) -> bool:
         """Claim a stalled submission whose lease is ``lease_until``; ``False`` if another
         submitter changed it first."""
         return self._conditional(
             self.client.update_item,
-            Key={"job_id": {"S": job_id}},
+            Key={"job_id": dynamo.typed(job_id)},
             UpdateExpression="SET lease_until = :new",
             ConditionExpression="#s = :submitting AND lease_until = :old",
             ExpressionAttributeNames={"#s": "state"},
-            ExpressionAttributeValues=_item(
+            ExpressionAttributeValues=dynamo.item(
                 {":new": new_lease_until, ":old": lease_until, ":submitting": SUBMITTING}
             ),
         )
@@ -89,22 +62,22 @@ class JobStore:
         names = {f"#f{i}": name for i, name in enumerate(values)}
         result = self.client.update_item(
             TableName=self.table,
-            Key={"job_id": {"S": job_id}},
+            Key={"job_id": dynamo.typed(job_id)},
             UpdateExpression="SET " + ", ".join(f"{n} = :v{n[1:]}" for n in names),
             ExpressionAttributeNames=names,
-            ExpressionAttributeValues=_item(
+            ExpressionAttributeValues=dynamo.item(
                 {f":v{n[1:]}": values[name] for n, name in names.items()}
             ),
             ReturnValues="ALL_NEW",
         )
-        return _record(result["Attributes"])
+        return dynamo.plain_item(result["Attributes"])
 
     def release(self, job_id: str) -> None:
         """Drop a submission that failed before Batch had a job, so the key can be reused."""
         self._conditional(
             self.client.delete_item,
-            Key={"job_id": {"S": job_id}},
+            Key={"job_id": dynamo.typed(job_id)},
             ConditionExpression="#s = :submitting",
             ExpressionAttributeNames={"#s": "state"},
-            ExpressionAttributeValues=_item({":submitting": SUBMITTING}),
+            ExpressionAttributeValues=dynamo.item({":submitting": SUBMITTING}),
         )

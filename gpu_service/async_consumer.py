@@ -29,14 +29,10 @@ from typing import Any
 import pydantic_core
 
 from gpu_service.dataplane import DataPlane
-from spillway.async_inference import (
-    AsyncSettings,
-    AsyncStore,
-    Job,
-    Message,
-    failure_reply,
-    fair_order,
-)
+from spillway.async_inference.queue import Message, fair_order
+from spillway.async_inference.replies import failure_reply
+from spillway.async_inference.settings import AsyncSettings
+from spillway.async_inference.store import AsyncStore, Job
 from spillway.protocol.wire import Reply, infer_reply, read_json_header
 
 log = logging.getLogger("spillway.gpu.async")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 
-from spillway.async_inference import AsyncSettings
+from spillway.async_inference.settings import AsyncSettings
 from spillway.models.repository import aws_client
 
 TABLE = "spillway-async"

@@ -94,7 +94,7 @@ def local_values(stack: StackEndpoints) -> dict[str, str]:
     mode, which invokes the jobs function, is left off (400 ``mode_unavailable``).
     """
     from batch_job.settings import JobsSettings
-    from spillway.async_inference import ENV_PREFIX, AsyncSettings
+    from spillway.async_inference.settings import ENV_PREFIX, AsyncSettings
     from spillway.fallback.settings import CpuSettings
 
     jobs = JobsSettings()

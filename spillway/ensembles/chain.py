@@ -33,7 +33,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from spillway import inference
-from spillway.async_inference import EXECUTION_OWNER, AsyncRecord, AsyncStore
+from spillway.async_inference.records import EXECUTION_OWNER, AsyncRecord
+from spillway.async_inference.store import AsyncStore
 from spillway.ensembles.runner import LocalSteps, Outcome, Resolver, advance, drive
 from spillway.ensembles.serving import PipelineSet, ServedPipeline, admit, encode
 from spillway.models.processing import Tensors

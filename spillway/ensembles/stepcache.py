@@ -47,6 +47,7 @@ from spillway.protocol.datatypes import datatype_of
 from spillway.protocol.errors import SpillwayError
 from spillway.protocol.tensors import wire_buffer
 from spillway.protocol.wire import TENANT_SCOPE_PATTERN, parse_s3_url
+from spillway.state import dynamo
 
 log = logging.getLogger("spillway.stepcache")
 
@@ -216,13 +217,14 @@ class SharedCache:
                 for item in self._batch_get(list(dict.fromkeys(keys[start : start + _BATCH_GET]))):
                     entry = self._entry(item)
                     if entry is not None:
-                        found[item["key"]["S"]] = entry
+                        found[item["key"]] = entry
         except (BotoCoreError, ClientError, SpillwayError) as exc:
             log.warning("shared step cache read failed; counted as misses: %s", exc)
         return [found.get(key) for key in keys]
 
     def _batch_get(self, keys: list[str]) -> list[dict[str, Any]]:
-        request = {self.table: {"Keys": [{"key": {"S": k}} for k in keys]}}
+        """The items of ``keys`` that exist, as Python values."""
+        request = {self.table: {"Keys": [dynamo.item({"key": k}) for k in keys]}}
         items: list[dict[str, Any]] = []
         for _ in range(5):  # unprocessed keys are retried a few times, then missed
             answer = self._clients("dynamodb").batch_get_item(RequestItems=request)
@@ -230,16 +232,16 @@ class SharedCache:
             request = answer.get("UnprocessedKeys") or {}
             if not request:
                 break
-        return items
+        return [dynamo.plain_item(item) for item in items]
 
     def _entry(self, item: Mapping[str, Any]) -> Tensors | None:
-        if float(item["expires_at"]["N"]) < self._clock():
+        if item["expires_at"] < self._clock():
             return None
-        length = int(item["header_length"]["N"]) if "header_length" in item else None
+        length = item.get("header_length")
         if "body" in item:
-            return decode_entry(bytes(item["body"]["B"]), length)
+            return decode_entry(item["body"], length)
         if "object" in item and self.location is not None:
-            place = parse_s3_url(item["object"]["S"])
+            place = parse_s3_url(item["object"])
             answer = self._clients("s3").get_object(Bucket=place.bucket, Key=place.prefix)
             return decode_entry(answer["Body"].read(), length)
         return None
@@ -256,20 +258,19 @@ class SharedCache:
     def _put(self, key: str, tensors: Tensors) -> None:
         body, length = encode_entry(tensors)
         item: dict[str, Any] = {
-            "key": {"S": key},
-            "expires_at": {"N": str(int(self._clock() + self.ttl_s))},
+            "key": key,
+            "expires_at": int(self._clock() + self.ttl_s),
+            "header_length": length,
         }
-        if length is not None:
-            item["header_length"] = {"N": str(length)}
         if len(body) <= ITEM_BYTES:
-            item["body"] = {"B": body}
+            item["body"] = body
         elif self.location is not None:
             object_key = self.location.key(key)
             self._clients("s3").put_object(Bucket=self.location.bucket, Key=object_key, Body=body)
-            item["object"] = {"S": f"s3://{self.location.bucket}/{object_key}"}
+            item["object"] = f"s3://{self.location.bucket}/{object_key}"
         else:
             return
-        self._clients("dynamodb").put_item(TableName=self.table, Item=item)
+        self._clients("dynamodb").put_item(TableName=self.table, Item=dynamo.item(item))
 
 
 class TieredCache:

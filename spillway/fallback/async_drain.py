@@ -28,7 +28,9 @@ import socket
 import threading
 from typing import Any
 
-from spillway.async_inference import AsyncStore, Message, failure_reply, fair_order, message_of
+from spillway.async_inference.queue import Message, fair_order, message_of
+from spillway.async_inference.replies import failure_reply
+from spillway.async_inference.store import AsyncStore
 from spillway.fallback.service import CpuService
 from spillway.protocol.wire import Reply, infer_reply
 
@@ -133,7 +135,7 @@ def drain_forever(
 def start_local_drain(service: CpuService) -> threading.Event | None:
     """Start ``drain_forever`` on a daemon thread when ``ASYNC_*`` names a queue; the
     event that stops it."""
-    from spillway.async_inference import AsyncSettings
+    from spillway.async_inference.settings import AsyncSettings
 
     settings = AsyncSettings.from_env()
     if not settings.enabled:

@@ -17,7 +17,8 @@ import json
 import logging
 from typing import Any
 
-from spillway.async_inference import AsyncSettings, AsyncStore
+from spillway.async_inference.settings import AsyncSettings
+from spillway.async_inference.store import AsyncStore
 from spillway.ensembles.chain import FAILED, RESPOND, STEP, ChainEvent, ChainStore, run_event
 from spillway.fallback.service import CpuService
 from spillway.models.repository import aws_client

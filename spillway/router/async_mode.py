@@ -2,7 +2,7 @@
 
 A request asks for it with ``"mode": "async"`` in its parameters, the header
 ``x-spillway-mode: async`` or ``Prefer: respond-async``. The router stages it with
-``spillway.async_inference.AsyncStore`` (S3, a DynamoDB record, an SQS message) and
+``spillway.async_inference.store.AsyncStore`` (S3, a DynamoDB record, an SQS message) and
 answers ``202 {"id", "state", "status_url", "areas"}`` with ``Location:
 /v1/results/{id}``; the GPU service consumes the queue when its batchers have room, the
 CPU fallback when the oldest request has waited too long. ``GET /v1/results/{id}``
@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import json
 
-from spillway.async_inference import AsyncRecord, AsyncSettings, AsyncStore
+from spillway.async_inference.records import AsyncRecord
+from spillway.async_inference.settings import AsyncSettings
+from spillway.async_inference.store import AsyncStore
 from spillway.protocol.errors import (
     InvalidInputError,
     ModeUnavailableError,

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from spillway.async_inference import AsyncSettings
+from spillway.async_inference.settings import AsyncSettings
 from spillway.protocol.errors import (
     InvalidInputError,
     ModeUnavailableError,

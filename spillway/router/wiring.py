@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from spillway.async_inference import AsyncSettings, AsyncStore
+from spillway.async_inference.settings import AsyncSettings
+from spillway.async_inference.store import AsyncStore
 from spillway.canary.records import CanaryStore
 from spillway.canary.selection import Affinity, CanaryRouter, backend_config
 from spillway.router.app import RouterApp

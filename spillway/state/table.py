@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spillway.protocol.errors import UnavailableError
+from spillway.state.dynamo import is_condition_failed, plain, typed
 
 KEY = "pk"
 TTL_ATTRIBUTE = "expires_at"
@@ -110,7 +111,7 @@ class DynamoStateStore:
 
     def get(self, key: str, now: float) -> StoredItem | None:
         found = self._call(
-            "get_item", Key={KEY: {"S": key}}, ConsistentRead=True, TableName=self.table
+            "get_item", Key={KEY: typed(key)}, ConsistentRead=True, TableName=self.table
         )
         return _live(found.get("Item"), now) if found is not None else None
 
@@ -121,7 +122,7 @@ class DynamoStateStore:
                 TableName=self.table,
                 Item=_item(key, doc, 1, expires_at),
                 ConditionExpression=f"attribute_not_exists({KEY}) OR {TTL_ATTRIBUTE} <= :now",
-                ExpressionAttributeValues={":now": _number(now)},
+                ExpressionAttributeValues={":now": typed(now)},
             )
             is not None
         )
@@ -135,7 +136,7 @@ class DynamoStateStore:
                 TableName=self.table,
                 Item=_item(key, doc, revision + 1, expires_at),
                 ConditionExpression=f"{_REVISION} = :rev",
-                ExpressionAttributeValues={":rev": _number(revision)},
+                ExpressionAttributeValues={":rev": typed(revision)},
             )
             is not None
         )
@@ -147,12 +148,12 @@ class DynamoStateStore:
         answer = self._call(
             "update_item",
             TableName=self.table,
-            Key={KEY: {"S": key}},
+            Key={KEY: typed(key)},
             UpdateExpression=f"SET {TTL_ATTRIBUTE} = :exp",
             ConditionExpression=f"attribute_exists({KEY}) AND {_LIVE}",
             ExpressionAttributeValues={
-                ":exp": _number(ttl_value(expires_at)),
-                ":now": _number(now),
+                ":exp": typed(ttl_value(expires_at)),
+                ":now": typed(now),
             },
             ReturnValues="ALL_NEW",
         )
@@ -163,9 +164,9 @@ class DynamoStateStore:
             self._call(
                 "delete_item",
                 TableName=self.table,
-                Key={KEY: {"S": key}},
+                Key={KEY: typed(key)},
                 ConditionExpression=f"attribute_exists({KEY}) AND {_LIVE}",
-                ExpressionAttributeValues={":now": _number(now)},
+                ExpressionAttributeValues={":now": typed(now)},
             )
             is not None
         )
@@ -174,12 +175,11 @@ class DynamoStateStore:
         """One DynamoDB call; ``None`` when its condition failed."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        client = self.client
         try:
-            answer: dict[str, Any] = getattr(client, operation)(**kwargs)
-        except client.exceptions.ConditionalCheckFailedException:
-            return None
+            answer: dict[str, Any] = getattr(self.client, operation)(**kwargs)
         except (BotoCoreError, ClientError) as exc:
+            if is_condition_failed(exc):
+                return None
             raise StateUnavailableError(
                 f"the state table {self.table} cannot be reached ({type(exc).__name__})",
                 retry_after_s=1.0,
@@ -187,28 +187,24 @@ class DynamoStateStore:
         return answer
 
 
-def _number(value: float) -> dict[str, str]:
-    return {"N": repr(value) if isinstance(value, float) else str(value)}
-
-
 def _item(key: str, doc: dict[str, Any], revision: int, expires_at: float | None) -> dict[str, Any]:
     item: dict[str, Any] = {
-        KEY: {"S": key},
-        _DOC: {"S": json.dumps(doc, separators=(",", ":"), allow_nan=False)},
-        _REVISION: _number(revision),
+        KEY: typed(key),
+        _DOC: typed(json.dumps(doc, separators=(",", ":"), allow_nan=False)),
+        _REVISION: typed(revision),
     }
     if expires_at is not None:
-        item[TTL_ATTRIBUTE] = _number(ttl_value(expires_at))
+        item[TTL_ATTRIBUTE] = typed(ttl_value(expires_at))
     return item
 
 
 def _live(item: dict[str, Any] | None, now: float) -> StoredItem | None:
     if not item:
         return None
-    expires = float(item[TTL_ATTRIBUTE]["N"]) if TTL_ATTRIBUTE in item else None
+    expires = float(plain(item[TTL_ATTRIBUTE])) if TTL_ATTRIBUTE in item else None
     if expires is not None and expires <= now:
         return None
-    return StoredItem(json.loads(item[_DOC]["S"]), int(item[_REVISION]["N"]), expires)
+    return StoredItem(json.loads(plain(item[_DOC])), int(plain(item[_REVISION])), expires)
 
 
 def create_table(client: Any, table: str) -> None:

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import serverless_wsgi
 
-from spillway.async_inference import AsyncSettings, AsyncStore
+from spillway.async_inference.settings import AsyncSettings
+from spillway.async_inference.store import AsyncStore
 from spillway.models.repository import aws_client
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import Overrides, create_app

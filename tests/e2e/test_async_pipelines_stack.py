@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import serverless_wsgi
 
-from spillway.async_inference import AsyncSettings, AsyncStore
+from spillway.async_inference.settings import AsyncSettings
+from spillway.async_inference.store import AsyncStore
 from spillway.protocol.codec import decode_response
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from spillway.async_inference import AsyncSettings, AsyncStore
+from spillway.async_inference.settings import AsyncSettings
+from spillway.async_inference.store import AsyncStore
 from spillway.fallback.async_drain import drain_check, should_drain
 from spillway.protocol.errors import QuotaExceededError
 from spillway.router.async_mode import inflight_ledger

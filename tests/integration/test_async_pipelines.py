@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 from werkzeug.test import Client, TestResponse
 
-from spillway.async_inference import AsyncSettings, AsyncStore
+from spillway.async_inference.settings import AsyncSettings
+from spillway.async_inference.store import AsyncStore
 from spillway.fallback.app import CpuApp
 from spillway.fallback.chain import default_store
 from spillway.fallback.service import CpuService

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from werkzeug.test import Client, TestResponse
 
-from spillway.async_inference import AsyncStore
+from spillway.async_inference.store import AsyncStore
 from spillway.fallback.async_drain import drain_forever
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings

@@ -9,7 +9,9 @@ import uuid
 
 import pytest
 
-from spillway.async_inference import AsyncRecord, AsyncStore, Message
+from spillway.async_inference.queue import Message
+from spillway.async_inference.records import AsyncRecord
+from spillway.async_inference.store import AsyncStore
 from spillway.models.repository import aws_client
 from spillway.protocol.errors import (
     IdempotencyConflictError,

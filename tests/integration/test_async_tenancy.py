@@ -18,7 +18,8 @@ import pytest
 from werkzeug.test import Client, TestResponse
 
 from gpu_service.async_consumer import AsyncConsumer
-from spillway.async_inference import AsyncSettings, AsyncStore
+from spillway.async_inference.settings import AsyncSettings
+from spillway.async_inference.store import AsyncStore
 from spillway.fallback.async_drain import run_message
 from spillway.models.repository import aws_client
 from spillway.protocol.messages import stage_request

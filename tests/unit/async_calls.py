@@ -27,7 +27,9 @@ from typing import Any
 from unittest import mock
 
 from infra.checks.cfn_eval import Stack, arn
-from spillway.async_inference import AsyncSettings, AsyncStore, message_of
+from spillway.async_inference.queue import message_of
+from spillway.async_inference.settings import AsyncSettings
+from spillway.async_inference.store import AsyncStore
 from spillway.protocol.errors import InferenceError
 from spillway.protocol.wire import error_reply, infer_reply
 from spillway.state.table import scope

@@ -13,7 +13,8 @@ import pytest
 from werkzeug.test import Client
 
 from gpu_service.async_consumer import as_background
-from spillway.async_inference import AsyncSettings, Message, fair_order, message_of
+from spillway.async_inference.queue import Message, fair_order, message_of
+from spillway.async_inference.settings import AsyncSettings
 from spillway.protocol.wire import read_json_header
 from spillway.router.batch_mode import JobsApiSubmitter, staging_quota
 from spillway.router.settings import RouterSettings

@@ -20,7 +20,8 @@ import pytest
 
 from gpu_service.settings import GpuSettings
 from infra.checks.cfn_eval import Stack, arn
-from spillway.async_inference import AsyncRecord, AsyncSettings
+from spillway.async_inference.records import AsyncRecord
+from spillway.async_inference.settings import AsyncSettings
 from spillway.fallback.async_drain import DRAIN_CHECK
 from spillway.router.async_mode import RESULTS_PREFIX
 from spillway_cli.local_async import async_env

@@ -13,7 +13,7 @@ from batch_job.errors import JobNotFoundError
 from batch_job.records import DuplicateIdError
 from batch_job.settings import JobsSettings
 from gpu_service.settings import GpuSettings
-from spillway.async_inference import AsyncSettings
+from spillway.async_inference.settings import AsyncSettings
 from spillway.fallback.settings import CpuSettings
 from spillway.protocol.errors import SpillwayError
 from spillway.router.settings import RouterSettings
