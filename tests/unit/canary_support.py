@@ -7,17 +7,16 @@ import io
 import json
 import random
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from werkzeug.test import Client
 
-from spillway.router.backends import BackendRequest, BackendResponse
+from spillway.router.backends import Backend, BackendRequest, BackendResponse
 from spillway.router.batch_mode import BatchBackend
 from spillway.router.settings import RouterSettings
-from spillway.router.wiring import Overrides, create_app
-from spillway.routing.accounting import EmfSink
+from spillway.router.wiring import create_app
 from tests.memory_store import MemoryStateStore
+from tests.unit.router_support import fake_overrides
 
 PATH = "/v2/models/digits/infer"
 
@@ -133,14 +132,7 @@ def make_router(
 ) -> RouterUnderTest:
     """A router over ``store`` and ``backend`` with the clock for both time sources."""
     metrics = io.StringIO()
-    overrides = Overrides(
-        clock=clock,
-        wall=lambda: datetime(2026, 1, 15, 12, tzinfo=UTC),
-        rng=random.Random(7),
-        backends={"gpu": backend, "batch": BatchBackend(None)},
-        sink=EmfSink(stream=metrics),
-        state=store,
-        epoch=clock,
-    )
+    backends: dict[str, Backend] = {"gpu": backend, "batch": BatchBackend(None)}
+    overrides = fake_overrides(backends, clock, metrics, state=store)
     settings = {"canary_seed": 5, **settings}
     return RouterUnderTest(Client(create_app(RouterSettings(**settings), overrides)), metrics)

@@ -7,25 +7,22 @@ from __future__ import annotations
 import io
 import json
 import logging
-import random
 from collections import Counter
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import pytest
 from werkzeug.test import Client
 
-from spillway.async_inference.settings import AsyncSettings
-from spillway.async_inference.store import AsyncStore
+from spillway.async_inference import AsyncSettings, AsyncStore
 from spillway.canary.records import CanaryStore
-from spillway.router.backends import BackendRequest
+from spillway.router.backends import Backend, BackendRequest
 from spillway.router.batch_mode import BatchBackend, BatchReceipt
 from spillway.router.settings import RouterSettings
-from spillway.router.wiring import Overrides, create_app
-from spillway.routing.accounting import EmfSink
+from spillway.router.wiring import create_app
 from tests.memory_store import MemoryStateStore
 from tests.unit.canary_support import BODY, PATH, VERSION, Clock, VersionedBackend
+from tests.unit.router_support import fake_overrides
 
 SERVERLESS = {"x-spillway-mode": "serverless"}
 
@@ -98,14 +95,9 @@ def stack(
     gpu = VersionedBackend(clock, missing=gpu_missing or set(), name="gpu")
     cpu = VersionedBackend(clock, missing=cpu_missing or set(), name="cpu")
     metrics = io.StringIO()
-    overrides = Overrides(
-        clock=clock,
-        wall=lambda: datetime(2026, 1, 15, 12, tzinfo=UTC),
-        rng=random.Random(7),
-        backends={"gpu": gpu, "cpu": cpu, "batch": BatchBackend(submitter)},
-        sink=EmfSink(stream=metrics),
-        state=store,
-        epoch=clock,
+    backends: dict[str, Backend] = {"gpu": gpu, "cpu": cpu, "batch": BatchBackend(submitter)}
+    overrides = replace(
+        fake_overrides(backends, clock, metrics, state=store),
         async_store=cast(AsyncStore, async_store),
     )
     app = create_app(RouterSettings(canary_seed=5), overrides)

@@ -6,13 +6,11 @@ import base64
 import io
 import json
 import os
-import random
 import struct
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +30,8 @@ from spillway.router.backends import (
 )
 from spillway.router.batch_mode import BatchReceipt, JobRefused
 from spillway.router.settings import RouterSettings
-from spillway.router.wiring import Overrides, create_app
-from spillway.routing.accounting import EmfSink
+from spillway.router.wiring import create_app
+from tests.unit.router_support import fake_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = [float(i % 17) for i in range(64)]
@@ -119,14 +117,7 @@ def make_stack(
     for name in without:
         backends.pop(name)
     metrics = io.StringIO()
-    overrides = Overrides(
-        clock=clock,
-        wall=lambda: datetime(2026, 1, 15, 12, tzinfo=UTC),
-        rng=random.Random(7),
-        backends=backends,
-        sink=EmfSink(stream=metrics),
-    )
-    app = create_app(RouterSettings(**settings), overrides)
+    app = create_app(RouterSettings(**settings), fake_overrides(backends, clock, metrics))
     return Stack(app, clock, backends.get("gpu"), backends.get("cpu"), metrics)  # type: ignore[arg-type]
 
 
