@@ -12,40 +12,19 @@ import multiprocessing
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gpu_service.registry import ModelRegistry
+from gpu_service.served import InferCall, InferResult
 from gpu_service.settings import GpuSettings
-from gpu_service.stats import RequestTimer
-from gpu_service.versions import ServedVersion
 from spillway import inference
-from spillway.models.engine import config_metadata
-from spillway.models.processing import Tensors
-from spillway.protocol.errors import (
-    ControlDisabledError,
-    ModelNotReadyError,
-    SpillwayError,
-    UnavailableError,
-)
+from spillway.protocol.errors import ControlDisabledError, UnavailableError
 from spillway.protocol.v2 import server_metadata
 from spillway.protocol.wire import read_tenant_scope
 
 log = logging.getLogger("spillway.server")
 T = TypeVar("T")
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "schedule_policy"]
-
-
-@dataclass(frozen=True)
-class InferResult:
-    """An encoded infer response and the load signals of the version that served it."""
-
-    body: bytes
-    header_length: int | None
-    version: int
-    queue_depth: int
-    busy: float
-    cold_start_s: float | None = None
 
 
 class BodyBudget:
@@ -91,7 +70,9 @@ class BodyBudget:
 
 
 class DataPlane:
-    """The Open Inference Protocol operations over a model registry."""
+    """The Open Inference Protocol operations over a model registry: each per-model one
+    finds the name in the registry once and asks what serves it (a model or an ensemble,
+    ``gpu_service.served.Served``)."""
 
     def __init__(self, registry: ModelRegistry, settings: GpuSettings) -> None:
         self.registry = registry
@@ -144,44 +125,18 @@ class DataPlane:
         return not self.draining and self.registry.ready and not self.bodies.saturated
 
     def model_ready(self, name: str, version: str | None) -> bool:
-        if self.registry.pipelines.serves(name):
-            return self.registry.pipelines.ready(name, version) and not self.draining
-        try:
-            self.registry.get(name, version)
-        except ModelNotReadyError:
-            return False
-        return not self.draining
+        return self.registry.find(name).ready(version) and not self.draining
 
     def model_metadata(self, name: str, version: str | None) -> dict[str, Any]:
-        if self.registry.pipelines.serves(name):
-            return self.registry.pipelines.metadata(name, version)
-        entry = self.registry.entry(name)
-        if version is None and entry.serving() is None and entry.config is not None:
-            # Scaled to zero: the signature is known without loading the model.
-            return config_metadata(entry.config, sorted(entry.states))
-        return self.registry.get(name, version).model.metadata()
+        return self.registry.find(name).metadata(version)
 
     def model_config(self, name: str, version: str | None) -> dict[str, Any]:
-        entry = self.registry.entry(name)
-        if version is None and entry.config is not None:
-            return entry.config.to_json_dict()
-        if self.registry.pipelines.serves(name):
-            return self.registry.pipelines.served(name, version).config.to_json_dict()
-        return self.registry.get(name, version).model.config.to_json_dict()
+        return self.registry.find(name).config(version)
 
     def model_stats(self, name: str | None, version: str | None) -> dict[str, Any]:
-        pipelines = self.registry.pipelines
-        if name is not None and pipelines.serves(name):
-            return {"model_stats": pipelines.stats(name, version)}
         if name is None:
-            served = self.registry.all_versions()
-        elif version is None:
-            entry = self.registry.entry(name)
-            served = [entry.versions[v] for v in sorted(entry.versions)]
-        else:
-            served = [self.registry.get(name, version)]
-        stats = [s.stats.to_triton(s.model.name, str(s.model.version)) for s in served]
-        return {"model_stats": stats + (pipelines.stats(None) if name is None else [])}
+            return {"model_stats": self.registry.all_stats()}
+        return {"model_stats": self.registry.find(name).stats(version)}
 
     async def repository_index(self) -> list[dict[str, str]]:
         return await self.registry.index()
@@ -213,13 +168,14 @@ class DataPlane:
         *,
         tenant_scope: str | None = None,
     ) -> InferResult:
-        """Run one request through the core pipeline, executing on the version's batcher.
+        """Run one request through the core request path on what serves ``name``: a
+        model's version, executing on its batcher, or an ensemble, whose steps do.
 
         Big bodies are decoded, prepared and encoded on the parse threads; text requests
-        are tokenised there together with the others that arrived meanwhile. The model is
-        looked up once, by the lease (the transport checked it before the body).
+        are tokenised there together with the others that arrived meanwhile. The name is
+        looked up once the body is decoded (the transport checked it before reading it).
         ``tenant_scope`` is the caller's tenant scope as the router sent it
-        (``x-spillway-tenant-scope``; anonymous without one): a pipeline's step cache
+        (``x-spillway-tenant-scope``; anonymous without one): an ensemble's step cache
         entries are that tenant's."""
         self._check_draining()
         scope = read_tenant_scope(tenant_scope)
@@ -229,72 +185,8 @@ class DataPlane:
             decoded = await self._decode(body, header_length)
         else:
             decoded = inference.decode(body, header_length, self.settings.max_body_bytes)
-        if self.registry.pipelines.serves(name):
-            answer = await self.registry.pipelines.infer(
-                name, version, decoded, arrived, self._offload, scope=scope
-            )
-            done = answer.encoded
-            return InferResult(
-                done.body, done.header_length, done.version, answer.queue_depth, answer.busy
-            )
-        timeout_s = decoded.parameters.timeout_s
-        served, cold = await self.registry.acquire(name, version, timeout_s)
-        try:
-            if timeout_s is not None and cold is not None:
-                # The deadline runs from arrival: a cold start spent part of it.
-                timeout_s = max(0.0, timeout_s - cold)
-            encoded = await self._infer(served, decoded, timeout_s, arrived, big)
-        except SpillwayError:
-            served.stats.record_failure(time.perf_counter() - arrived)
-            raise
-        finally:
-            served.release()
-        batcher = served.batcher
-        return InferResult(
-            encoded.body,
-            encoded.header_length,
-            encoded.version,
-            batcher.queue_depth,
-            batcher.busy_fraction(),
-            cold,
-        )
-
-    async def _infer(
-        self,
-        served: ServedVersion,
-        decoded: inference.Decoded,
-        timeout_s: float | None,
-        arrived: float,
-        big: bool,
-    ) -> inference.Encoded:
-        batcher = served.batcher
-        timer = RequestTimer(arrived)
-
-        async def submit(admitted: inference.Admitted) -> Tensors:
-            timer.enqueued()
-            priority = admitted.parameters.priority or 0
-            computed = await batcher.submit_timed(
-                admitted.prepared, priority=priority, timeout_s=timeout_s
-            )
-            timer.computed(computed.queue_s, computed.infer_s)
-            return computed.tensors
-
-        async def prepare(decoded: inference.Decoded) -> inference.Admitted:
-            # Announced to the batcher, so early dispatch keeps a batch open for it.
-            with batcher.incoming():
-                return await served.preparer.admit(decoded, self._offload)
-
-        encoded = await inference.run_async(
-            served.model,
-            decoded,
-            submit,
-            self._offload if big else None,
-            prepare if served.model.batched_prepare else None,
-        )
-        # Every counter of the request at once, with no await in between: a statistics
-        # snapshot sees all of them or none (perf_analyzer checks they agree).
-        served.stats.record_success(timer)
-        return encoded
+        call = InferCall(decoded, arrived, self._offload, big, scope)
+        return await self.registry.find(name).infer(version, call)
 
     async def _decode(self, body: bytes, header_length: int | None) -> inference.Decoded:
         """A big body: binary on a thread (numpy reads the tensor bytes without the

@@ -1,31 +1,33 @@
-"""Pipelines in the GPU service: each step runs through its step model's own batcher.
+"""Ensembles in the GPU service: each step runs through its step model's own batcher.
 
-A pipeline is a registry entry whose configuration is an ensemble. ``sync`` checks it
-against the repository (``spillway.ensembles.graph.read_pipeline``) and records each of its
-versions as READY, or UNAVAILABLE with the reason, in the entry's states, so a bad
-pipeline shows why in the repository index. A request runs the core step runner
+An ensemble is a registry entry whose configuration is an ensemble, served behind the
+same interface as a model (``gpu_service.served.Served``: ``EnsembleEntry``). ``sync``
+checks it against the repository (``spillway.ensembles.graph.read_pipeline``) and records
+each of its versions as READY, or UNAVAILABLE with the reason, in the entry's states, so
+a bad ensemble shows why in the repository index. A request runs the core step runner
 (``spillway.ensembles.runner``); each step leases a version of its model from the registry
 (loading it if it was scaled to zero), prepares the inputs the way that model's own
 requests are prepared (tokenising off the event loop, announced to the batcher), and
-awaits a place in that version's batcher. Concurrent pipeline requests therefore batch
-per step, and pipelines sharing a model batch with each other and with the model's
-direct requests. The step model's own statistics count what the pipeline sent it.
+awaits a place in that version's batcher. Concurrent ensemble requests therefore batch
+per step, and ensembles sharing a model batch with each other and with the model's
+direct requests. The step model's own statistics count what the ensemble sent it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gpu_service.served import InferCall, InferResult, ModelEntry, Versions
 from gpu_service.stats import RequestTimer
 from gpu_service.versions import ServedVersion, State
 from spillway import inference
 from spillway.ensembles.graph import read_pipeline
 from spillway.ensembles.runner import Compute, Effect, Resolve
-from spillway.ensembles.serving import ServedPipeline, serve_async
+from spillway.ensembles.serving import ServedEnsemble, serve_async
 from spillway.ensembles.stepcache import CacheSettings, StepCache, open_cache
 from spillway.models.config import ModelConfig
 from spillway.models.loader import chosen_versions
@@ -38,30 +40,16 @@ from spillway.protocol.errors import (
 )
 from spillway.protocol.wire import InferParameters
 
-if TYPE_CHECKING:
-    from gpu_service.registry import ModelEntry, ModelRegistry
-
-Offload = Callable[..., Awaitable[Any]]
-
-
-@dataclass(frozen=True)
-class PipelineAnswer:
-    """An encoded pipeline response and the load signals of its step versions."""
-
-    encoded: inference.Encoded
-    queue_depth: int
-    busy: float
-
 
 class _BatcherSteps:
     """Answers the step runner's effects for one request with the registry's versions."""
 
     def __init__(
         self,
-        registry: ModelRegistry,
+        registry: Versions,
         parameters: InferParameters,
         arrived: float,
-        offload: Offload,
+        offload: inference.Offload,
     ) -> None:
         self.registry = registry
         self.priority = parameters.priority or 0
@@ -92,7 +80,7 @@ class _BatcherSteps:
         pinned = None if step.version is None else str(step.version)
         try:
             served, _ = await self.registry.acquire(step.model, pinned, self.remaining())
-        except ModelNotFoundError as error:  # the step model went away: the pipeline's fault
+        except ModelNotFoundError as error:  # the step model went away: the ensemble's fault
             raise ModelNotReadyError(f"step {step.label}: {error.message}") from error
         self.leases[step.index] = served
         return served.model.version
@@ -111,39 +99,34 @@ class _BatcherSteps:
                 prepared = model.prepare(inputs)
             # The request's priority, within the levels this step model has.
             priority = min(self.priority, batcher.policy.priority_levels)
-            timer.enqueued()
-            computed = await batcher.submit_timed(
-                prepared, priority=priority, timeout_s=self.remaining()
-            )
-            timer.computed(computed.queue_s, computed.infer_s)
+            outputs = await served.compute(prepared, priority, self.remaining(), timer)
         except SpillwayError:
             served.stats.record_failure(time.perf_counter() - timer.arrived)
             raise
         served.stats.record_success(timer)
-        return computed.tensors
+        return outputs
 
     def release(self) -> None:
         for served in self.leases.values():
             served.release()
 
 
-class ServedPipelines:
-    """The registry's pipelines: checked definitions, statistics and the step cache."""
+class Ensembles:
+    """The registry's ensembles: checked definitions, statistics and the step cache."""
 
-    def __init__(self, registry: ModelRegistry, cache: StepCache | None = None) -> None:
+    def __init__(self, registry: Versions, cache: StepCache | None = None) -> None:
         self.registry = registry
         self.cache = cache
-        self._served: dict[str, ServedPipeline] = {}
+        self._served: dict[str, ServedEnsemble] = {}
 
     @classmethod
-    def from_env(cls, registry: ModelRegistry) -> ServedPipelines:
+    def from_env(cls, registry: Versions) -> Ensembles:
         """With the step cache ``PIPELINE_CACHE_*`` describes."""
         return cls(registry, open_cache(CacheSettings.from_env()))
 
-    def serves(self, name: str) -> bool:
-        """Whether ``name`` is a pipeline of the registry (valid or not)."""
-        entry = self.registry.models.get(name)
-        return entry is not None and entry.config is not None and entry.config.is_pipeline
+    def entry(self, entry: ModelEntry) -> EnsembleEntry:
+        """The ensemble ``entry`` names, behind the interface a model has."""
+        return EnsembleEntry(self, entry)
 
     def ready(self, name: str, version: str | None = None) -> bool:
         """Checked, serving ``version`` (if named), and every step model can serve (ready,
@@ -157,7 +140,7 @@ class ServedPipelines:
     async def sync(
         self, entry: ModelEntry, config: ModelConfig, available: list[int]
     ) -> list[SpillwayError]:
-        """Check the pipeline ``config`` describes (the entry's) and record each version's
+        """Check the ensemble ``config`` describes (the entry's) and record each version's
         state; the failures."""
         wanted = chosen_versions(config.version_policy, available)
         try:
@@ -177,7 +160,7 @@ class ServedPipelines:
         if old is not None and old.pipeline.steps == checked.steps:
             old.pipeline, old.versions = checked, wanted  # a re-check: keep its statistics
         else:
-            self._served[entry.name] = ServedPipeline(checked, wanted)
+            self._served[entry.name] = ServedEnsemble(checked, wanted)
             entry.loads += 1
         for number in wanted:
             entry.set_state(number, State.READY)
@@ -185,14 +168,14 @@ class ServedPipelines:
         return []
 
     def unload(self, entry: ModelEntry, reason: str) -> None:
-        """Stop serving the pipeline (a later request checks it again, as a model
+        """Stop serving the ensemble (a later request checks it again, as a model
         scaled to zero loads again)."""
         if self._served.pop(entry.name, None) is not None:
             for number in list(entry.states):
                 entry.set_state(number, State.UNAVAILABLE, f"unloaded: {reason}")
 
-    async def get(self, name: str) -> ServedPipeline:
-        """The checked pipeline (checked now if it was never synced: a lazy start)."""
+    async def checked(self, name: str) -> ServedEnsemble:
+        """The checked ensemble (checked now if it was never synced: a lazy start)."""
         served = self._served.get(name)
         if served is None:
             failures = await self.registry.sync(name)
@@ -201,77 +184,91 @@ class ServedPipelines:
             served = self._served[name]
         return served
 
-    async def infer(
-        self,
-        name: str,
-        version: str | None,
-        decoded: inference.Decoded,
-        arrived: float,
-        offload: Offload,
-        *,
-        scope: str,
-    ) -> PipelineAnswer:
-        """Run one request of tenant ``scope`` (its step cache entries are that tenant's);
-        ``arrived`` is its ``time.perf_counter()`` arrival."""
-        served = await self.get(name)
-        number = served.version(version)
-        steps = _BatcherSteps(self.registry, decoded.parameters, arrived, offload)
-        try:
-            encoded = await serve_async(served, number, decoded, steps, self.cache, scope=scope)
-        finally:
-            steps.release()
-        batchers = [s.batcher for s in steps.leases.values()]
-        return PipelineAnswer(
-            encoded,
-            max((b.queue_depth for b in batchers), default=0),
-            max((b.busy_fraction() for b in batchers), default=0.0),
-        )
-
-    def served(self, name: str, version: str | None = None) -> ServedPipeline:
-        """A checked pipeline serving ``version`` (if named); 503 with the reason when it
-        did not check out, 404 for a version it does not serve."""
-        served = self._served.get(name)
+    def served(self, entry: ModelEntry, version: str | None = None) -> ServedEnsemble:
+        """A checked ensemble serving ``version`` (if named); 503 with the reason when
+        it did not check out, 404 for a version it does not serve."""
+        served = self._served.get(entry.name)
         if served is None:
-            entry = self.registry.entry(name)
-            raise ModelNotReadyError(f"pipeline {name!r}: {entry.last_error or 'not loaded'}")
+            reason = entry.last_error or "not loaded"
+            raise ModelNotReadyError(f"pipeline {entry.name!r}: {reason}")
         served.version(version)
         return served
 
-    def metadata(self, name: str, version: str | None) -> dict[str, Any]:
-        return self.served(name, version).metadata()
-
-    def stats(self, name: str | None, version: str | None = None) -> list[dict[str, Any]]:
-        """Triton-shaped ``model_stats`` entries of one pipeline (or all of them)."""
-        names = sorted(self._served) if name is None else [name]
-        entries = []
-        for each in names:
-            served = self.served(each)
-            number = served.version(version)
-            entries.append(_per_request(served.stats.to_triton(served.pipeline, str(number))))
-        return entries
+    def stats(self) -> list[dict[str, Any]]:
+        """Triton-shaped ``model_stats`` entries of every checked ensemble, by name."""
+        return [_stats(served, None) for _, served in sorted(self._served.items())]
 
     def metric_lines(self) -> list[str]:
-        """Prometheus lines per pipeline and per step."""
+        """Prometheus lines per ensemble and per step."""
         lines: list[str] = []
-        for name, help_text, read in _PIPELINE_METRICS:
+        for name, help_text, read in _ENSEMBLE_METRICS:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
             lines += [
                 f'{name}{{pipeline="{n}"}} {read(s)}' for n, s in sorted(self._served.items())
             ]
         for name, help_text, field in _STEP_METRICS:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
-            for pipeline_name, served in sorted(self._served.items()):
+            for ensemble_name, served in sorted(self._served.items()):
                 for step in served.pipeline.steps:
                     value = getattr(served.stats.step(step.index), field)
                     if field == "compute_ns":
                         value //= 1000
-                    labels = f'pipeline="{pipeline_name}",step="{step.index}",model="{step.model}"'
+                    labels = f'pipeline="{ensemble_name}",step="{step.index}",model="{step.model}"'
                     lines.append(f"{name}{{{labels}}} {value}")
         return lines
 
 
+@dataclass(frozen=True, slots=True)
+class EnsembleEntry:
+    """An ensemble of the registry behind ``gpu_service.served.Served``: a request runs
+    its steps, each on a version of its step model."""
+
+    ensembles: Ensembles
+    entry: ModelEntry
+
+    def ready(self, version: str | None) -> bool:
+        return self.ensembles.ready(self.entry.name, version)
+
+    def metadata(self, version: str | None) -> dict[str, Any]:
+        return self.ensembles.served(self.entry, version).metadata()
+
+    def config(self, version: str | None) -> dict[str, Any]:
+        if version is None and self.entry.config is not None:
+            return self.entry.config.to_json_dict()
+        return self.ensembles.served(self.entry, version).config.to_json_dict()
+
+    def stats(self, version: str | None) -> list[dict[str, Any]]:
+        return [_stats(self.ensembles.served(self.entry), version)]
+
+    async def infer(self, version: str | None, call: InferCall) -> InferResult:
+        """Run one request of tenant ``call.scope`` (its step cache entries are that
+        tenant's) through the steps; the load signals are its busiest step version's."""
+        ensembles = self.ensembles
+        served = await ensembles.checked(self.entry.name)
+        number = served.version(version)
+        decoded = call.decoded
+        steps = _BatcherSteps(ensembles.registry, decoded.parameters, call.arrived, call.offload)
+        try:
+            encoded = await serve_async(
+                served, number, decoded, steps, ensembles.cache, scope=call.scope
+            )
+        finally:
+            steps.release()
+        batchers = [s.batcher for s in steps.leases.values()]
+        return InferResult.of(
+            encoded,
+            max((b.queue_depth for b in batchers), default=0),
+            max((b.busy_fraction() for b in batchers), default=0.0),
+        )
+
+
+def _stats(served: ServedEnsemble, version: str | None) -> dict[str, Any]:
+    number = str(served.version(version))
+    return _per_request(served.stats.to_triton(served.pipeline, number))
+
+
 def _per_request(entry: dict[str, Any]) -> dict[str, Any]:
-    """A pipeline's entry with Triton's per-request counters, as an ensemble's has them:
+    """An ensemble's entry with Triton's per-request counters, as an ensemble's has them:
     its requests queue and compute in their steps (each step model's entry has those
     times), so each successful request counts once here with no time of its own.
     perf_analyzer needs them: it finds the version it measures by its queue count
@@ -285,7 +282,7 @@ def _per_request(entry: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-_PIPELINE_METRICS: tuple[tuple[str, str, Callable[[ServedPipeline], int]], ...] = (
+_ENSEMBLE_METRICS: tuple[tuple[str, str, Callable[[ServedEnsemble], int]], ...] = (
     (
         "spillway_pipeline_request_success_total",
         "Successful pipeline requests",

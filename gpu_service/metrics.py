@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from gpu_service.registry import ModelEntry, ModelRegistry
+from gpu_service.registry import ModelRegistry
+from gpu_service.served import ModelEntry
 from gpu_service.stats import BATCH_BUCKETS
 from gpu_service.versions import ServedVersion
 
@@ -162,5 +163,5 @@ def render(registry: ModelRegistry) -> str:
             lines += [f"{name}{{{_labels(s)}}} {read(s)}" for s in served]
     lines += _histogram(served)
     lines += _model_lines(registry)
-    lines += registry.pipelines.metric_lines()
+    lines += registry.ensembles.metric_lines()
     return "\n".join(lines) + "\n"

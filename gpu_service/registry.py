@@ -13,6 +13,9 @@ worker threads. Loads are serialised (one at a time) so memory growth is attribu
   with ``InsufficientMemoryError``.
 * A version idle longer than its TTL is unloaded (unless its model is pinned); the next
   request loads it again, and concurrent first requests share that one load.
+* An ensemble is an entry like a model's: ``sync`` checks it instead of loading
+  versions, and ``find`` answers its name, as a model's, with something behind one
+  interface (``gpu_service.served.Served``).
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpu_service.batching_policy import batching_policy
-from gpu_service.ensemble import ServedPipelines
+from gpu_service.ensemble import Ensembles
 from gpu_service.memory import estimate
+from gpu_service.served import ModelEntry, ModelVersions, Served
 from gpu_service.settings import GpuSettings
 from gpu_service.versions import ServedVersion, State, load_version, start_version
 from spillway.models.config import ModelConfig
@@ -48,50 +52,8 @@ log = logging.getLogger("spillway.registry")
 Loader = Callable[[ModelConfig, int, Path, GpuSettings], tuple[OnnxModel, int, str]]
 
 
-@dataclass
-class ModelEntry:
-    """A model of the repository: its loaded versions and what happened to the others."""
-
-    name: str
-    config: ModelConfig | None = None
-    versions: dict[int, ServedVersion] = field(default_factory=dict)
-    states: dict[int, tuple[State, str]] = field(default_factory=dict)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    loading: asyncio.Task[list[SpillwayError]] | None = None
-    loads: int = 0
-    load_failures: int = 0
-    cold_starts: int = 0
-    evictions: int = 0
-    last_error: str | None = None
-    footprint: int | None = None  # last measured, the estimate for the next load
-    _changed: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
-
-    def set_state(self, number: int, state: State, reason: str = "") -> None:
-        """Record a version's state and wake whoever waits for a change."""
-        self.states[number] = (state, reason)
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    async def wait_state(self, number: int, state: State) -> None:
-        """Return once version ``number`` is in ``state``."""
-        while (current := self.states.get(number)) is None or current[0] is not state:
-            await self._changed.wait()
-
-    def serving(self) -> ServedVersion | None:
-        """The version a request that pins none gets: the newest ready one, or the
-        canary's stable version while the configuration names a canary."""
-        ready = {n: v for n, v in self.versions.items() if v.ready}
-        number = self.config.default_version(ready) if self.config else max(ready, default=None)
-        return ready[number] if number is not None else None
-
-    def ttl(self, default: float | None) -> float | None:
-        if self.config is None or self.config.spillway.pinned:
-            return None
-        return self.config.spillway.idle_ttl_seconds or default
-
-
 class ModelRegistry:
-    """Loads, swaps, evicts and finds model versions."""
+    """Loads, swaps, evicts and finds model versions; checks and finds ensembles."""
 
     def __init__(
         self, repository: ModelRepository, settings: GpuSettings, *, loader: Loader = load_version
@@ -100,7 +62,7 @@ class ModelRegistry:
         self.settings = settings
         self._loader = loader
         self.models: dict[str, ModelEntry] = {}
-        self.pipelines = ServedPipelines.from_env(self)
+        self.ensembles = Ensembles.from_env(self)
         self._load_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -138,6 +100,14 @@ class ModelRegistry:
         if entry is None:
             raise ModelNotFoundError(f"unknown model {name!r}")
         return entry
+
+    def find(self, name: str) -> Served:
+        """What serves ``name``: a model's versions or an ensemble, behind one interface
+        (404 for a name the registry does not know)."""
+        return self._served(self.entry(name))
+
+    def _served(self, entry: ModelEntry) -> Served:
+        return self.ensembles.entry(entry) if entry.is_ensemble else ModelVersions(self, entry)
 
     def get(self, name: str, version: str | None = None) -> ServedVersion:
         """The version that serves now: the pinned one, or the newest ready one."""
@@ -213,8 +183,8 @@ class ModelRegistry:
                 if isinstance(error, ModelNotFoundError) and not entry.versions:
                     self.models.pop(name, None)  # never known: requests get 404, not 503
                 return [error]
-            if entry.config.is_pipeline:
-                return await self.pipelines.sync(entry, entry.config, available)
+            if entry.is_ensemble:
+                return await self.ensembles.sync(entry, entry.config, available)
             wanted = chosen_versions(entry.config.version_policy, available)
             failures: list[SpillwayError] = []
             for number in wanted:
@@ -280,10 +250,10 @@ class ModelRegistry:
         log.info("unloaded %s v%d: %s", entry.name, number, reason)
 
     async def unload(self, name: str, reason: str = "unloaded on request") -> None:
-        """Drain and free every version of a model (a pipeline stops being served)."""
+        """Drain and free every version of a model (an ensemble stops being served)."""
         entry = self.entry(name)
         async with entry.lock:
-            self.pipelines.unload(entry, reason)
+            self.ensembles.unload(entry, reason)
             for number in list(entry.versions):
                 await self._retire(entry, number, reason)
 
@@ -372,6 +342,10 @@ class ModelRegistry:
         """Every loaded version, by model name then version."""
         return [e.versions[v] for _, e in sorted(self.models.items()) for v in sorted(e.versions)]
 
+    def all_stats(self) -> list[dict[str, Any]]:
+        """Triton's ``model_stats`` of every loaded version, then of every ensemble."""
+        return [s.triton_stats() for s in self.all_versions()] + self.ensembles.stats()
+
     @property
     def ready(self) -> bool:
         """Every model that should be resident has a ready version."""
@@ -381,6 +355,4 @@ class ModelRegistry:
             for e in self.models.values()
             if ("*" in startup or e.name in startup) and e.ttl(self.settings.idle_ttl_s) is None
         ]
-        return bool(self.models) and all(
-            e.serving() is not None or self.pipelines.ready(e.name) for e in required
-        )
+        return bool(self.models) and all(self._served(e).ready(None) for e in required)

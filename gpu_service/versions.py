@@ -7,16 +7,18 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from gpu_service.batcher import DynamicBatcher
 from gpu_service.batching_policy import BatchingPolicy
 from gpu_service.memory import Probe
 from gpu_service.preparing import PrepareQueue
 from gpu_service.settings import GpuSettings
-from gpu_service.stats import ModelStats
+from gpu_service.stats import ModelStats, RequestTimer
 from spillway.models.config import ModelConfig
 from spillway.models.engine import CUDA, OnnxModel
 from spillway.models.loader import open_version
+from spillway.models.processing import Prepared, Tensors
 
 
 class State(StrEnum):
@@ -71,6 +73,20 @@ class ServedVersion:
         self.last_used = time.monotonic()
         if self.leases == 0:
             self.released.set()
+
+    async def compute(
+        self, prepared: Prepared, priority: int, timeout_s: float | None, timer: RequestTimer
+    ) -> Tensors:
+        """Queue one request's prepared inputs on the batcher and await its outputs; the
+        wait and the run are timed in ``timer`` (the caller records its statistics)."""
+        timer.enqueued()
+        computed = await self.batcher.submit_timed(prepared, priority=priority, timeout_s=timeout_s)
+        timer.computed(computed.queue_s, computed.infer_s)
+        return computed.tensors
+
+    def triton_stats(self) -> dict[str, Any]:
+        """The version's ``model_stats`` entry of Triton's statistics extension."""
+        return self.stats.to_triton(self.model.name, str(self.model.version))
 
     async def drain(self, timeout_s: float) -> None:
         """Wait until no request holds it, then stop its batcher."""

@@ -1,9 +1,11 @@
-"""The one inference pipeline: decode → validate → prepare → execute → encode.
+"""The one request path: decode → validate → prepare → execute → encode.
 
 Every deployable runs a request through these steps and injects only the execute step:
 the GPU service passes its batcher's ``submit`` (many requests share a run), the CPU
 fallback runs the engine directly (one request per run). The batch job reads records
 instead of V2 bodies but validates, prepares and runs through the same engine calls.
+An ensemble's request is admitted and encoded by these same steps too
+(``spillway.ensembles.serving``); its step runner is what executes it.
 
 Decoding does not need the model (a server may look the model up with the request's
 ``timeout`` in hand); validation and preparation do.
@@ -14,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from spillway.models.config import ModelConfig
 from spillway.models.engine import OnnxModel
@@ -71,6 +73,21 @@ Admit = Callable[[Decoded], Awaitable[Admitted]]
 """Validates and prepares one request somewhere else (e.g. together with others)."""
 
 
+class Signature(Protocol):
+    """What a request is admitted against: a model version, or an ensemble (whose
+    ``prepare`` checks the inputs and leaves preparing to its steps)."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def output_names(self) -> Sequence[str]: ...
+
+    def prepare(self, inputs: Tensors) -> Prepared:
+        """Check ``inputs`` against the signature and pre-process them."""
+        ...
+
+
 def decode(body: bytes, header_length: int | None, max_body_bytes: int | None = None) -> Decoded:
     """Parse the body (JSON or binary) and the ``timeout``/``priority`` parameters."""
     request, arrays = decode_request(body, header_length, max_body_bytes=max_body_bytes)
@@ -78,7 +95,7 @@ def decode(body: bytes, header_length: int | None, max_body_bytes: int | None = 
 
 
 def priority_levels(config: ModelConfig) -> int:
-    """The priority levels a model (or pipeline) has: its dynamic batcher's
+    """The priority levels a model (or ensemble) has: its dynamic batcher's
     ``priority_levels``; one without dynamic batching has one level."""
     batching = config.dynamic_batching
     return batching.priority_levels if config.max_batch_size > 0 and batching else 1
@@ -96,7 +113,7 @@ def check_priority(config: ModelConfig, parameters: InferParameters) -> None:
         )
 
 
-def admit(model: OnnxModel, decoded: Decoded) -> Admitted:
+def admit(model: Signature, decoded: Decoded) -> Admitted:
     """Validate against the model's signature and pre-process (e.g. tokenise)."""
     outputs, binary = _outputs(model, decoded)
     return Admitted(decoded, model.prepare(decoded.arrays), outputs, binary)
@@ -120,7 +137,7 @@ def admit_many(model: OnnxModel, decoded: Sequence[Decoded]) -> list[Admitted | 
     return out
 
 
-def _outputs(model: OnnxModel, decoded: Decoded) -> tuple[list[str], set[str]]:
+def _outputs(model: Signature, decoded: Decoded) -> tuple[list[str], set[str]]:
     """The outputs a request wants, and which of them as binary data (its parameters
     checked against the model first)."""
     check_priority(model.config, decoded.parameters)
@@ -130,14 +147,28 @@ def _outputs(model: OnnxModel, decoded: Decoded) -> tuple[list[str], set[str]]:
 
 def encode(model: OnnxModel, admitted: Admitted, result: Tensors) -> Encoded:
     """The response body with the outputs the request asked for, in its order."""
+    outputs = {name: result[name] for name in admitted.outputs}
+    return encode_outputs(model.name, model.version, admitted, outputs)
+
+
+def encode_outputs(
+    name: str,
+    version: int,
+    admitted: Admitted,
+    outputs: Tensors,
+    parameters: dict[str, Any] | None = None,
+) -> Encoded:
+    """The response of version ``version`` of ``name``: ``outputs`` in their order, those
+    the request asked for as binary data so, and the response ``parameters``."""
     body, length = encode_response(
-        model.name,
-        str(model.version),
+        name,
+        str(version),
         admitted.decoded.request.id,
-        {name: result[name] for name in admitted.outputs},
-        binary=admitted.binary,
+        outputs,
+        binary=admitted.binary & outputs.keys(),
+        parameters=parameters,
     )
-    return Encoded(body, length, model.version)
+    return Encoded(body, length, version)
 
 
 def run(model: OnnxModel, decoded: Decoded, execute: Execute) -> Encoded:

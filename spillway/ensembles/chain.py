@@ -36,7 +36,7 @@ from spillway import inference
 from spillway.async_inference.records import EXECUTION_OWNER, AsyncRecord
 from spillway.async_inference.store import AsyncStore
 from spillway.ensembles.runner import LocalSteps, Outcome, Resolver, advance, drive
-from spillway.ensembles.serving import PipelineSet, ServedPipeline, admit, encode
+from spillway.ensembles.serving import EnsembleSet, ServedEnsemble, admit, encode
 from spillway.models.processing import Tensors
 from spillway.protocol.codec import decode_response, encode_response
 from spillway.protocol.errors import InvalidInputError, ModelNotFoundError
@@ -152,20 +152,20 @@ def _listed(value: Any) -> list[str]:
     return [part for part in str(value or "").split(",") if part]
 
 
-def _pipeline(pipelines: PipelineSet, name: str, version: str | None = None) -> ServedPipeline:
-    served = pipelines.find(name, version)
+def _ensemble(ensembles: EnsembleSet, name: str, version: str | None = None) -> ServedEnsemble:
+    served = ensembles.find(name, version)
     if served is None:
         raise ModelNotFoundError(f"no pipeline {name!r} is served here")
     return served
 
 
 def run_step(
-    pipelines: PipelineSet, resolve: Resolver, store: ChainStore, event: ChainEvent
+    ensembles: EnsembleSet, resolve: Resolver, store: ChainStore, event: ChainEvent
 ) -> dict[str, Any]:
     """Run step ``event.step`` of the pipeline for request ``event.id``; where its state
     went and whether the step was skipped."""
     requested = store.requested_version(event.id, event.tenant_scope)
-    served = _pipeline(pipelines, event.pipeline, requested)
+    served = _ensemble(ensembles, event.pipeline, requested)
     steps = served.pipeline.steps
     number = event.step if event.step is not None else -1
     if not 0 <= number < len(steps):
@@ -180,7 +180,7 @@ def run_step(
             steps[number],
             [tensors],
             [outcome],
-            pipelines.cache,
+            ensembles.cache,
             served.stats,
             scope=event.tenant_scope,
         ),
@@ -190,12 +190,12 @@ def run_step(
     return {"state": state, "skipped": steps[number].label in outcome.skipped}
 
 
-def respond(pipelines: PipelineSet, store: ChainStore, event: ChainEvent) -> dict[str, Any]:
+def respond(ensembles: EnsembleSet, store: ChainStore, event: ChainEvent) -> dict[str, Any]:
     """Encode the response from the last step's state (the outputs the request asked
     for, as it asked for them) and settle the request's record with it (without a
     record: write it where the async path keeps results)."""
     requested = store.requested_version(event.id, event.tenant_scope)
-    served = _pipeline(pipelines, event.pipeline, requested)
+    served = _ensemble(ensembles, event.pipeline, requested)
     tensors, outcome = store.read_state(event.id, len(served.pipeline.steps) - 1)
     decoded = inference.decode(*store.read_request(event.id, event.tenant_scope))
     outcome.tensors = {n: tensors[n] for n in served.pipeline.output_names if n in tensors}
@@ -236,11 +236,11 @@ def fail(store: ChainStore, event: ChainEvent) -> dict[str, Any]:
 
 
 def run_event(
-    pipelines: PipelineSet, resolve: Resolver, store: ChainStore, event: ChainEvent
+    ensembles: EnsembleSet, resolve: Resolver, store: ChainStore, event: ChainEvent
 ) -> dict[str, Any]:
     """One state's work: a step, the response, or the settling of a failure."""
     if event.spillway == STEP:
-        return run_step(pipelines, resolve, store, event)
+        return run_step(ensembles, resolve, store, event)
     if event.spillway == RESPOND:
-        return respond(pipelines, store, event)
+        return respond(ensembles, store, event)
     return fail(store, event)

@@ -1,14 +1,14 @@
-"""Serving pipelines with the step runner (``spillway.ensembles.runner``): what every
+"""Serving ensembles with the step runner (``spillway.ensembles.runner``): what every
 deployable shares around it.
 
-* ``ServedPipeline``: a checked pipeline, the versions it answers to, its statistics.
-* ``admit`` / ``encode``: a request checked against the pipeline's signature and
-  outputs; the response with the outputs made, and ``parameters.skipped_steps`` /
-  ``parameters.cached_steps``. ``serve`` and ``serve_async`` run one request between
-  them (the CPU fallback, the GPU service).
-* ``PipelineJobModel``: a pipeline version as a batch job's model, each step run once
+* ``ServedEnsemble``: a checked ensemble, the versions it answers to, its statistics.
+* ``admit`` / ``encode``: the request path's own steps (``spillway.inference``) with an
+  ensemble as the signature; the response also names the skipped and cached steps.
+  ``serve`` and ``serve_async`` run one request between them (the CPU fallback, the GPU
+  service).
+* ``PipelineJobModel``: an ensemble version as a batch job's model, each step run once
   per batch of records.
-* ``PipelineSet``: the pipelines one process serves over its loaded models, and those it
+* ``EnsembleSet``: the ensembles one process serves over its loaded models, and those it
   refused at load, with why.
 """
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spillway import inference
 from spillway.ensembles.graph import Pipeline, check_inputs, pipeline_metadata, read_pipeline
 from spillway.ensembles.runner import (
     Effect,
@@ -32,13 +33,12 @@ from spillway.ensembles.runner import (
     run_steps,
 )
 from spillway.ensembles.stepcache import StepCache
-from spillway.inference import Decoded, Encoded, check_priority
+from spillway.inference import Admitted, Decoded, Encoded
 from spillway.models.config import ModelConfig
 from spillway.models.engine import EngineOptions, OnnxModel
 from spillway.models.loader import chosen_versions, load_version, served_versions
 from spillway.models.processing import Prepared, Tensors
 from spillway.models.repository import ModelRepository
-from spillway.protocol.codec import binary_outputs_requested, encode_response, requested_outputs
 from spillway.protocol.errors import (
     ModelLoadError,
     ModelNotFoundError,
@@ -54,8 +54,9 @@ log = logging.getLogger("spillway.ensemble")
 
 
 @dataclass
-class ServedPipeline:
-    """A pipeline as a server holds it: the versions it answers to and its statistics."""
+class ServedEnsemble:
+    """An ensemble as a server holds it: the versions it answers to and its statistics;
+    the signature requests are admitted against (``spillway.inference.Signature``)."""
 
     pipeline: Pipeline
     versions: list[int]
@@ -69,6 +70,14 @@ class ServedPipeline:
     def config(self) -> ModelConfig:
         return self.pipeline.config
 
+    @property
+    def output_names(self) -> list[str]:
+        return self.pipeline.output_names
+
+    def prepare(self, inputs: Tensors) -> Prepared:
+        """Check the inputs against the ensemble's; each step prepares its own."""
+        return Prepared(inputs, check_inputs(self.config, inputs))
+
     def version(self, requested: str | None) -> int:
         """The version a request gets: the one it names, else the default one."""
         if requested is None:
@@ -79,50 +88,33 @@ class ServedPipeline:
         return number
 
     def metadata(self) -> dict[str, Any]:
-        """``GET /v2/models/{pipeline}``."""
+        """``GET /v2/models/{ensemble}``."""
         return pipeline_metadata(self.pipeline, self.versions)
 
 
-@dataclass(frozen=True)
-class Admitted:
-    """A request checked against a pipeline: what it asked for and its row count."""
-
-    decoded: Decoded
-    rows: int
-    outputs: list[str]
-    binary: set[str]
+def admit(served: ServedEnsemble, decoded: Decoded) -> Admitted:
+    """Check a decoded request against the ensemble's signature, parameters and outputs
+    (``spillway.inference.admit``: the same checks, in the same order, as a model's)."""
+    return inference.admit(served, decoded)
 
 
-def admit(served: ServedPipeline, decoded: Decoded) -> Admitted:
-    """Check a decoded request against the pipeline's signature, parameters and outputs."""
-    check_priority(served.config, decoded.parameters)
-    rows = check_inputs(served.config, decoded.arrays)
-    outputs = requested_outputs(decoded.request, served.pipeline.output_names)
-    return Admitted(decoded, rows, outputs, binary_outputs_requested(decoded.request, outputs))
-
-
-def encode(served: ServedPipeline, version: int, admitted: Admitted, outcome: Outcome) -> Encoded:
-    """The response: the outputs asked for that were made; skipped and cached steps in
-    ``parameters``."""
+def encode(served: ServedEnsemble, version: int, admitted: Admitted, outcome: Outcome) -> Encoded:
+    """The response, as ``spillway.inference.encode`` makes a model's but for two things
+    an ensemble has and a model has not: a step its condition skipped made no outputs,
+    so only the outputs asked for that were made are sent (a model makes every output);
+    and the steps skipped or answered from the step cache are named in ``parameters``
+    (``skipped_steps``, ``cached_steps``)."""
     parameters: dict[str, Any] = {}
     if outcome.skipped:
         parameters["skipped_steps"] = ",".join(outcome.skipped)
     if outcome.cached:
         parameters["cached_steps"] = ",".join(outcome.cached)
     outputs = {n: outcome.tensors[n] for n in admitted.outputs if n in outcome.tensors}
-    body, length = encode_response(
-        served.name,
-        str(version),
-        admitted.decoded.request.id,
-        outputs,
-        binary=admitted.binary & outputs.keys(),
-        parameters=parameters or None,
-    )
-    return Encoded(body, length, version)
+    return inference.encode_outputs(served.name, version, admitted, outputs, parameters or None)
 
 
 def serve(
-    served: ServedPipeline,
+    served: ServedEnsemble,
     version: int,
     decoded: Decoded,
     handle: Callable[[Effect], Any],
@@ -130,17 +122,17 @@ def serve(
     *,
     scope: str,
 ) -> Encoded:
-    """One request of tenant ``scope`` through the pipeline on this thread (the CPU
+    """One request of tenant ``scope`` through the ensemble on this thread (the CPU
     fallback)."""
     admitted = admit(served, decoded)
-    with served.stats.request(admitted.rows):
+    with served.stats.request(admitted.prepared.rows):
         run = run_steps(served.pipeline, [decoded.arrays], cache, served.stats, scope=scope)
         outcome = drive(run, handle)[0]
     return encode(served, version, admitted, outcome)
 
 
 async def serve_async(
-    served: ServedPipeline,
+    served: ServedEnsemble,
     version: int,
     decoded: Decoded,
     handle: Callable[[Effect], Awaitable[Any]],
@@ -148,10 +140,10 @@ async def serve_async(
     *,
     scope: str,
 ) -> Encoded:
-    """One request of tenant ``scope`` through the pipeline, each effect awaited (the GPU
+    """One request of tenant ``scope`` through the ensemble, each effect awaited (the GPU
     service)."""
     admitted = admit(served, decoded)
-    with served.stats.request(admitted.rows):
+    with served.stats.request(admitted.prepared.rows):
         run = run_steps(served.pipeline, [decoded.arrays], cache, served.stats, scope=scope)
         outcome = (await drive_async(run, handle))[0]
     return encode(served, version, admitted, outcome)
@@ -161,14 +153,14 @@ async def serve_async(
 
 
 class PipelineJobModel:
-    """A pipeline version as an offline job's model (``batch_job.shard.JobModel``): a
+    """An ensemble version as an offline job's model (``batch_job.shard.JobModel``): a
     batch of records runs each step once over all of them (one tokenising call, one
     engine run), and each record gets the pipeline outputs it made. Every record is the
     job's tenant's (``scope``): the cache entries it reads and writes are that tenant's."""
 
     def __init__(
         self,
-        served: ServedPipeline,
+        served: ServedEnsemble,
         version: int,
         resolve: Resolver,
         cache: StepCache | None = None,
@@ -188,8 +180,8 @@ class PipelineJobModel:
         return self.config.max_batch_size > 0
 
     def prepare(self, inputs: Tensors) -> Prepared:
-        """Check one record against the pipeline's inputs (the steps prepare their own)."""
-        return Prepared(inputs, check_inputs(self.config, inputs))
+        """Check one record against the ensemble's inputs (the steps prepare their own)."""
+        return self.served.prepare(inputs)
 
     def prepare_many(self, requests: Sequence[Tensors]) -> list[Prepared | SpillwayError]:
         """``prepare`` for each record; a record's error is its own."""
@@ -220,7 +212,7 @@ def load_pipeline_version(
     *,
     scope: str,
 ) -> PipelineJobModel:
-    """A pipeline version for a batch job of tenant ``scope``: checked, with the step
+    """An ensemble version for a batch job of tenant ``scope``: checked, with the step
     models' versions it runs loaded (pinned ones, else the version each step model
     serves); blocking."""
     pipeline = read_pipeline(repository, config)
@@ -238,28 +230,28 @@ def load_pipeline_version(
             models[step.model, pinned] = load_version(
                 repository, step_config, number, cache_dir, options
             )
-    served = ServedPipeline(pipeline, [version])
+    served = ServedEnsemble(pipeline, [version])
     return PipelineJobModel(served, version, lambda name, v: models[name, v], cache, scope=scope)
 
 
-# --- a process's pipelines --------------------------------------------------------------
+# --- a process's ensembles --------------------------------------------------------------
 
 
 @dataclass
-class PipelineSet:
-    """The pipelines a process serves over its loaded models (the CPU fallback), those
-    refused at load and why (one bad pipeline never stops the others from serving), and
+class EnsembleSet:
+    """The ensembles a process serves over its loaded models (the CPU fallback), those
+    refused at load and why (one bad ensemble never stops the others from serving), and
     the step cache they share."""
 
-    served: dict[str, ServedPipeline] = field(default_factory=dict)
+    served: dict[str, ServedEnsemble] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     cache: StepCache | None = None
 
     @classmethod
     def read(
         cls, repository: ModelRepository, names: list[str] | None, cache: StepCache | None
-    ) -> PipelineSet:
-        """The pipelines among ``names`` (all when ``None``), checked; blocking."""
+    ) -> EnsembleSet:
+        """The ensembles among ``names`` (all when ``None``), checked; blocking."""
         found = cls(cache=cache)
         for name in repository.list_models() if names is None else names:
             config = repository.read_config(name)
@@ -267,7 +259,7 @@ class PipelineSet:
                 continue
             try:
                 versions = served_versions(repository, name)[1]
-                found.served[name] = ServedPipeline(read_pipeline(repository, config), versions)
+                found.served[name] = ServedEnsemble(read_pipeline(repository, config), versions)
             except (ModelLoadError, ModelNotFoundError) as error:
                 log.error("pipeline %s refused: %s", name, error.message)
                 found.refused[name] = error.message
@@ -275,15 +267,15 @@ class PipelineSet:
 
     def models(self, names: list[str] | None) -> list[str] | None:
         """The models to load for ``names`` (``None``: all): those named and every step
-        model of the pipelines served."""
+        model of the ensembles served."""
         if names is None:
             return None
         steps = {m for served in self.served.values() for m in served.pipeline.models}
         return sorted(({*names} | steps) - self.served.keys() - self.refused.keys())
 
-    def find(self, name: str, version: str | None) -> ServedPipeline | None:
-        """The pipeline ``name`` serving ``version`` (if named); ``None`` when ``name`` is
-        not a pipeline; 503 with the reason for one refused at load."""
+    def find(self, name: str, version: str | None) -> ServedEnsemble | None:
+        """The ensemble ``name`` serving ``version`` (if named); ``None`` when ``name`` is
+        not an ensemble; 503 with the reason for one refused at load."""
         reason = self.refused.get(name)
         if reason is not None:
             raise ModelNotReadyError(f"pipeline {name!r} was refused at load: {reason}")
@@ -294,7 +286,7 @@ class PipelineSet:
 
     def serve(
         self,
-        served: ServedPipeline,
+        served: ServedEnsemble,
         version: str | None,
         decoded: Decoded,
         resolve: Resolver,

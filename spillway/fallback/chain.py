@@ -60,7 +60,7 @@ def handle_chain_event(
     """Run one state's work; raise ``ClientFault`` or ``ServerFault`` when it fails."""
     try:
         chain = parse_message(ChainEvent, event, "event")
-        return run_event(service.pipelines, service.get, store or default_store(), chain)
+        return run_event(service.ensembles, service.get, store or default_store(), chain)
     except SpillwayError as error:
         body = json.dumps({"status": error.status, "code": error.code, "error": error.message})
         log.info("pipeline state failed", extra={"status": error.status, "code": error.code})

@@ -8,9 +8,9 @@ at once when a request names a version it did not list), and a version published
 init is loaded by the first request for it (``spillway.models.loader.OnDemandVersions``: one
 load however many requests wait, checksums verified, within ``CPU_MEMORY_BUDGET_MB``).
 So a canary the router sends here is served, not refused. A request runs alone,
-unbatched, through the core pipeline with the engine run directly; a ``timeout``
+unbatched, through the core request path with the engine run directly; a ``timeout``
 (microseconds, set by the router) that has passed by the time the request would run
-fails it with 504 instead of computing it. Pipelines are checked at init and run their
+fails it with 504 instead of computing it. Ensembles are checked at init and run their
 steps over these models through the core step runner (``spillway.ensembles.serving``).
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from spillway import inference
-from spillway.ensembles.serving import PipelineSet
+from spillway.ensembles.serving import EnsembleSet
 from spillway.ensembles.stepcache import CacheSettings, open_cache
 from spillway.fallback.settings import CpuSettings
 from spillway.models.engine import OnnxModel
@@ -46,7 +46,7 @@ class CpuService:
         self,
         models: OnDemandVersions | Mapping[str, Mapping[int, OnnxModel]],
         settings: CpuSettings,
-        pipelines: PipelineSet | None = None,
+        ensembles: EnsembleSet | None = None,
     ) -> None:
         if not isinstance(models, OnDemandVersions):
             models = OnDemandVersions(
@@ -58,18 +58,18 @@ class CpuService:
             )
         self.versions = models
         self.settings = settings
-        self.pipelines = pipelines or PipelineSet()
+        self.ensembles = ensembles or EnsembleSet()
 
     @classmethod
     def load(cls, settings: CpuSettings, repository: ModelRepository | None = None) -> CpuService:
         """Load (and warm) the configured models: the versions each one's policy serves."""
         repo = repository or open_repository(settings.repository)
         cache = open_cache(CacheSettings.from_env())
-        pipelines = PipelineSet.read(repo, settings.models, cache)
+        ensembles = EnsembleSet.read(repo, settings.models, cache)
         budget = settings.memory_budget_mb
         versions = OnDemandVersions(
             repo,
-            pipelines.models(settings.models),
+            ensembles.models(settings.models),
             cache_dir=settings.cache_dir,
             options=settings.engine_options(),
             refresh_s=settings.index_refresh_s,
@@ -77,7 +77,7 @@ class CpuService:
             memory_budget_bytes=None if budget is None else int(budget * 1e6),
         )
         versions.preload()
-        return cls(versions, settings, pipelines)
+        return cls(versions, settings, ensembles)
 
     @property
     def models(self) -> dict[str, dict[int, OnnxModel]]:
@@ -101,9 +101,9 @@ class CpuService:
         return server_metadata("spillway-cpu", EXTENSIONS)
 
     def check_ready(self, name: str, version: str | None) -> None:
-        """Raise unless the model (or pipeline) serves ``version`` (or its default one);
+        """Raise unless the model (or ensemble) serves ``version`` (or its default one);
         a served version not loaded yet is ready: the request that needs it loads it."""
-        if self.pipelines.find(name, version) is None:
+        if self.ensembles.find(name, version) is None:
             number = None if version is None else validate_version(version)
             index = self.versions.index(validate_model_name(name), missing=number)
             if number is not None and number not in index.versions:
@@ -111,7 +111,7 @@ class CpuService:
 
     def metadata(self, name: str, version: str | None) -> dict[str, Any]:
         """``GET /v2/models/{m}[/versions/{v}]``: every served version is listed."""
-        if (served := self.pipelines.find(name, version)) is not None:
+        if (served := self.ensembles.find(name, version)) is not None:
             return served.metadata()
         document = self.get(name, version).metadata()
         if version is None:
@@ -120,7 +120,7 @@ class CpuService:
 
     def config(self, name: str, version: str | None) -> dict[str, Any]:
         """``GET /v2/models/{m}[/versions/{v}]/config``."""
-        if (served := self.pipelines.find(name, version)) is not None:
+        if (served := self.ensembles.find(name, version)) is not None:
             return served.config.to_json_dict()
         return self.get(name, version).config.to_json_dict()
 
@@ -134,15 +134,15 @@ class CpuService:
         arrived: float | None = None,
         tenant_scope: str | None = None,
     ) -> inference.Encoded:
-        """Run one request through the core pipeline, computing it on this thread.
+        """Run one request through the core request path, computing it on this thread.
         ``tenant_scope`` is the caller's tenant scope as the router sent it (none:
-        anonymous): a pipeline's step cache entries are that tenant's."""
+        anonymous): an ensemble's step cache entries are that tenant's."""
         arrived = time.monotonic() if arrived is None else arrived
         limit = self.settings.max_payload_bytes
         scope = read_tenant_scope(tenant_scope)
-        if (served := self.pipelines.find(name, version)) is not None:
+        if (served := self.ensembles.find(name, version)) is not None:
             decoded = inference.decode(body, header_length, max_body_bytes=limit)
-            encoded = self.pipelines.serve(served, version, decoded, self.get, arrived, scope=scope)
+            encoded = self.ensembles.serve(served, version, decoded, self.get, arrived, scope=scope)
         else:
             model = self.get(name, version)
             decoded = inference.decode(body, header_length, max_body_bytes=limit)

@@ -120,7 +120,7 @@ def ask(app: Any, key: str, text: str, headers: dict[str, str] | None = None) ->
 def hits(base_or_cpu: str | CpuService) -> int:
     """The cache hits of the topics pipeline's embedding step so far."""
     if isinstance(base_or_cpu, CpuService):
-        return base_or_cpu.pipelines.served["topics"].stats.step(0).cache_hits
+        return base_or_cpu.ensembles.served["topics"].stats.step(0).cache_hits
     import urllib.request
 
     with urllib.request.urlopen(f"{base_or_cpu}/v2/models/topics/stats", timeout=30) as answer:
