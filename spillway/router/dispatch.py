@@ -232,14 +232,13 @@ class Router:
             if pick is not None and self.canaries is not None and self.canaries.skips(name, pick):
                 outcome.attempts.append(Attempt(name, VERSION_NOT_SERVED))
                 continue
-            if not self.breakers[name].allow():
-                outcome.attempts.append(Attempt(name, "circuit_open"))
+            blocked = self._blocked(name, deadline)
+            if blocked is not None:
+                outcome.attempts.append(Attempt(name, blocked))
+                if blocked == "deadline":
+                    break
                 continue
             remaining = deadline - self.clock()
-            if remaining < _MIN_ATTEMPT_S:
-                self.breakers[name].neutral()
-                outcome.attempts.append(Attempt(name, "deadline"))
-                break
             later = any(self.breakers[n].state != "open" for n in chain[index + 1 :])
             timeout = remaining * (1 - self.config.fallback_reserve) if later else remaining
             try:
@@ -263,6 +262,19 @@ class Router:
                 last_failover = (name, response)
         return self._unserved(outcome, last_failover)
 
+    def _blocked(self, name: str, deadline: float) -> str | None:
+        """The one rule for whether another attempt may go to ``name`` now, the chain's
+        next backend or a retry alike: ``None`` when it may, else why not (``circuit_open``,
+        or ``deadline``: too little time is left). A pass the circuit gave without the time
+        to use it is handed back (a neutral outcome)."""
+        breaker = self.breakers[name]
+        if not breaker.allow():
+            return "circuit_open"
+        if deadline - self.clock() < _MIN_ATTEMPT_S:
+            breaker.neutral()
+            return "deadline"
+        return None
+
     def _attempt(
         self, name: str, request: Request, timeout: float, deadline: float
     ) -> tuple[Attempt, BackendResponse | None]:
@@ -276,10 +288,9 @@ class Router:
                 return Attempt(name, "cannot_serve"), None
             except ConnectFailed:
                 breaker.failure(refused=True)
-                left = deadline - self.clock()
-                if left >= _MIN_ATTEMPT_S and breaker.allow():
+                if self._blocked(name, deadline) is None:
                     if self.budget.try_spend():
-                        timeout = min(timeout, left)
+                        timeout = min(timeout, deadline - self.clock())
                         continue
                     breaker.neutral()
                 return Attempt(name, "connect_error", self.clock() - started), None
