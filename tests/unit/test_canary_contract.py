@@ -14,7 +14,8 @@ from typing import Any, cast
 import pytest
 from werkzeug.test import Client
 
-from spillway.async_inference import AsyncSettings, AsyncStore
+from spillway.async_inference.settings import AsyncSettings
+from spillway.async_inference.store import AsyncStore
 from spillway.canary.records import CanaryStore
 from spillway.router.backends import Backend, BackendRequest
 from spillway.router.batch_mode import BatchBackend, BatchReceipt
