@@ -1,7 +1,8 @@
-"""The router as Lambda starts it with the Tracing parameter on: CPython 3.12 (the
-runtime's version) with the function's code and the built dependency layer on its path and
-nothing else, in the environment Lambda gives the function. Powertools' tracer imports
-aws-xray-sdk at init, so a layer without it fails every cold start (ModuleNotFoundError)."""
+"""The zip functions (router, jobs) as Lambda starts them with the Tracing parameter on:
+CPython 3.12 (the runtime's version) with the function's code and the built dependency
+layer on its path and nothing else, in the environment Lambda gives the function.
+Powertools' tracer imports aws-xray-sdk at init, so a layer without it fails every cold
+start (ModuleNotFoundError)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ TRACE_ROOT = (
 _PROBE = """
 import json, sys
 sys.path[:0] = sys.argv[1:3]
-import functions.router.handler as module
+import importlib
+module = importlib.import_module(sys.argv[4])
 import aws_xray_sdk
 from aws_lambda_powertools.tracing import Tracer
 
@@ -86,9 +88,24 @@ def layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out / "python"
 
 
-def test_router_starts_with_tracing_on_from_the_built_layer(layer: Path) -> None:
+def _anonymous_status(folder: Path) -> Path:
+    """The jobs status event with nothing vouching for the caller: 401 before any AWS call."""
+    event = json.loads((ROOT / "events" / "jobs" / "status.json").read_text())
+    event["requestContext"]["identity"]["apiKeyId"] = None
+    path = folder / "status-anonymous.json"
+    path.write_text(json.dumps(event))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("module", "prefix", "status"),
+    [("functions.router.handler", "ROUTER", 200), ("functions.jobs.handler", "JOBS", 401)],
+)
+def test_function_starts_with_tracing_on_from_the_built_layer(
+    layer: Path, tmp_path: Path, module: str, prefix: str, status: int
+) -> None:
     # GIVEN python3.12 with the function's code and the built layer as its whole path, and
-    # the environment Lambda gives the router deployed with Tracing=true
+    # the environment Lambda gives the function deployed with Tracing=true
     env = {
         "PATH": "/usr/bin:/bin",
         "LAMBDA_TASK_ROOT": str(ROOT),
@@ -98,14 +115,18 @@ def test_router_starts_with_tracing_on_from_the_built_layer(layer: Path) -> None
         "AWS_DEFAULT_REGION": "us-east-1",
         "_X_AMZN_TRACE_ID": f"Root={TRACE_ROOT};Parent=53995c3f42cd8ad8;Sampled=1",
         "AWS_XRAY_DAEMON_ADDRESS": "127.0.0.1:2000",
-        "ROUTER_TRACING": "true",
+        f"{prefix}_TRACING": "true",
         "ROUTER_GPU_URL": "",
         "ROUTER_LOG_LEVEL": "WARNING",
     }
-    event = ROOT / "events" / "router" / "live-rest-v1.json"
+    event = (
+        ROOT / "events" / "router" / "live-rest-v1.json"
+        if prefix == "ROUTER"
+        else _anonymous_status(tmp_path)
+    )
     # WHEN the handler module is imported (the cold start) and serves an event
     done = subprocess.run(
-        [str(python312()), "-I", "-S", "-c", _PROBE, str(ROOT), str(layer), str(event)],
+        [str(python312()), "-I", "-S", "-c", _PROBE, str(ROOT), str(layer), str(event), module],
         env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     # THEN it starts, with the X-Ray tracer of the layer on and wrapping the handler
@@ -117,4 +138,4 @@ def test_router_starts_with_tracing_on_from_the_built_layer(layer: Path) -> None
         False,
         True,
     )
-    assert result["status"] == 200
+    assert result["status"] == status
