@@ -28,8 +28,8 @@ Limits, so that no slow or greedy client holds the service (each closes the conn
   connection (pipelining cap, output above its mark) never counts against its client.
 * output: at most ``MAX_PIPELINED`` requests of a connection wait for answers before its
   reading pauses, at most ``_MAX_RUNNING`` of them compute at once, and once its unsent
-  answers pass ``GPU_OUTPUT_BUFFER_BYTES`` (or the socket stops draining) no more of its
-  requests are read or started.
+  answers pass ``GPU_OUTPUT_BUFFER_BYTES`` no more of its requests are started (they are
+  still read, up to ``MAX_PIPELINED``); once the socket stops draining no more are read.
 * a client that disconnects cancels its requests' work: queued rows leave the batcher
   without being computed, and what their bodies held is given back.
 
