@@ -15,7 +15,7 @@ breaks an SLO is never proposed, however cheap.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,6 +42,14 @@ class Slo(BaseModel):
 
     def of(self, kind: str) -> float | None:
         return self.routes.get(kind, self.default_p99_ms)
+
+    def unmatched(self, kinds: Iterable[str]) -> list[str]:
+        """The routes the file names that are not among ``kinds`` (those seen)."""
+        return sorted(self.routes.keys() - set(kinds))
+
+    def holds_any(self, kinds: Iterable[str]) -> bool:
+        """Whether any of ``kinds`` has an objective to hold."""
+        return any(self.of(kind) is not None for kind in kinds)
 
     def breaches(self, outcome: Outcome) -> list[str]:
         """The routes whose p99 is over their objective."""

@@ -13,8 +13,8 @@ from spillway.routing.policy import Policy, PolicyError, parse_policy
 from spillway_cli.cost_report import markdown, summarise
 from spillway_cli.plan import inputs
 from spillway_cli.tune.report import dump_policy, routes_table, routing_table
-from spillway_cli.tune.search import Proposal, Slo, propose
-from spillway_cli.tune.simulate import Backends, binned, replay
+from spillway_cli.tune.search import Proposal, Slo, Tried, propose
+from spillway_cli.tune.simulate import Backends, Outcome, binned, replay
 from spillway_cli.tune.trace import Recorded, group_requests, read_trace
 
 
@@ -76,11 +76,63 @@ def run_tune(
     for model in sorted({r.model or "" for r in trace}):
         backends.measured.model(model)  # every model needs measured figures
     bins = binned(group_requests(policy, trace, bin_s), policy.defaults.priority)
-    proposal = propose(policy, lambda p: replay(p, bins, backends, bin_s, seed), slo)
-    lines = _report(proposal, slo, trace_span(trace), len(trace), metrics, policy_file, backends)
-    lines.append("Recorded (spillway cost report of the metrics):\n")
-    lines.append(markdown(summarise(_lines(metrics))))
-    report = "\n".join(lines)
+
+    def run(candidate: Policy) -> Outcome:
+        return replay(candidate, bins, backends, bin_s, seed)
+
+    recorded = run(policy)
+    context = _Context(slo, trace, metrics, policy_file, backends, slo_warnings(slo, recorded))
+    if not slo.holds_any(recorded.kinds):  # every policy would "keep" it: no verdict
+        unsearched = Proposal(Tried(policy, recorded, (), 0, 0.0), None, 1)
+        raise TuneError(
+            f"no SLO applies to a route seen in the traffic (routes seen: {_seen(recorded)}): "
+            "there is nothing to hold, so no policy is called the cheapest; nothing written",
+            context.report(unsearched),
+        )
+    # The search starts from the recorded policy itself: its replay is not run twice.
+    proposal = propose(policy, lambda p: recorded if p is policy else run(p), slo)
+    return _verdict(proposal, context.report(proposal), out, metrics, policy_file)
+
+
+def _seen(outcome: Outcome) -> str:
+    return ", ".join(sorted(outcome.kinds))
+
+
+def slo_warnings(slo: Slo, recorded: Outcome) -> list[str]:
+    """A warning per route the SLO file names that no request of the traffic took."""
+    return [
+        f"Warning: the SLO file names route {name!r}, which no request took "
+        f"(routes seen: {_seen(recorded)})."
+        for name in slo.unmatched(recorded.kinds)
+    ]
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What a report says besides the proposal."""
+
+    slo: Slo
+    trace: list[Recorded]
+    metrics: list[Path]
+    policy_file: Path
+    backends: Backends
+    warnings: list[str]
+
+    def report(self, proposal: Proposal) -> str:
+        span, count = trace_span(self.trace), len(self.trace)
+        lines = [*self.warnings, *([""] if self.warnings else [])]
+        lines += _report(
+            proposal, self.slo, span, count, self.metrics, self.policy_file, self.backends
+        )
+        lines.append("Recorded (spillway cost report of the metrics):\n")
+        lines.append(markdown(summarise(_lines(self.metrics))))
+        return "\n".join(lines)
+
+
+def _verdict(
+    proposal: Proposal, report: str, out: Path, metrics: list[Path], policy_file: Path
+) -> Tuned:
+    """The proposal written to ``out``, or why there is none to write."""
     if proposal.best is None:
         raise TuneError("no candidate keeps every SLO: nothing written", report)
     if not proposal.changes:

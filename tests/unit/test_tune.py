@@ -206,3 +206,53 @@ def test_policy_apply_replaces_the_file_only_with_a_valid_policy(tmp_path: Path)
     assert target.read_text() == good.read_text()
     both = runner.invoke(app, ["policy", "apply", str(good)])
     assert both.exit_code == 1
+
+
+def _noon_args(tmp_path: Path, slo_text: str) -> tuple[list[Path], Path, Path, Path]:
+    """The tuner's metrics (a few minutes of the noon peak), policy, SLO file (holding
+    ``slo_text``) and output path."""
+    short = tmp_path / "trace.jsonl"
+    write_trace(short, segments=((11.0, 11.1, 3.2),))
+    slo = tmp_path / "slo.yaml"
+    slo.write_text(slo_text)
+    return [short], EXAMPLES / "tune-policy.yaml", slo, tmp_path / "policy.yaml"
+
+
+def test_an_slo_that_names_no_route_seen_is_warned_about(tmp_path: Path) -> None:
+    # GIVEN traffic of two routes and an SLO file that also names a third (a typo)
+    slo = "routes: {interactive: 100000, spill-when-hot: 100000, interactve: 50}\n"
+    # WHEN the tuner runs
+    result = run_tune(*_noon_args(tmp_path, slo), measured=EXAMPLES / "tune-measured.yaml")
+    # THEN the report warns about that name alone, naming the routes seen
+    warnings = [line for line in result.report.splitlines() if line.startswith("Warning")]
+    assert warnings == [
+        "Warning: the SLO file names route 'interactve', which no request took "
+        "(routes seen: interactive, spill-when-hot)."
+    ]
+    # AND the routes it does name still get a verdict
+    assert result.proposal.best is not None
+
+
+def test_no_policy_is_called_cheapest_without_an_slo_to_hold(tmp_path: Path) -> None:
+    # GIVEN traffic and an SLO file none of whose names is a route of it
+    metrics, policy, slo, out = _noon_args(tmp_path, "routes: {ranking: 100, batch: 300}\n")
+    measured = EXAMPLES / "tune-measured.yaml"
+    # WHEN the tuner runs, as a function and as the command
+    with pytest.raises(TuneError, match="nothing to hold") as refused:
+        run_tune(metrics, policy, slo, out, measured=measured)
+    args = ["tune", "--metrics", str(metrics[0]), "--policy", str(policy), "--slo", str(slo)]
+    result = CliRunner().invoke(app, [*args, "--out", str(out), "--measured", str(measured)])
+    # THEN it warns about each name, gives no verdict, writes nothing and exits non-zero
+    report = refused.value.report
+    seen = "(routes seen: interactive, spill-when-hot)"
+    for name in ("batch", "ranking"):
+        assert (
+            f"Warning: the SLO file names route {name!r}, which no request took {seen}." in report
+        )
+    assert "cheapest" not in report
+    assert "Proposed change" not in report
+    assert result.exit_code == 1
+    assert "Warning: the SLO file names route 'ranking'" in result.output
+    assert "nothing to hold" in result.output
+    assert "already the cheapest" not in result.output
+    assert not out.exists()
