@@ -23,7 +23,7 @@ from spillway.ensembles.stepcache import (
 from spillway.models.processing import Tensors
 from spillway.state.table import scope
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 TEXT = {"text": np.array([[b"hello"]], dtype=np.object_)}
 VECTOR = {"v": np.arange(4, dtype=np.float32).reshape(1, 4)}
 
@@ -133,7 +133,7 @@ def test_settings_come_from_the_environment_and_the_readme_documents_them() -> N
     assert not memory_only.blocking
     with pytest.raises(ValueError, match="ttl_s"):
         CacheSettings.from_env({"PIPELINE_CACHE_TTL_S": "1"})
-    text = README.read_text()
+    text = CONFIGURATION.read_text()
     assert [
         n for n in CacheSettings.model_fields if f"`PIPELINE_CACHE_{n.upper()}`" not in text
     ] == []

@@ -1,5 +1,6 @@
-"""The README stays true: every setting of every deployable is in its configuration table,
-every error code a client can see in its errors table."""
+"""The README and its reference pages stay true: every setting of every deployable is in
+its configuration table (docs/configuration.md), every error code a client can see in the
+errors table (docs/errors.md), and the README links both."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from spillway.fallback.settings import CpuSettings
 from spillway.protocol.errors import SpillwayError
 from spillway.router.settings import RouterSettings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+CONFIGURATION = ROOT / "docs" / "configuration.md"
+ERRORS = ROOT / "docs" / "errors.md"
 
 
 @pytest.mark.parametrize(
@@ -32,13 +36,19 @@ README = Path(__file__).resolve().parents[2] / "README.md"
     ],
 )
 def test_every_setting_is_documented(settings: type[BaseModel], prefix: str) -> None:
-    text = README.read_text()
+    text = CONFIGURATION.read_text()
     missing = [
         f"{prefix}{name.upper()}"
         for name in settings.model_fields
-        if f"`{prefix}{name.upper()}`" not in text
+        if f"| `{prefix}{name.upper()}` |" not in text
     ]
     assert missing == []
+
+
+def test_the_readme_links_the_reference_tables() -> None:
+    text = README.read_text()
+    assert "(docs/configuration.md)" in text
+    assert "(docs/errors.md)" in text
 
 
 def test_readme_shows_the_two_commands() -> None:
@@ -53,11 +63,10 @@ _CODE = re.compile(r'^\s+code(?:: [A-Za-z\[\]]+)? = "([a-z_]+)"$', re.MULTILINE)
 def _codes() -> set[str]:
     """Every stable code an error class of the production code declares (read from the
     source, so the answer does not depend on which modules a test run imported)."""
-    root = README.parent
     files = [
         f
         for d in ("spillway", "batch_job", "functions", "gpu_service")
-        for f in (root / d).rglob("*.py")
+        for f in (ROOT / d).rglob("*.py")
     ]
     return {code for f in files for code in _CODE.findall(f.read_text())}
 
@@ -66,7 +75,7 @@ def test_every_error_code_is_in_the_errors_table() -> None:
     # GIVEN every stable code the error classes declare
     codes = _codes()
     assert {SpillwayError.code, JobNotFoundError.code, DuplicateIdError.code} <= codes
-    errors_table = README.read_text().split("## Errors", 1)[1].split("\n## ", 1)[0]
+    errors_table = ERRORS.read_text().split("# Errors", 1)[1].split("\n## ", 1)[0]
     # THEN each has its row in the errors table
     missing = sorted(c for c in codes if f"`{c}`" not in errors_table)
     assert missing == []
@@ -77,9 +86,8 @@ def test_the_documented_payload_limit_is_the_code_s() -> None:
     limit = RouterSettings.model_fields["max_body_bytes"].default
     assert CpuSettings.model_fields["max_payload_bytes"].default == limit
     figure = f"{limit:,}"
-    root = README.parent
     # THEN every text that states the router's limit states that figure, never "6 MiB"
-    for path in (README, root / "docs" / "deploy.md", root / "template.yaml"):
+    for path in (README, CONFIGURATION, ROOT / "docs" / "deploy.md", ROOT / "template.yaml"):
         text = path.read_text()
         assert figure in text or str(limit) in text, path.name
         assert "router at 6 MiB" not in text
@@ -89,9 +97,8 @@ def test_the_documented_payload_limit_is_the_code_s() -> None:
 
 def test_tenants_reach_both_template_forms() -> None:
     # GIVEN the identity map the router and the jobs API read
-    root = README.parent
     for name in ("template.yaml", "serverless.yml"):
-        text = (root / name).read_text()
+        text = (ROOT / name).read_text()
         # THEN both forms set it for both functions, so tenant tiers work on AWS
         assert "ROUTER_IDENTITY_TENANTS:" in text, name
         assert "JOBS_IDENTITY_TENANTS:" in text, name
