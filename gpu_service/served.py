@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from gpu_service.stats import RequestTimer
 from gpu_service.versions import ServedVersion, State
 from spillway import inference
+from spillway.ensembles.serving import Described
 from spillway.models.config import ModelConfig
 from spillway.models.engine import config_metadata
 from spillway.models.processing import Tensors
@@ -104,21 +105,13 @@ class InferCall:
     scope: str
 
 
-class Served(Protocol):
+class Served(Described, Protocol):
     """A name the registry serves, whatever its kind: the Open Inference Protocol's
-    per-model operations. ``version`` is the one a request names, or ``None`` for the
-    one that serves now."""
+    per-model operations (its documents: ``Described``). ``version`` is the one a request
+    names, or ``None`` for the one that serves now."""
 
     def ready(self, version: str | None) -> bool:
         """Whether ``version`` takes requests (an unknown version: 404)."""
-        ...
-
-    def metadata(self, version: str | None) -> dict[str, Any]:
-        """``GET /v2/models/{name}[/versions/{v}]``."""
-        ...
-
-    def config(self, version: str | None) -> dict[str, Any]:
-        """``GET /v2/models/{name}[/versions/{v}]/config``."""
         ...
 
     def stats(self, version: str | None) -> list[dict[str, Any]]:

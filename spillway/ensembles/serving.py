@@ -1,6 +1,9 @@
 """Serving ensembles with the step runner (``spillway.ensembles.runner``): what every
 deployable shares around it.
 
+* ``Described``: what every server answers about a name it serves, a model or an
+  ensemble alike (the GPU service's ``gpu_service.served.Served`` and the CPU fallback's
+  ``spillway.fallback.service.CpuServed`` build on it).
 * ``ServedEnsemble``: a checked ensemble, the versions it answers to, its statistics.
 * ``admit`` / ``encode``: the request path's own steps (``spillway.inference``) with an
   ensemble as the signature; the response also names the skipped and cached steps.
@@ -18,7 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from spillway import inference
 from spillway.ensembles.graph import Pipeline, check_inputs, pipeline_metadata, read_pipeline
@@ -51,6 +54,20 @@ log = logging.getLogger("spillway.ensemble")
 
 
 # --- serving ----------------------------------------------------------------------------
+
+
+class Described(Protocol):
+    """A name a server serves, whatever its kind, as the Open Inference Protocol's
+    per-model documents describe it. ``version`` is the one a request names, or ``None``
+    for the one that serves now (404 for a version not served)."""
+
+    def metadata(self, version: str | None) -> dict[str, Any]:
+        """``GET /v2/models/{name}[/versions/{v}]``."""
+        ...
+
+    def config(self, version: str | None) -> dict[str, Any]:
+        """``GET /v2/models/{name}[/versions/{v}]/config``."""
+        ...
 
 
 @dataclass

@@ -12,6 +12,11 @@ unbatched, through the core request path with the engine run directly; a ``timeo
 (microseconds, set by the router) that has passed by the time the request would run
 fails it with 504 instead of computing it. Ensembles are checked at init and run their
 steps over these models through the core step runner (``spillway.ensembles.serving``).
+
+Each per-model operation looks the name up once (``CpuService.find``) and asks what
+serves it, behind one interface (``CpuServed``): ``CpuModel`` for a model's versions,
+``CpuEnsemble`` for an ensemble. Either resolves the version a request gets before its
+body is decoded.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from spillway import inference
-from spillway.ensembles.serving import EnsembleSet
+from spillway.ensembles.runner import Resolver
+from spillway.ensembles.serving import Described, EnsembleSet, ServedEnsemble
 from spillway.ensembles.stepcache import CacheSettings, open_cache
 from spillway.fallback.settings import CpuSettings
 from spillway.models.engine import OnnxModel
@@ -36,6 +43,37 @@ from spillway.protocol.wire import body_over_limit, read_tenant_scope
 log = logging.getLogger("spillway.cpu_infer")
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+
+
+@dataclass(frozen=True, slots=True)
+class CpuCall:
+    """One infer request as the fallback received it: ``arrived`` is its
+    ``time.monotonic()`` arrival and ``scope`` its tenant's (an ensemble's step cache
+    entries are that tenant's). The body is decoded only once the version is resolved."""
+
+    body: bytes
+    header_length: int | None
+    max_body_bytes: int
+    arrived: float
+    scope: str
+
+    def decode(self) -> inference.Decoded:
+        return inference.decode(self.body, self.header_length, max_body_bytes=self.max_body_bytes)
+
+
+class CpuServed(Described, Protocol):
+    """A name the fallback serves, whatever its kind: the Open Inference Protocol's
+    per-model operations (``version``: the one a request names, or ``None`` for the
+    default one)."""
+
+    def check_ready(self, version: str | None) -> None:
+        """Raise unless ``version`` (or the default one) is served here."""
+        ...
+
+    def infer(self, version: str | None, call: CpuCall) -> inference.Encoded:
+        """Resolve the version, then decode, validate, run and encode the request on this
+        thread."""
+        ...
 
 
 class CpuService:
@@ -100,29 +138,26 @@ class CpuService:
         """``GET /v2``."""
         return server_metadata("spillway-cpu", EXTENSIONS)
 
+    def find(self, name: str) -> CpuServed:
+        """What serves ``name``: an ensemble (503 with the reason for one refused at
+        load), else a model's versions (404, when asked, for an unknown one)."""
+        ensemble = self.ensembles.find(name, None)
+        if ensemble is not None:
+            return CpuEnsemble(self.ensembles, ensemble, self.get)
+        return CpuModel(self, name)
+
     def check_ready(self, name: str, version: str | None) -> None:
         """Raise unless the model (or ensemble) serves ``version`` (or its default one);
         a served version not loaded yet is ready: the request that needs it loads it."""
-        if self.ensembles.find(name, version) is None:
-            number = None if version is None else validate_version(version)
-            index = self.versions.index(validate_model_name(name), missing=number)
-            if number is not None and number not in index.versions:
-                raise ModelNotFoundError(f"model {name!r} has no version {number} loaded")
+        self.find(name).check_ready(version)
 
     def metadata(self, name: str, version: str | None) -> dict[str, Any]:
         """``GET /v2/models/{m}[/versions/{v}]``: every served version is listed."""
-        if (served := self.ensembles.find(name, version)) is not None:
-            return served.metadata()
-        document = self.get(name, version).metadata()
-        if version is None:
-            document["versions"] = [str(v) for v in self.served_versions(name)]
-        return document
+        return self.find(name).metadata(version)
 
     def config(self, name: str, version: str | None) -> dict[str, Any]:
         """``GET /v2/models/{m}[/versions/{v}]/config``."""
-        if (served := self.ensembles.find(name, version)) is not None:
-            return served.config.to_json_dict()
-        return self.get(name, version).config.to_json_dict()
+        return self.find(name).config(version)
 
     def infer(
         self,
@@ -139,14 +174,63 @@ class CpuService:
         anonymous): an ensemble's step cache entries are that tenant's."""
         arrived = time.monotonic() if arrived is None else arrived
         limit = self.settings.max_payload_bytes
-        scope = read_tenant_scope(tenant_scope)
-        if (served := self.ensembles.find(name, version)) is not None:
-            decoded = inference.decode(body, header_length, max_body_bytes=limit)
-            encoded = self.ensembles.serve(served, version, decoded, self.get, arrived, scope=scope)
-        else:
-            model = self.get(name, version)
-            decoded = inference.decode(body, header_length, max_body_bytes=limit)
-            encoded = inference.run(model, decoded, inference.direct(model, arrived))
+        call = CpuCall(body, header_length, limit, arrived, read_tenant_scope(tenant_scope))
+        encoded = self.find(name).infer(version, call)
         if len(encoded.body) > limit:
             raise body_over_limit(len(encoded.body), limit, "response body")
         return encoded
+
+
+@dataclass(frozen=True, slots=True)
+class CpuModel:
+    """A model behind ``CpuServed``: its served versions, each loaded by the first
+    request that needs it; a request runs alone on the engine."""
+
+    service: CpuService
+    name: str
+
+    def check_ready(self, version: str | None) -> None:
+        number = None if version is None else validate_version(version)
+        index = self.service.versions.index(validate_model_name(self.name), missing=number)
+        if number is not None and number not in index.versions:
+            raise ModelNotFoundError(f"model {self.name!r} has no version {number} loaded")
+
+    def metadata(self, version: str | None) -> dict[str, Any]:
+        document = self.service.get(self.name, version).metadata()
+        if version is None:
+            document["versions"] = [str(v) for v in self.service.served_versions(self.name)]
+        return document
+
+    def config(self, version: str | None) -> dict[str, Any]:
+        return self.service.get(self.name, version).config.to_json_dict()
+
+    def infer(self, version: str | None, call: CpuCall) -> inference.Encoded:
+        model = self.service.get(self.name, version)
+        return inference.run(model, call.decode(), inference.direct(model, call.arrived))
+
+
+@dataclass(frozen=True, slots=True)
+class CpuEnsemble:
+    """An ensemble behind ``CpuServed``: a request runs its steps on this thread, each on
+    a version of its step model that ``resolve`` gives (loaded if need be)."""
+
+    ensembles: EnsembleSet
+    served: ServedEnsemble
+    resolve: Resolver
+
+    def check_ready(self, version: str | None) -> None:
+        self.served.version(version)
+
+    def metadata(self, version: str | None) -> dict[str, Any]:
+        self.served.version(version)
+        return self.served.metadata()
+
+    def config(self, version: str | None) -> dict[str, Any]:
+        self.served.version(version)
+        return self.served.config.to_json_dict()
+
+    def infer(self, version: str | None, call: CpuCall) -> inference.Encoded:
+        self.served.version(version)
+        return self.ensembles.serve(
+            self.served, version, call.decode(), self.resolve, call.arrived, scope=call.scope
+        )
