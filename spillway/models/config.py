@@ -9,23 +9,84 @@ Per-version checksums live beside each version in ``<version>/SHA256SUMS``.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from spillway.canary.records import CanarySpec
-from spillway.protocol.datatypes import from_triton_type
 from spillway.ensembles.schema import EnsembleScheduling
+from spillway.protocol.datatypes import from_triton_type
 from spillway.protocol.names import MODEL_NAME_PATTERN
 
 CHECKSUM_FILE = "SHA256SUMS"
 CONFIG_FILE = "config.json"
 
-ModelKind = Literal["tensor", "image_classifier", "text_embedding"]
+ModelKind = Literal["tensor", "image_classifier", "text_embedding", "image"]
+
+MAX_IMAGE_SIDE = 8192
+"""The largest side of the tensor an image is resized to."""
+MAX_IMAGE_PIXELS = 64 * 1024 * 1024
+"""The largest ``max_pixels`` a model may set (below Pillow's own bomb warning)."""
+MAX_IMAGE_BYTES = 64 * 1024 * 1024
+"""The largest ``max_bytes`` a model may set."""
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+ImageSide = Annotated[int, Field(ge=1, le=MAX_IMAGE_SIDE)]
+
+
+class ImageSpec(_Strict):
+    """How an ``image`` model prepares its image input: each row of a served BYTES input
+    is one encoded JPEG or PNG image, decoded, converted to ``color``, resized to ``size``
+    and normalised, ``(pixel * scale - mean) / std`` per channel, into the graph's float
+    input in ``layout``. The request's other inputs go to the graph unchanged."""
+
+    input: str = Field(min_length=1, max_length=128)
+    """The served BYTES input (one element per row); the graph input of the same name, or
+    else the one graph input that no other served input names, receives the tensor."""
+    layout: Literal["NCHW", "NHWC"] = "NCHW"
+    color: Literal["RGB", "BGR", "GRAY"] = "RGB"
+    """The channels' order (GRAY: one channel, ITU-R 601 luma)."""
+    size: tuple[ImageSide, ImageSide]
+    """``[height, width]`` of the tensor."""
+    resize: Literal["stretch", "letterbox"] = "stretch"
+    """``stretch`` to ``size``; ``letterbox`` keeps the aspect ratio, centred on
+    ``pad_value``."""
+    interpolation: Literal["nearest", "bilinear", "bicubic", "lanczos"] = "bilinear"
+    pad_value: int = Field(default=0, ge=0, le=255)
+    """The pixel value around a letterboxed image (normalised like any pixel)."""
+    scale: float = Field(default=1 / 255, gt=0, le=1)
+    mean: tuple[float, ...] = (0.0,)
+    """One value for every channel, or one per channel in ``color``'s order."""
+    std: tuple[float, ...] = (1.0,)
+    """Like ``mean``; every value positive."""
+    max_pixels: int = Field(default=16 * 1024 * 1024, ge=1, le=MAX_IMAGE_PIXELS)
+    """The most pixels an image's header may declare; more is ``image_too_large`` (400)
+    before anything is decoded."""
+    max_bytes: int = Field(default=8 * 1024 * 1024, ge=1, le=MAX_IMAGE_BYTES)
+    """The longest encoded image; longer is ``payload_too_large`` (413), not opened. The
+    service's ``max_bytes_per_element`` applies too."""
+
+    @property
+    def channels(self) -> int:
+        """The channels of the tensor: 1 for GRAY, else 3."""
+        return 1 if self.color == "GRAY" else 3
+
+    @model_validator(mode="after")
+    def _per_channel(self) -> ImageSpec:
+        for field, values in (("mean", self.mean), ("std", self.std)):
+            if len(values) not in (1, self.channels):
+                raise ValueError(
+                    f"image {field} needs 1 or {self.channels} values for {self.color}"
+                )
+        if any(not 0 < s < float("inf") for s in self.std):
+            raise ValueError("image std values must be positive")
+        if any(not abs(m) < float("inf") for m in self.mean):
+            raise ValueError("image mean values must be finite")
+        return self
 
 
 class TensorConfig(_Strict):
@@ -105,6 +166,8 @@ class SpillwayBlock(_Strict):
     idle_ttl_seconds: float | None = Field(default=None, gt=0)
     pinned: bool = False
     description: str = ""
+    image: ImageSpec | None = None
+    """How an ``image`` model decodes and prepares its image input (with that kind only)."""
     canary: CanarySpec | None = None
     """The model's initial canary (``version``, ``stable``, ``percent``, ``bounds``): routers
     start it once per version; afterwards ``spillway models canary`` and the automatic
@@ -118,6 +181,8 @@ class SpillwayBlock(_Strict):
             raise ValueError("text_embedding models need tokenizer_file and max_sequence_length")
         if list(self.length_buckets) != sorted(set(self.length_buckets)):
             raise ValueError("length_buckets must be strictly increasing")
+        if (self.kind == "image") != (self.image is not None):
+            raise ValueError('an image section goes with kind "image", and only with it')
         return self
 
 
@@ -146,6 +211,19 @@ class ModelConfig(_Strict):
     def _ensemble_has_steps(self) -> ModelConfig:
         if (self.platform == "ensemble") != (self.ensemble_scheduling is not None):
             raise ValueError('ensemble_scheduling goes with platform "ensemble", and only with it')
+        return self
+
+    @model_validator(mode="after")
+    def _image_input_served(self) -> ModelConfig:
+        image = self.spillway.image
+        if image is None:
+            return self
+        spec = next((t for t in self.input if t.name == image.input), None)
+        if spec is None or spec.datatype != "BYTES" or any(d != 1 for d in spec.dims):
+            raise ValueError(
+                f"image input {image.input!r} must be a served BYTES input of dims [1] "
+                "(one encoded image per row)"
+            )
         return self
 
     @property

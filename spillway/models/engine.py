@@ -212,15 +212,16 @@ class OnnxModel:
         return meta
 
     def sample_inputs(self, rows: int, length: int = 8) -> Tensors:
-        """Inputs generated from the signature, for warm-up (text: ``length`` words)."""
+        """Inputs generated from the signature, for warm-up (BYTES: an element the
+        processor accepts, e.g. ``length`` words or an image)."""
         rng = np.random.default_rng(0)
         samples: Tensors = {}
         for spec in self.config.input:
             shape = [rows] if self.batching else []
             shape += [d if d > 0 else 1 for d in spec.dims]
             if spec.datatype == "BYTES":
-                text = " ".join(["warm"] * length).encode()
-                samples[spec.name] = np.full(shape, text, dtype=np.object_)
+                element = self.processor.sample_bytes(spec.name, length)
+                samples[spec.name] = np.full(shape, element, dtype=np.object_)
             else:
                 values = rng.random(math.prod(shape)).reshape(shape)
                 samples[spec.name] = values.astype(numpy_dtype(spec.datatype))

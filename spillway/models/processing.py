@@ -18,8 +18,10 @@ import numpy as np
 import numpy.typing as npt
 from tokenizers import Tokenizer
 
-from spillway.protocol.errors import InvalidInputError, ModelLoadError, SpillwayError
 from spillway.models.config import ModelConfig
+from spillway.models.images import ImageTensors
+from spillway.protocol.datatypes import numpy_dtype
+from spillway.protocol.errors import InvalidInputError, ModelLoadError, SpillwayError
 
 Tensors = dict[str, npt.NDArray[Any]]
 T = TypeVar("T")
@@ -62,7 +64,8 @@ class Processor(Protocol):
     """Maps served tensors to graph feeds and graph outputs back to served tensors."""
 
     batched_prepare: bool
-    """Whether preparing requests together is cheaper than one by one (tokenising)."""
+    """Whether preparing is heavy enough to run off the event loop, together with the
+    requests that arrived meanwhile (tokenising, decoding images)."""
 
     def prepare(self, inputs: Tensors, rows: int) -> Prepared:
         """Graph feeds for one validated request; raises InvalidInputError on bad content."""
@@ -76,12 +79,20 @@ class Processor(Protocol):
     def outputs(self, graph_outputs: Tensors) -> Tensors:
         """Served outputs for the graph's outputs."""
 
+    def sample_bytes(self, name: str, length: int) -> bytes:
+        """One element for the BYTES input ``name`` that this processor accepts, for
+        warming the model up (text: ``length`` words)."""
+
 
 def _concat(prepared: list[Prepared]) -> Tensors:
     if len(prepared) == 1:
         return prepared[0].feeds
     names = prepared[0].feeds.keys()
     return {n: np.concatenate([p.feeds[n] for p in prepared], axis=0) for n in names}
+
+
+def _sample_text(length: int) -> bytes:
+    return " ".join(["warm"] * length).encode()
 
 
 class _OneByOne(ABC):
@@ -95,6 +106,9 @@ class _OneByOne(ABC):
 
     def prepare_many(self, requests: Sequence[Request]) -> list[Prepared | SpillwayError]:
         return outcomes(lambda request: self.prepare(*request), requests)
+
+    def sample_bytes(self, name: str, length: int) -> bytes:
+        return _sample_text(length)
 
 
 class TensorProcessor(_OneByOne):
@@ -204,6 +218,9 @@ class TextEmbeddingProcessor:
     def outputs(self, graph_outputs: Tensors) -> Tensors:
         return {self._output: next(iter(graph_outputs.values()))}
 
+    def sample_bytes(self, name: str, length: int) -> bytes:
+        return _sample_text(length)
+
 
 def _padded(ids: list[list[int]], rows: int) -> Prepared:
     """Token ids and mask, padded to this request's longest row (collate pads again
@@ -217,6 +234,69 @@ def _padded(ids: list[list[int]], rows: int) -> Prepared:
     return Prepared({"input_ids": padded, "attention_mask": mask}, rows, length)
 
 
+class ImageProcessor(_OneByOne):
+    """One encoded JPEG or PNG per row of a BYTES input in; the graph takes them decoded,
+    resized and normalised into one float tensor (``spillway.image``). The request's other
+    inputs pass to the graph unchanged, and the graph's outputs are the served ones."""
+
+    # Not cheaper together, but decoding is heavy: the GPU service then prepares these
+    # requests on its worker threads (Pillow decodes without the GIL), never on its loop.
+    batched_prepare = True
+
+    def __init__(self, config: ModelConfig, graph_inputs: list[GraphTensor]) -> None:
+        spec = config.spillway.image
+        if spec is None:
+            raise ModelLoadError("an image model needs an image section")
+        self._served = spec.input
+        passed = {t.name: t.datatype for t in config.input if t.name != spec.input}
+        graph = {t.name: t for t in graph_inputs}
+        target = graph.get(spec.input)
+        if target is None:
+            rest = [t for name, t in graph.items() if name not in passed]
+            target = rest[0] if len(rest) == 1 else None
+        if target is None:
+            raise ModelLoadError(f"no graph input takes the images of {spec.input!r}")
+        others = {name: t.datatype for name, t in graph.items() if name != target.name}
+        if passed != others:
+            raise ModelLoadError(f"config inputs {passed} do not match the ONNX graph's {others}")
+        self._graph = target.name
+        self._images = ImageTensors(spec, _float_dtype(target))
+        _check_image_shape(target, self._images.shape)
+
+    def prepare(self, inputs: Tensors, rows: int) -> Prepared:
+        feeds = {name: array for name, array in inputs.items() if name != self._served}
+        elements = inputs[self._served].reshape(rows, -1)[:, 0]
+        feeds[self._graph] = self._images.stack(elements, self._served)
+        return Prepared(feeds, rows)
+
+    def collate(self, prepared: list[Prepared]) -> Tensors:
+        return _concat(prepared)
+
+    def outputs(self, graph_outputs: Tensors) -> Tensors:
+        return graph_outputs
+
+    def sample_bytes(self, name: str, length: int) -> bytes:
+        return self._images.sample() if name == self._served else _sample_text(length)
+
+
+def _float_dtype(tensor: GraphTensor) -> np.dtype[np.generic]:
+    if tensor.datatype not in ("FP16", "FP32", "FP64"):
+        raise ModelLoadError(f"graph input {tensor.name!r} is {tensor.datatype}, not a float type")
+    return numpy_dtype(tensor.datatype)
+
+
+def _check_image_shape(tensor: GraphTensor, shape: tuple[int, int, int]) -> None:
+    """The graph's own fixed dimensions must agree with the image section's."""
+    if len(tensor.shape) != 4 or any(
+        isinstance(want, int) and want != got
+        for want, got in zip(tensor.shape[1:], shape, strict=True)
+    ):
+        raise ModelLoadError(
+            f"graph input {tensor.name!r} has shape {list(tensor.shape)}; "
+            f"the image section makes [N, {', '.join(map(str, shape))}]"
+        )
+
+
 def make_processor(
     config: ModelConfig, version_dir: Path, graph_inputs: list[GraphTensor]
 ) -> Processor:
@@ -226,4 +306,6 @@ def make_processor(
         return ImageClassifierProcessor(config, graph_inputs)
     if kind == "text_embedding":
         return TextEmbeddingProcessor(config, version_dir)
+    if kind == "image":
+        return ImageProcessor(config, graph_inputs)
     return TensorProcessor(config, graph_inputs)

@@ -63,6 +63,21 @@ class InputNotFoundError(InvalidInputError):
     code = "input_not_found"
 
 
+class InvalidImageError(InvalidInputError):
+    """An image input element that is not a whole JPEG or PNG image (another format, a
+    corrupt or truncated file)."""
+
+    code = "invalid_image"
+
+
+class ImageTooLargeError(InvalidInputError):
+    """An image whose header declares more pixels than the model's ``max_pixels``: refused
+    before it is decoded, so a tiny file declaring a huge image (a decompression bomb)
+    costs nothing. Its encoded bytes over ``max_bytes`` are a ``payload_too_large``."""
+
+    code = "image_too_large"
+
+
 class IdempotencyConflictError(SpillwayError):
     """An ``Idempotency-Key`` came back with another request (model, version or payload)
     than the one it first made."""

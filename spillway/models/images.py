@@ -1,0 +1,129 @@
+"""Encoded images to tensors: the prepare step of ``image`` models.
+
+An encoded image is untrusted input whose cost is not its size: a few hundred bytes of
+PNG may declare 20000×20000 pixels. So the encoded length is checked before the bytes
+are opened, the pixel count the header declares before anything is decoded, and only
+JPEG and PNG are ever parsed.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image, UnidentifiedImageError
+
+from spillway.models.config import ImageSpec
+from spillway.protocol.errors import ImageTooLargeError, InvalidImageError, PayloadTooLargeError
+
+FORMATS = ("JPEG", "PNG")
+_RESAMPLING = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+}
+_CORRUPT = (OSError, ValueError, SyntaxError, EOFError, struct.error, zlib.error)
+"""What Pillow raises on a damaged file, depending on where the damage is."""
+
+
+def open_image(data: bytes, spec: ImageSpec, what: str) -> Image.Image:
+    """The decoded image in ``spec.color``'s mode (``L`` or ``RGB``); ``what`` names the
+    element in error messages."""
+    if len(data) > spec.max_bytes:
+        raise PayloadTooLargeError(f"{what} has {len(data)} bytes, over max_bytes {spec.max_bytes}")
+    try:
+        # Opening reads the header only: the size is known before any pixel is decoded.
+        image = Image.open(io.BytesIO(data), formats=FORMATS)
+    except Image.DecompressionBombError:
+        raise ImageTooLargeError(f"{what} declares too many pixels") from None
+    except (UnidentifiedImageError, *_CORRUPT):
+        raise InvalidImageError(f"{what} is not a JPEG or PNG image") from None
+    width, height = image.size
+    if width * height > spec.max_pixels:
+        raise ImageTooLargeError(
+            f"{what} declares {width}x{height} pixels, over max_pixels {spec.max_pixels}"
+        )
+    try:
+        image.load()
+        return image.convert("L" if spec.color == "GRAY" else "RGB")
+    except _CORRUPT:
+        raise InvalidImageError(f"{what} is a corrupt or truncated image") from None
+
+
+def fit(image: Image.Image, spec: ImageSpec) -> Image.Image:
+    """``image`` resized to ``spec.size``: stretched, or letterboxed (aspect ratio kept,
+    centred on ``pad_value``)."""
+    height, width = spec.size
+    resample = _RESAMPLING[spec.interpolation]
+    if spec.resize == "stretch" or image.size == (width, height):
+        return image if image.size == (width, height) else image.resize((width, height), resample)
+    ratio = min(width / image.width, height / image.height)
+    inner = (
+        min(width, max(1, round(image.width * ratio))),
+        min(height, max(1, round(image.height * ratio))),
+    )
+    fill: Any = spec.pad_value if image.mode == "L" else (spec.pad_value,) * 3
+    canvas = Image.new(image.mode, (width, height), fill)
+    canvas.paste(image.resize(inner, resample), ((width - inner[0]) // 2, (height - inner[1]) // 2))
+    return canvas
+
+
+class ImageTensors:
+    """Encoded images to one float tensor ``[N, C, H, W]`` or ``[N, H, W, C]``."""
+
+    def __init__(self, spec: ImageSpec, dtype: npt.DTypeLike = np.float32) -> None:
+        self.spec = spec
+        self.dtype = np.dtype(dtype)
+        self._scale = np.float32(spec.scale)
+        self._mean = np.asarray(spec.mean, dtype=np.float32)
+        self._std = np.asarray(spec.std, dtype=np.float32)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """One image's tensor shape, without the batch dimension."""
+        height, width = self.spec.size
+        channels = self.spec.channels
+        if self.spec.layout == "NCHW":
+            return channels, height, width
+        return height, width, channels
+
+    def one(self, data: bytes, what: str) -> npt.NDArray[np.float32]:
+        """One encoded image as a normalised ``[H, W, C]`` float32 array."""
+        image = fit(open_image(data, self.spec, what), self.spec)
+        pixels = np.asarray(image, dtype=np.float32)
+        if pixels.ndim == 2:
+            pixels = pixels[:, :, np.newaxis]
+        if self.spec.color == "BGR":
+            pixels = pixels[:, :, ::-1]
+        normalised: npt.NDArray[np.float32] = (pixels * self._scale - self._mean) / self._std
+        return normalised
+
+    def stack(self, elements: npt.NDArray[Any], name: str) -> npt.NDArray[Any]:
+        """The tensor of a request's image elements, one per row, in the spec's layout."""
+        images = [
+            self.one(_element_bytes(e), f"image {row} of input {name!r}")
+            for row, e in enumerate(elements)
+        ]
+        batch = np.stack(images)
+        if self.spec.layout == "NCHW":
+            batch = batch.transpose(0, 3, 1, 2)
+        return np.ascontiguousarray(batch, dtype=self.dtype)
+
+    @staticmethod
+    def sample() -> bytes:
+        """A small PNG (mid grey) for warming a model up: any image becomes a tensor of
+        the model's shape."""
+        buffer = io.BytesIO()
+        Image.new("L", (8, 8), 128).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+
+def _element_bytes(element: object) -> bytes:
+    if isinstance(element, bytes | bytearray):
+        return bytes(element)
+    raise InvalidImageError("an image element must be the bytes of a JPEG or PNG file")
