@@ -12,6 +12,8 @@ from typing import Annotated
 
 import typer
 
+from spillway_cli.dashboard.command import dashboard as dashboard
+
 MeasuredFile = Annotated[
     Path | None, typer.Option(help="Measured inputs (default config/measured.yaml).")
 ]
@@ -26,37 +28,6 @@ PricesFile = Annotated[
 def _fail(message: str) -> typer.Exit:
     typer.echo(message, err=True)
     return typer.Exit(1)
-
-
-def dashboard(
-    log: Annotated[
-        list[Path],
-        typer.Option(help="A router log or metrics log (EMF lines, decision lines); repeat."),
-    ],
-    gpu_url: Annotated[
-        str | None, typer.Option(help="GPU service base URL; its /metrics is scraped.")
-    ] = None,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8090,
-    interval: Annotated[float, typer.Option(min=0.2, help="Seconds between refreshes.")] = 1.0,
-    window: Annotated[int, typer.Option(min=10, help="Seconds of history in the charts.")] = 300,
-) -> None:
-    """The live dashboard in the browser: latency, errors and load per backend, routing
-    by rule, GPU queue and batches, circuits, fallbacks, spills and cost per route."""
-    from spillway_cli.dashboard.board import Board
-    from spillway_cli.dashboard.server import DashboardApp, Poller
-    from spillway_cli.dashboard.sources import RouterLogs
-    from spillway_cli.wsgi_server import serve_forever
-
-    if gpu_url is not None and not gpu_url.startswith(("http://", "https://")):
-        raise _fail("--gpu-url must be an http(s) URL")
-    metrics = f"{gpu_url.rstrip('/')}/metrics" if gpu_url else None
-    poller = Poller(Board(window_s=window), RouterLogs(log), metrics, interval_s=interval)
-    poller.start()
-    try:
-        serve_forever(DashboardApp(poller), host, port)
-    finally:
-        poller.stop()
 
 
 def plan(

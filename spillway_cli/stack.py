@@ -355,9 +355,18 @@ class LocalStack:
         return True
 
     def _dashboard(self) -> None:
-        """The live dashboard over the router's logs and the GPU service's metrics."""
+        """The live dashboard over the router's logs, the services' metrics and the
+        operator's stores: canaries, the policy the router reads, the async backlog (the
+        ``ASYNC_*`` variables every part gets) and batch jobs."""
+        from batch_job.settings import JobsSettings
+
         argv = [*_spillway(), "dashboard", "--port", str(self.ports.dashboard)]
-        argv += ["--gpu-url", self.url("gpu")]
+        argv += ["--gpu-url", self.url("gpu"), "--cpu-url", self.url("cpu")]
+        argv += ["--state-table", STATE_TABLE, "--jobs-table", JobsSettings().table]
+        if self.router_runtime == "serverless-offline":
+            argv += ["--policy-parameter", POLICY_PARAMETER]
+        else:
+            argv += ["--policy-file", self.router_env()["ROUTER_POLICY_FILE"]]
         for name in ("router-metrics.jsonl", "router.log"):
             argv += ["--log", str(self.log_dir / name)]
         self._start("dashboard", argv, {}, "/api/health")

@@ -2,9 +2,10 @@
 ``/api/snapshot``, refreshed by one poller thread every ``interval_s``.
 
 The poller is the only owner of the ``Board``: each round it reads what the router's logs
-gained, scrapes the GPU service's ``/metrics``, and publishes the snapshot as JSON bytes
-that the request threads hand out unchanged. Everything is served from this package;
-the page loads nothing from elsewhere.
+gained, scrapes the GPU service's ``/metrics``, every ``operator_every`` rounds reads the
+operator's stores (canaries, versions, policy, async backlog, jobs), and publishes the
+snapshot as JSON bytes that the request threads hand out unchanged. Everything is served
+from this package; the page loads nothing from elsewhere.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from spillway_cli.dashboard.board import Board
+from spillway_cli.dashboard.operator import Operator
 from spillway_cli.dashboard.sources import GpuReading, RouterLogs, parse_prometheus, scrape
 
 log = logging.getLogger("spillway.dashboard")
@@ -40,16 +42,23 @@ class Poller:
     logs: RouterLogs
     gpu_metrics_url: str | None
     interval_s: float = 1.0
+    operator: Operator | None = None
+    operator_every: int = 5
+    """Rounds between two reads of the operator's stores (tables, queues, policy)."""
     published: bytes = b"{}"
     rounds: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def poll(self) -> None:
-        """One round: new log lines, one scrape, a fresh snapshot."""
-        events, sightings = self.logs.read()
-        self.board.add_events(events)
-        self.board.add_sightings(sightings)
+        """One round: new log lines, one scrape, the operator's stores when due, a fresh
+        snapshot."""
+        found = self.logs.read()
+        self.board.add_requests(found.requests)
+        self.board.add_sightings(found.sightings)
+        self.board.add_cold_starts(found.cold_starts)
+        if self.operator is not None and self.rounds % self.operator_every == 0:
+            self.board.operator = self.operator.read(self.board.seen_models())
         if self.gpu_metrics_url is not None:
             text = scrape(self.gpu_metrics_url)
             at = self.board.clock()
@@ -62,6 +71,7 @@ class Poller:
             "lines_read": self.logs.lines_read,
             "gpu_metrics": self.gpu_metrics_url,
             "interval_s": self.interval_s,
+            "operator_every_s": self.interval_s * self.operator_every,
         }
         self.published = json.dumps(snapshot, separators=(",", ":")).encode()
 

@@ -1,11 +1,13 @@
 """What the dashboard reads: the services' own metrics, nothing it computes on the side.
 
 * The router's log files: its EMF metric lines (one per request: rule, backend, model,
-  latency, cost, fallback, spill, error; the same lines ``spillway cost report`` reads) and
+  status, latency, cost, fallback, spill; the same lines ``spillway cost report`` reads) and
   its ``routed`` decision lines, whose attempt outcomes (``gpu:circuit_open``,
   ``cpu:status_200``) show each backend's circuit as the last request found it. A file may
   hold either kind or both: the WSGI router writes metrics to ``ROUTER_METRICS_LOG`` and
-  decisions to its log, under serverless-offline both reach the log.
+  decisions to its log, under serverless-offline both reach the log. Powertools'
+  ``ColdStart`` EMF lines of the Lambda functions (on AWS, under serverless-offline or
+  ``sam local``) in any of these files count as cold starts of their function.
 * The GPU service's Prometheus ``/metrics``: request and batch counters, queue depth and
   busy fraction per model version.
 """
@@ -108,9 +110,56 @@ def _log_time(stamp: object) -> float:
         return 0.0
 
 
+@dataclass(frozen=True)
+class Request:
+    """One request of the router's metric lines, with the status its client got (the
+    event's ``errors`` count only server faults; a 404 is a client's error)."""
+
+    event: RouteEvent
+    status: int
+
+    @classmethod
+    def of(cls, document: dict[str, Any]) -> Request:
+        """The request of a document ``route_document`` accepted (a line without a status,
+        from an older router, is a 500 when it counted an error, else a 200)."""
+        event = RouteEvent.of(document)
+        status = document.get("status")
+        if not isinstance(status, int) or isinstance(status, bool):
+            status = 500 if event.errors else 200
+        return cls(event, status)
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    """A Powertools ``ColdStart`` metric line: one function instance started."""
+
+    at: float
+    function: str
+
+
+def cold_start(document: dict[str, Any]) -> ColdStart | None:
+    """The cold start an EMF document records (``None``: it records none)."""
+    if not isinstance(document.get("_aws"), dict) or "ColdStart" not in document:
+        return None
+    stamp = document["_aws"].get("Timestamp", 0)
+    at = float(stamp) / 1000 if isinstance(stamp, int | float) else 0.0
+    name = document.get("function_name") or document.get("service") or "-"
+    return ColdStart(at, str(name))
+
+
+@dataclass
+class LogRead:
+    """What one read of the router's logs found."""
+
+    requests: list[Request] = field(default_factory=list)
+    sightings: list[BreakerSighting] = field(default_factory=list)
+    cold_starts: list[ColdStart] = field(default_factory=list)
+
+
 @dataclass
 class RouterLogs:
-    """Every request event and circuit sighting in the router's log files, as they grow."""
+    """Every request, circuit sighting and cold start in the router's log files, as they
+    grow."""
 
     paths: list[Path]
     tails: list[LineTail] = field(init=False)
@@ -119,19 +168,20 @@ class RouterLogs:
     def __post_init__(self) -> None:
         self.tails = [LineTail(path) for path in self.paths]
 
-    def read(self) -> tuple[list[RouteEvent], list[BreakerSighting]]:
+    def read(self) -> LogRead:
         """What was appended since the last call."""
-        events: list[RouteEvent] = []
-        sightings: list[BreakerSighting] = []
+        found = LogRead()
         for tail in self.tails:
             for line in tail.read():
                 self.lines_read += 1
                 document = route_document(line)
                 if document is not None:
-                    events.append(RouteEvent.of(document))
+                    found.requests.append(Request.of(document))
                 elif '"routed"' in line:
-                    sightings += breaker_sightings(_json_object(line))
-        return events, sightings
+                    found.sightings += breaker_sightings(_json_object(line))
+                elif '"ColdStart"' in line and (start := cold_start(_json_object(line))):
+                    found.cold_starts.append(start)
+        return found
 
 
 def _json_object(line: str) -> dict[str, Any]:
