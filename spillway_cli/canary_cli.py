@@ -1,6 +1,10 @@
 """``spillway models canary`` and ``spillway models status``: a model's canary in the
 router's shared state table (``ROUTER_STATE_TABLE``), the record every router reads.
 
+Both find the state table, the backends and the model repository of a stack started by
+``spillway up`` through its stack env file (``spillway_cli.stackenv``) when no flag or
+variable names them.
+
 ``models canary`` asks the router's backends (``--gpu-url``, ``--cpu-url`` or
 ``--cpu-function``, defaulting to the router's own ``ROUTER_*`` variables) whether they
 serve the canary version and prints what each said; ``--promote`` refuses a version that
@@ -13,6 +17,7 @@ Registered by ``spillway_cli.main`` on the ``models`` group.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated
@@ -21,13 +26,22 @@ import typer
 
 from spillway.canary.records import CanaryState, CanaryStore, RollbackBounds
 from spillway.protocol.errors import SpillwayError
+from spillway_cli.stackenv import aws_errors, require_aws, use_stack_env
 
 if TYPE_CHECKING:
     from spillway.router.backends import Backend
 
 TableOption = Annotated[
-    str,
+    str | None,
     typer.Option(envvar="ROUTER_STATE_TABLE", help="The routers' state table (DynamoDB)."),
+]
+RepositoryOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="SPILLWAY_REPOSITORY",
+        help="Folder or s3://… repository: the newest version when --percent comes "
+        "without --version and no canary runs.",
+    ),
 ]
 
 
@@ -93,15 +107,49 @@ def _store(table: str) -> CanaryStore:
 
 def _run(action: Callable[[], CanaryState | None]) -> CanaryState | None:
     try:
-        return action()
+        with aws_errors():
+            return action()
     except SpillwayError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(1) from None
 
 
+def _table(table: str | None) -> str:
+    """The state table: the flag, ``ROUTER_STATE_TABLE``, or the running stack's."""
+    use_stack_env()
+    found = table or os.environ.get("ROUTER_STATE_TABLE")
+    if not found:
+        raise _fail(
+            "no state table: pass --table or set ROUTER_STATE_TABLE "
+            "(or start a local stack with `spillway up`)"
+        )
+    require_aws()
+    return found
+
+
+def canary_version(store: CanaryStore, model: str, repository: str | None) -> int:
+    """The version ``--percent`` without ``--version`` means: the canary in force (running
+    or rolled back), else the newest version in the repository."""
+    current = _run(lambda: store.load(model))
+    if current is not None and current.canary is not None:
+        return current.canary
+    if not repository:
+        raise _fail(f"{model} has no canary: pass --version (or --repository for the newest)")
+    from spillway.models.repository import open_repository
+
+    try:
+        with aws_errors():
+            versions = open_repository(repository).list_versions(model)
+    except SpillwayError as exc:
+        raise _fail(exc.message) from None
+    if not versions:
+        raise _fail(f"{model} has no versions in {repository}: pass --version")
+    return max(versions)
+
+
 def models_canary(
     model: Annotated[str, typer.Option(help="Model name.")],
-    table: TableOption,
+    table: TableOption = None,
     version: Annotated[int | None, typer.Option(help="The canary version.")] = None,
     percent: Annotated[
         float | None, typer.Option(help="Share of unpinned requests for the canary, 0-100.")
@@ -133,13 +181,19 @@ def models_canary(
     gpu_url: GpuUrlOption = None,
     cpu_url: CpuUrlOption = None,
     cpu_function: CpuFunctionOption = None,
+    repository: RepositoryOption = None,
 ) -> None:
-    """Start a canary or change its share (--version V --percent P), or --promote it;
-    --allow-pinned / --refuse-pinned decide whether pinned requests reach rolled-back
-    versions (alone, or with either). Says which backends serve the canary version, and
-    refuses to promote one that a backend does not serve."""
-    store = _store(table)
-    backends = version_backends(gpu_url, cpu_url, cpu_function)
+    """Start a canary or change its share (--version V --percent P; without --version, the
+    canary in force or else the newest version), or --promote it; --allow-pinned /
+    --refuse-pinned decide whether pinned requests reach rolled-back versions (alone, or
+    with either). Says which backends serve the canary version, and refuses to promote one
+    that a backend does not serve."""
+    store = _store(_table(table))
+    backends = version_backends(
+        gpu_url or os.environ.get("ROUTER_GPU_URL"),
+        cpu_url or os.environ.get("ROUTER_CPU_URL"),
+        cpu_function or os.environ.get("ROUTER_CPU_FUNCTION"),
+    )
     if promote:
         current = _run(lambda: store.load(model))
         if version is not None and current is not None and current.canary != version:
@@ -162,8 +216,10 @@ def models_canary(
     if version is None and percent is None and allow_pinned is not None:
         typer.echo(describe(_pinning(store, model, allow_pinned), model))
         return
-    if version is None or percent is None:
-        raise _fail("--version and --percent are required (or --promote, or --allow-pinned)")
+    if percent is None:
+        raise _fail("--percent is required (or --promote, or --allow-pinned)")
+    if version is None:
+        version = canary_version(store, model, repository or os.environ.get("SPILLWAY_REPOSITORY"))
     changes = {
         "max_error_rate_increase": max_error_increase,
         "max_p99_ratio": max_p99_ratio,
@@ -179,9 +235,10 @@ def models_canary(
             bounds = RollbackBounds.model_validate({**base.model_dump(), **given})
         except ValueError as exc:
             raise _fail(f"invalid rollback bounds: {exc}") from None
-    state = _run(lambda: store.start(model, version, percent, stable=stable, bounds=bounds))
+    chosen = version
+    state = _run(lambda: store.start(model, chosen, percent, stable=stable, bounds=bounds))
     typer.echo(describe(_pinning(store, model, allow_pinned) or state, model))
-    typer.echo(describe_serving(version, serving(backends, model, version)))
+    typer.echo(describe_serving(chosen, serving(backends, model, chosen)))
 
 
 def _pinning(store: CanaryStore, model: str, allow: bool | None) -> CanaryState | None:
@@ -193,11 +250,12 @@ def _pinning(store: CanaryStore, model: str, allow: bool | None) -> CanaryState 
 
 def models_status(
     model: Annotated[str, typer.Argument(help="Model name.")],
-    table: TableOption,
+    table: TableOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="The record as JSON.")] = False,
 ) -> None:
     """A model's canary: stable and canary versions, share, rollback bounds, history."""
-    state = _run(lambda: _store(table).load(model))
+    store = _store(_table(table))
+    state = _run(lambda: store.load(model))
     if as_json:
         typer.echo(json.dumps(state.model_dump(mode="json") if state else None, indent=2))
     else:

@@ -8,6 +8,10 @@ local processes (moto does not run containers). ``JOBS_*`` variables configure a
 Exit codes of ``run``: 0 every shard committed, 1 a shard failed (Batch retries; committed
 shards are skipped), 3 a configuration error that a retry cannot fix. ``run`` also reads
 the test-only ``SPILLWAY_FAULT_*`` variables (``spillway_cli.local_batch.FaultSettings``).
+
+``submit`` and ``status`` reach a stack started by ``spillway up`` through its stack env
+file (``spillway_cli.stackenv``: its endpoint, tables, queue and model repository) when
+the environment does not name them; ``status`` takes the short id the progress bar shows.
 """
 
 from __future__ import annotations
@@ -15,22 +19,26 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from batch_job.errors import EXIT_NO_RETRY
+from batch_job.errors import EXIT_NO_RETRY, JobNotFoundError
+from batch_job.jobstore import JobStore
 from batch_job.plan import RunSpec
 from batch_job.service import JobService
 from batch_job.settings import JobsSettings
-from spillway.protocol.errors import SpillwayError
+from spillway.protocol.errors import InvalidInputError, SpillwayError
 from spillway.protocol.messages import JobRequest, JobStatus
+from spillway.state.table import scope
 from spillway.tenancy.identity import tenant_hint
 from spillway_cli.local_batch import (
     FaultSettings,
@@ -39,6 +47,7 @@ from spillway_cli.local_batch import (
     fault_hook,
     run_local,
 )
+from spillway_cli.stackenv import aws_errors, require_aws, use_stack_env
 
 jobs_app = typer.Typer(help="Offline batch inference on AWS Batch.", no_args_is_help=True)
 log = logging.getLogger("spillway.jobs.cli")
@@ -46,6 +55,9 @@ log = logging.getLogger("spillway.jobs.cli")
 LAUNCHER = (sys.executable, "-m", "spillway_cli.jobs_cli")
 """How a local child runs ``spillway jobs`` (the container's entry point)."""
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "INCOMPLETE"})
+SHORT_ID = re.compile(r"^[0-9a-f-]{4,36}$")
+SHORT_ID_SHOWN = 8
+"""The characters of a job id the progress bar shows."""
 
 
 def _logging(verbose: bool) -> None:
@@ -110,16 +122,19 @@ def submit(
     (``JOBS_OPERATOR_TENANT``) and writes where ``--output`` says; with it, the job is
     that tenant's and follows the jobs API's rules (its areas, ``<output>/<job id>/``)."""
     _logging(False)
+    use_stack_env()
+    require_aws()
     settings = JobsSettings()
     service = JobService(settings)
     fields: dict[str, Any] = {"model": model, "input": input, "output": output}
     fields |= {"version": version, "shards": shards, "batch_size": batch_size}
     try:
         request = JobRequest.parse(json.dumps(fields))
-        if tenant is None:
-            result = service.submit_as_operator(request, idempotency_key)
-        else:
-            result = service.submit(request, idempotency_key, tenant=tenant_hint(tenant))
+        with aws_errors():
+            if tenant is None:
+                result = service.submit_as_operator(request, idempotency_key)
+            else:
+                result = service.submit(request, idempotency_key, tenant=tenant_hint(tenant))
     except SpillwayError as exc:
         raise _fail(exc) from None
     typer.echo(result.model_dump_json(indent=2))
@@ -127,7 +142,8 @@ def submit(
         log_dir = Path(tempfile.mkdtemp(prefix=f"spillway-job-{result.job.job_id[:8]}-"))
         runs = run_local(settings, result.job.batch_job_id, LAUNCHER, log_dir)
         for child in runs:
-            typer.echo(f"child {child.index}: exit {child.exit_code} ({child.log_path})")
+            which = "the job" if child.index is None else f"array child {child.index}"
+            typer.echo(f"{which}: exit {child.exit_code} ({child.log_path})")
     if wait:
         final = _wait(service, result.job.job_id, tenant)
         typer.echo(final.model_dump_json(indent=2))
@@ -145,14 +161,15 @@ def _wait(service: JobService, job_id: str, tenant: str | None, poll_s: float = 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()) as bar:
-        task = bar.add_task(f"job {job_id[:8]}", total=None)
+        short = job_id[:SHORT_ID_SHOWN]
+        task = bar.add_task(f"job {short}", total=None)
         while True:
             current = _status(service, job_id, tenant)
             bar.update(
                 task,
                 total=current.shards_total,
                 completed=current.shards_done,
-                description=f"job {job_id[:8]} {current.state} ({current.records} records)",
+                description=f"job {short} {current.state} ({current.records} records)",
             )
             if current.state in TERMINAL:
                 return current
@@ -161,17 +178,58 @@ def _wait(service: JobService, job_id: str, tenant: str | None, poll_s: float = 
 
 @jobs_app.command("status")
 def status(
-    job_id: Annotated[str, typer.Argument(help="The job id submit printed.")],
+    job_id: Annotated[
+        str, typer.Argument(help="The job id submit printed, or its first characters.")
+    ],
     tenant: Annotated[
         str | None, typer.Option(help="Only this tenant's job (default: any, as operator).")
     ] = None,
 ) -> None:
     """The job's state: Batch's view and its committed shards, records and errors."""
+    use_stack_env()
+    require_aws()
     try:
-        service = JobService(JobsSettings())
-        typer.echo(_status(service, job_id, tenant).model_dump_json(indent=2))
+        with aws_errors():
+            service = JobService(JobsSettings())
+            owner = None if tenant is None else scope(tenant_hint(tenant))
+            full = resolve_job_id(service.store, job_id, owner)
+            typer.echo(_status(service, full, tenant).model_dump_json(indent=2))
     except SpillwayError as exc:
         raise _fail(exc, 1) from None
+
+
+def resolve_job_id(store: JobStore, given: str, owner: str | None) -> str:
+    """The job id that ``given`` is, or begins (the short id the progress bar shows),
+    among ``owner``'s jobs (every job for ``None``, the operator); one match or an error."""
+    try:
+        uuid.UUID(given)
+    except ValueError:
+        pass
+    else:
+        return given
+    prefix = given.lower()
+    if not SHORT_ID.match(prefix):
+        raise InvalidInputError("a job id is a UUID, or its first characters (at least 4)")
+    pages = store.client.get_paginator("scan").paginate(
+        TableName=store.table,
+        FilterExpression="begins_with(#id, :prefix)",
+        ProjectionExpression="#id, #owner",
+        ExpressionAttributeNames={"#id": "job_id", "#owner": "owner"},
+        ExpressionAttributeValues={":prefix": {"S": prefix}},
+    )
+    found: list[str] = sorted(
+        str(item["job_id"]["S"])
+        for page in pages
+        for item in page.get("Items", [])
+        if owner is None or item.get("owner", {}).get("S") == owner
+    )
+    if not found:
+        raise JobNotFoundError(f"no job {given}")
+    if len(found) > 1:
+        raise InvalidInputError(
+            f"{given} begins {len(found)} job ids ({', '.join(found[:3])}…): give more of it"
+        )
+    return found[0]
 
 
 @jobs_app.command("init-local")

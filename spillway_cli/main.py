@@ -15,10 +15,10 @@ from spillway_cli.canary_cli import models_canary, models_status
 from spillway_cli.jobs_cli import jobs_app
 from spillway_cli.ops_cli import dashboard, plan, policy_apply, tune
 from spillway_cli.router_cli import cost_app, policy_app, serve_cpu, serve_router
+from spillway_cli.up_cli import RUNTIME_HELP, up
 
 app = typer.Typer(help="Spillway: AI inference as a service.", no_args_is_help=True)
 models_app = typer.Typer(help="Build, publish and canary models.", no_args_is_help=True)
-RUNTIME_HELP = "wsgi | serverless-offline | auto (serverless-offline when it can start)"
 serve_app = typer.Typer(help="Start a service in the foreground.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(serve_app, name="serve")
@@ -32,6 +32,7 @@ serve_app.command("cpu")(serve_cpu)
 app.command("dashboard")(dashboard)
 app.command("plan")(plan)
 app.command("tune")(tune)
+app.command("up")(up)
 policy_app.command("apply")(policy_apply)
 
 
@@ -152,53 +153,6 @@ def serve_jobs(
         function_name,
     )
     serve_forever(served, host, port)
-
-
-@app.command("up")
-def up(
-    models: Annotated[Path, typer.Option(help="Built model repository to upload.")] = Path(
-        "models"
-    ),
-    log_dir: Annotated[Path, typer.Option(help="Where the parts write their logs.")] = Path(
-        "out/stack"
-    ),
-    router_port: Annotated[int, typer.Option(help="Router port (0: free).")] = 8080,
-    gpu_port: Annotated[int, typer.Option(help="GPU service port (0: free).")] = 8000,
-    cpu_port: Annotated[int, typer.Option(help="CPU fallback port (0: free).")] = 8081,
-    jobs_port: Annotated[int, typer.Option(help="Jobs API port (0: free).")] = 8082,
-    moto_port: Annotated[int, typer.Option(help="Moto (AWS) port (0: free).")] = 5000,
-    dashboard_port: Annotated[int, typer.Option(help="Dashboard port (0: free).")] = 8090,
-    router_runtime: Annotated[str, typer.Option(help=RUNTIME_HELP)] = "auto",
-    verbose: Annotated[bool, typer.Option(help="Also show log lines in the terminal.")] = False,
-) -> None:
-    """The whole platform on 127.0.0.1 until Ctrl-C or SIGTERM."""
-    import signal
-
-    from spillway_cli.console import report_logging
-    from spillway_cli.stack import LocalStack, Ports
-    from spillway_cli.stack import router_runtime as resolve
-
-    report_logging(log_dir / "up.log", verbose)
-    stack = LocalStack(
-        models,
-        log_dir,
-        Ports(moto_port, gpu_port, cpu_port, jobs_port, router_port, dashboard_port),
-        router_runtime=resolve(router_runtime),
-        router_fallback=router_runtime == "auto",
-    )
-
-    def stop(signum: int, _: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        stack.start()
-        typer.echo("Spillway is up:\n" + stack.summary() + "\n\nCtrl-C stops everything.")
-        signal.pause()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stack.stop()
 
 
 if __name__ == "__main__":

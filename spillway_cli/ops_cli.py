@@ -107,14 +107,21 @@ def policy_apply(
     ] = None,
 ) -> None:
     """Apply a policy: validated first, then written to the router's policy file or SSM
-    parameter, which the router picks up within ROUTER_POLICY_TTL_S."""
+    parameter, which the router picks up within ROUTER_POLICY_TTL_S. Without either flag,
+    the policy of the stack `spillway up` runs."""
     import os
     import tempfile
 
     from spillway.routing.policy import PolicyError, parse_policy
+    from spillway_cli.stackenv import aws_errors, require_aws, use_stack_env
 
+    if to_file is None and parameter is None:
+        use_stack_env()
+        stack_file = os.environ.get("SPILLWAY_POLICY_FILE")
+        to_file = Path(stack_file) if stack_file else None
+        parameter = None if stack_file else os.environ.get("SPILLWAY_POLICY_PARAMETER")
     if (to_file is None) == (parameter is None):
-        raise _fail("give exactly one of --file and --parameter")
+        raise _fail("give exactly one of --file and --parameter (or start `spillway up`)")
     try:
         text = file.read_text(encoding="utf-8")
         policy = parse_policy(text, str(file))
@@ -130,5 +137,7 @@ def policy_apply(
         return
     from spillway.models.repository import aws_client
 
-    aws_client("ssm").put_parameter(Name=parameter, Value=text, Type="String", Overwrite=True)
+    require_aws()
+    with aws_errors():
+        aws_client("ssm").put_parameter(Name=parameter, Value=text, Type="String", Overwrite=True)
     typer.echo(f"applied {file} ({len(policy.rules)} rules) to SSM parameter {parameter}")

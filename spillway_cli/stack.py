@@ -14,15 +14,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spillway.models.repository import aws_client
-from spillway_cli import procs
+from spillway_cli import procs, stackenv
 
 # The resource names, re-exported: the demos and tests name them from here.
 from spillway_cli.local_names import DATA_BUCKET as DATA_BUCKET
@@ -78,6 +81,17 @@ def offline_missing() -> list[str]:
     return [what for what, present in needs.items() if not present]
 
 
+class StackError(RuntimeError):
+    """A part of the stack did not come up: which, why, and the end of its log."""
+
+    def __init__(self, part: str, reason: str, child: procs.Child) -> None:
+        super().__init__(f"{part} did not come up: {reason}\n{child.log_tail()}")
+        self.part = part
+        self.reason = reason
+        self.log_path = child.log_path
+        self.tail = child.log_tail(10)
+
+
 @dataclass
 class Ports:
     """Where each part listens on 127.0.0.1 (0: a free port)."""
@@ -127,6 +141,12 @@ class LocalStack:
     states: LocalStepFunctions | None = None
     """The local Step Functions endpoint (``AWS_ENDPOINT_URL_SFN`` of the router), served
     in this process while the stack runs."""
+    progress: Callable[[str], None] | None = None
+    """Told one line per part as it comes up, with the seconds it took (``spillway up``
+    prints them)."""
+    env_path: Path | None = None
+    """Where the stack env file goes (``spillway_cli.stackenv``); default
+    ``<log_dir>/env.json``."""
     _states_server: Any = field(default=None, init=False, repr=False)
 
     def url(self, part: str) -> str:
@@ -144,16 +164,20 @@ class LocalStack:
         }
 
     def start(self) -> None:
-        """Bring every part up, in dependency order."""
+        """Bring every part up, in dependency order; the stack env file last."""
         self.ports = self.ports.resolved()
         os.environ.update(self.aws_env())
         try:
             self._moto()
-            self._upload_models()
+            started = time.monotonic()
+            files = self._upload_models()
+            self._say("models", started, f"{files} files in {REPOSITORY}")
+            started = time.monotonic()
             self._jobs_resources()
             self._state_table()
             self._async_resources()
             self._policy_parameter()
+            self._say("aws", started, "buckets, tables, queues, Batch, policy on moto")
             self.start_gpu()
             self._start(
                 "cpu",
@@ -187,6 +211,7 @@ class LocalStack:
                 )
             self._dashboard()
             self.write_sam_env()
+            stackenv.write_stack_env(self.stack_env_path, self.stack_env())
         except BaseException:
             self.stop()
             raise
@@ -202,6 +227,59 @@ class LocalStack:
 
         return write_env_vars(self, self.sam_env_path)
 
+    @property
+    def stack_env_path(self) -> Path:
+        """The stack env file of this stack (``spillway_cli.stackenv``)."""
+        return self.env_path or self.log_dir / "env.json"
+
+    def stack_env(self) -> dict[str, str]:
+        """What the ``spillway`` commands need to reach this stack, by variable name: the
+        AWS endpoint, region and dummy credentials, the tables (state, async, jobs),
+        buckets and model repository, the services' URLs and where the router reads its
+        policy."""
+        from batch_job.settings import JobsSettings
+
+        jobs = JobsSettings()
+        policy = (
+            {"SPILLWAY_POLICY_PARAMETER": POLICY_PARAMETER}
+            if self.router_runtime == "serverless-offline"
+            else {"SPILLWAY_POLICY_FILE": str(self.policy_copy)}
+        )
+        token = self.gpu_settings.get("GPU_ADMIN_TOKEN")
+        return {
+            **self.aws_env(),
+            "ROUTER_STATE_TABLE": STATE_TABLE,
+            "ROUTER_GPU_URL": self.url("gpu"),
+            "ROUTER_CPU_URL": self.url("cpu"),
+            "JOBS_TABLE": jobs.table,
+            "JOBS_JOB_QUEUE": jobs.job_queue,
+            "JOBS_JOB_DEFINITION": jobs.job_definition,
+            "JOBS_REPOSITORY": REPOSITORY,
+            "JOBS_TENANTS_ROOT": TENANTS_ROOT,
+            "JOBS_STAGING": JOBS_STAGING,
+            "SPILLWAY_REPOSITORY": REPOSITORY,
+            "SPILLWAY_MODELS_BUCKET": MODELS_BUCKET,
+            "SPILLWAY_DATA_BUCKET": DATA_BUCKET,
+            "SPILLWAY_GPU_URL": self.url("gpu"),
+            "SPILLWAY_CPU_URL": self.url("cpu"),
+            "SPILLWAY_JOBS_URL": self.url("jobs"),
+            "SPILLWAY_ROUTER_URL": self.url("router"),
+            "SPILLWAY_DASHBOARD_URL": self.url("dashboard"),
+            **({"SPILLWAY_API_KEY": LOCAL_API_KEY} if self.router_headers else {}),
+            **policy,
+            **({"SPILLWAY_ADMIN_TOKEN": token} if token else {}),
+        }
+
+    @property
+    def policy_copy(self) -> Path:
+        """The WSGI router's policy file: a copy of ``policy`` in the log folder, so that
+        ``spillway policy apply`` changes this stack's policy, not the checked-in one."""
+        return self.log_dir / "policy.yaml"
+
+    def _say(self, part: str, started: float, what: str) -> None:
+        if self.progress is not None:
+            self.progress(f"  {part:<9} {time.monotonic() - started:5.1f} s  {what}")
+
     def start_gpu(self) -> None:
         """(Re)start the GPU service from the S3 repository."""
         env = {
@@ -214,26 +292,32 @@ class LocalStack:
         self._start("gpu", [sys.executable, "-m", "gpu_service"], env, "/v2/health/ready")
 
     def _start(self, name: str, argv: list[str], env: dict[str, str], health: str) -> None:
+        started = time.monotonic()
         child = procs.start(name, argv, self.log_dir, {**self.aws_env(), **env})
         self.children[name] = child
         try:
             procs.wait_http(f"{self.url(name)}{health}", 180, child.proc)
         except (RuntimeError, TimeoutError) as exc:
-            raise RuntimeError(f"{name} did not come up: {exc}\n{child.log_tail()}") from exc
+            raise StackError(name, str(exc), child) from exc
         log.info("%s is up at %s (pid %d)", name, self.url(name), child.pid)
+        self._say(name, started, self.url(name))
 
     def _moto(self) -> None:
         argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.ports.moto)]
         self._start("moto", argv, {}, "/moto-api/")
 
-    def _upload_models(self) -> None:
+    def _upload_models(self) -> int:
+        """Upload the repository to S3; the number of files."""
         s3 = aws_client("s3", REGION)
         for bucket in (MODELS_BUCKET, DATA_BUCKET):
             s3.create_bucket(Bucket=bucket)
+        files = 0
         for path in sorted(self.models.rglob("*")):
             relative = path.relative_to(self.models).as_posix()
             if path.is_file() and not relative.startswith(".") and "/samples/" not in relative:
                 s3.upload_file(str(path), MODELS_BUCKET, f"repository/{relative}")
+                files += 1
+        return files
 
     def jobs_env(self) -> dict[str, str]:
         """The jobs API's settings: tenants' areas under ``tenants/`` and the router's
@@ -297,12 +381,14 @@ class LocalStack:
             )
             for name, arn in STATE_MACHINES.items()
         }
+        started = time.monotonic()
         self.states = LocalStepFunctions(machines)
         httpd = server(self.states, "127.0.0.1", self.ports.states)
         thread = threading.Thread(target=httpd.serve_forever, name="local-states", daemon=True)
         thread.start()
         self._states_server = (httpd, thread)
         log.info("states is up at %s (in this process)", self.url("states"))
+        self._say("states", started, self.url("states"))
 
     def _stop_step_functions(self) -> None:
         """Stop serving, then wait for the executions already running."""
@@ -334,7 +420,7 @@ class LocalStack:
             "ROUTER_JOBS_FUNCTION": JOBS_FUNCTION,
             "AWS_ENDPOINT_URL_LAMBDA": self.url("jobs"),
             "ROUTER_JOBS_STAGING": JOBS_STAGING,
-            "ROUTER_POLICY_FILE": str(self.policy),
+            "ROUTER_POLICY_FILE": str(self.policy_copy),
             "ROUTER_STATE_TABLE": STATE_TABLE,
             "ROUTER_METRICS_LOG": str(self.log_dir / "router-metrics.jsonl"),
         }
@@ -372,7 +458,10 @@ class LocalStack:
         self._start("dashboard", argv, {}, "/api/health")
 
     def _policy_parameter(self) -> None:
-        """The policy as the deployed router reads it: an SSM parameter (on moto)."""
+        """The policy as the deployed router reads it: an SSM parameter (on moto); and
+        as the WSGI router reads it, a file."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.policy, self.policy_copy)
         aws_client("ssm", REGION).put_parameter(
             Name=POLICY_PARAMETER, Value=self.policy.read_text(), Type="String", Overwrite=True
         )
@@ -418,6 +507,7 @@ class LocalStack:
             "SLS_DEPRECATION_DISABLE": "*",
         }
         self.router_headers = {"x-api-key": LOCAL_API_KEY}
+        started = time.monotonic()
         child = procs.start("router", argv, self.log_dir, {**self.aws_env(), **env})
         self.children["router"] = child
         procs.wait_http(
@@ -429,10 +519,12 @@ class LocalStack:
         log.info(
             "router is up under serverless-offline at %s (pid %d)", self.url("router"), child.pid
         )
+        self._say("router", started, f"{self.url('router')} (serverless-offline)")
 
     def stop(self) -> None:
         """Stop the Step Functions endpoint (its executions call the CPU fallback), then
-        every child we started, newest first, by PID."""
+        every child we started, newest first, by PID; the stack env file goes first."""
+        stackenv.remove_stack_env(self.stack_env_path)
         self._stop_step_functions()
         for name in reversed(list(self.children)):
             child = self.children.pop(name)
@@ -468,13 +560,35 @@ class LocalStack:
             "Try:",
             f"  curl -s {self.url('router')}/v2/models/minilm/infer{curl_headers} "
             f"-H 'content-type: application/json' -d '{body}' -D - | head -20",
-            f'  python -c "import tritonclient.http as t; '
-            f"print(t.InferenceServerClient('127.0.0.1:{self.ports.router}')"
-            f".get_model_metadata('digits', headers={self.router_headers!r}))\"",
+            f"  {self.tritonclient_line()}",
             f"  sam local invoke <Function> -e events/... --env-vars {self.sam_env_path} "
             '(README.md, "sam local invoke")',
         ]
         return "\n".join(lines)
+
+    def tritonclient_line(self) -> str:
+        """A shell line that infers one image on ``digits`` through the router with
+        tritonclient, in this virtual environment's Python, and prints its label."""
+        headers = f", headers={self.router_headers!r}" if self.router_headers else ""
+        code = (
+            "import numpy as np, tritonclient.http as t; "
+            f"c = t.InferenceServerClient('127.0.0.1:{self.ports.router}'); "
+            "x = t.InferInput('image', [1, 8, 8], 'FP32'); "
+            "x.set_data_from_numpy(np.full((1, 8, 8), 8, np.float32)); "
+            f"print(c.infer('digits', [x]{headers}).as_numpy('label'))"
+        )
+        return f'{_python()} -c "{code}"'
+
+
+def _python() -> str:
+    """This Python as a shell word: relative to the working folder when inside it
+    (``.venv/bin/python``), absolute otherwise."""
+    executable = Path(sys.executable)
+    try:
+        shown = executable.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return shlex.quote(str(executable))
+    return shlex.quote(shown if "/" in shown else f"./{shown}")
 
 
 def _spillway() -> list[str]:

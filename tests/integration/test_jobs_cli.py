@@ -75,7 +75,7 @@ def test_submit_local_wait_produces_the_outputs(
     # THEN it ends SUCCEEDED with every record out
     assert result.exit_code == 0, result.output
     assert '"state": "SUCCEEDED"' in result.output
-    assert "child None: exit 0" in result.output
+    assert "the job: exit 0" in result.output
     assert [o["id"] for o in get_lines(bucket, "out/part-00000.jsonl")] == [
         f"r{i}" for i in range(12)
     ]

@@ -1,0 +1,117 @@
+"""The stack env file: where a running ``spillway up`` stack can be reached.
+
+``spillway up`` writes it (``out/stack/env.json`` by default; ``SPILLWAY_STACK_ENV`` names
+another) once every part is up, and removes it when the stack stops. It holds the
+variables a command needs to talk to that stack: boto3's endpoint, region and the dummy
+credentials moto accepts, the tables, buckets and model repository, the services' URLs.
+The commands that talk to AWS or the stack read it by default (``use_stack_env``): a flag
+given on the command line, or a variable already in the environment, wins over it.
+
+A file whose stack is gone (its process ended without removing it, e.g. SIGKILL) is
+ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+
+STACK_ENV = Path("out/stack/env.json")
+PATH_VARIABLE = "SPILLWAY_STACK_ENV"
+NO_AWS = (
+    "no local stack runs (no {path}) and no AWS configuration was found: "
+    "start one with `spillway up`, or set AWS_REGION and credentials"
+)
+
+
+def stack_env_path() -> Path:
+    """Where the running stack's env file is: ``SPILLWAY_STACK_ENV`` or the default."""
+    return Path(os.environ.get(PATH_VARIABLE) or STACK_ENV)
+
+
+def write_stack_env(path: Path, values: Mapping[str, str], pid: int | None = None) -> Path:
+    """Write the file for the stack run by process ``pid`` (this one by default),
+    atomically: a reader never sees half of it."""
+    document = {"pid": os.getpid() if pid is None else pid, "env": dict(values)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    partial.replace(path)
+    return path
+
+
+def read_stack_env(path: Path | None = None) -> dict[str, str]:
+    """The running stack's variables; empty when there is no file, it cannot be read, or
+    the process that wrote it has ended."""
+    try:
+        document = json.loads((path or stack_env_path()).read_text(encoding="utf-8"))
+        pid, values = int(document["pid"]), document["env"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if not _alive(pid) or not isinstance(values, dict):
+        return {}
+    return {str(name): str(value) for name, value in values.items()}
+
+
+def remove_stack_env(path: Path, pid: int | None = None) -> None:
+    """Remove the file when process ``pid`` (this one by default) wrote it: the stack
+    has stopped. Another stack's file stays."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(document, dict) and document.get("pid") == (os.getpid() if pid is None else pid):
+        path.unlink(missing_ok=True)
+
+
+def use_stack_env(path: Path | None = None) -> dict[str, str]:
+    """Put the running stack's variables into this process's environment, each only
+    where the environment does not set it already; the ones put there."""
+    added = {
+        name: value for name, value in read_stack_env(path).items() if not os.environ.get(name)
+    }
+    os.environ.update(added)
+    return added
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # somebody else's process, but it exists
+        return True
+    return True
+
+
+def require_aws() -> None:
+    """Exit with one line when boto3 would find no region or no credentials (no stack
+    env file applied and no AWS configuration): before a client is made, so that the
+    core's wrapping of the error does not hide the fix."""
+    import boto3
+
+    session = boto3.session.Session()
+    if session.region_name is None or session.get_credentials() is None:
+        typer.echo(f"error: {NO_AWS.format(path=stack_env_path())}", err=True)
+        raise typer.Exit(1)
+
+
+@contextmanager
+def aws_errors() -> Iterator[None]:
+    """Turn "boto3 has nowhere to go" into one line and exit status 1: no region, no
+    credentials, or an endpoint that does not answer (a stack that has gone)."""
+    from botocore.exceptions import EndpointConnectionError, NoCredentialsError, NoRegionError
+
+    try:
+        yield
+    except (NoRegionError, NoCredentialsError):
+        typer.echo(f"error: {NO_AWS.format(path=stack_env_path())}", err=True)
+        raise typer.Exit(1) from None
+    except EndpointConnectionError as exc:
+        typer.echo(f"error: {exc} (is the stack still up?)", err=True)
+        raise typer.Exit(1) from None
