@@ -54,6 +54,15 @@ def _get_json(url: str, method: str = "GET") -> Any:
         return json.loads(response.read())
 
 
+def _answers(url: str) -> bool:
+    """Whether ``url`` answers 200 (whatever its body)."""
+    try:
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as response:  # noqa: S310
+            return int(response.status) == 200
+    except (OSError, ValueError):
+        return False
+
+
 def _failed(exc: Exception) -> dict[str, Any]:
     return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
@@ -271,11 +280,7 @@ class Operator:
     def _read_starts(self) -> dict[str, int]:
         """Count a start each time a backend's health answers after it did not."""
         for backend, url in sorted(self.backends.items()):
-            try:
-                _get_json(f"{url}/v2/health/live")
-                up = True
-            except (OSError, ValueError):
-                up = False
+            up = _answers(f"{url}/v2/health/live")
             if up and not self._up.get(backend, False):
                 self.starts[backend] = self.starts.get(backend, 0) + 1
             self._up[backend] = up

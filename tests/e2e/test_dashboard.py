@@ -1,21 +1,31 @@
 """The live dashboard in headless Chromium during a load run through the router.
 
 GIVEN the local stack and its dashboard, WHEN digits requests of three kinds (default,
-``realtime``, ``serverless``) run through the router, THEN the page refreshes live (its
-request rate is above zero during the run) and, once the load ends, every figure on it
-equals what the services themselves report: per backend, rule and route from the router's
-metric lines (as ``spillway cost report`` reads them), and the GPU service's counters
-from its ``/metrics``. The page loads nothing from anywhere but the dashboard, raises no
-JavaScript error, and its screenshot is saved under ``out/dashboard/``.
+``realtime``, ``serverless``) run through the router, then 26 requests for a model nobody
+serves, a canary started with ``spillway models canary`` and a batch job, THEN the page
+refreshes live (its request rate is above zero during the run) and every figure on it
+equals what the services and stores themselves report: per backend, rule, route and
+model (with 4xx apart from 5xx, and the CPU fallback's requests in flight) from the
+router's metric lines (as ``spillway cost report`` reads them), the GPU service's counters
+from its ``/metrics``, the canary from the state table, each backend's served versions
+from its ``/v2/models/M``, the policy in force from the file the router reads (whose
+digest the router logged), the async backlog from the async table, the job's state as
+``spillway jobs status`` reads it, and one start of the CPU fallback process. The page
+loads nothing from anywhere but the dashboard, raises no JavaScript error, and its
+screenshot is saved under ``out/dashboard/``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
@@ -24,11 +34,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from batch_job.service import JobService
+from batch_job.settings import JobsSettings
+from spillway.async_inference.settings import AsyncSettings
+from spillway.async_inference.store import AsyncStore
+from spillway.canary.records import CanaryStore
+from spillway.models.repository import aws_client
 from spillway.routing.accounting import nearest_rank, route_events
+from spillway.routing.policy import parse_policy
+from spillway.state.table import DynamoStateStore, scope
 from spillway_cli.cost_report import summarise
-from spillway_cli.dashboard.sources import GpuReading, parse_prometheus
+from spillway_cli.dashboard.sources import GpuReading, Request, parse_prometheus
 from spillway_cli.demo import Client
-from spillway_cli.stack import LocalStack
+from spillway_cli.stack import STATE_TABLE, LocalStack
 from tests.e2e.chromium import CHROMIUM, Browser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,8 +57,13 @@ KINDS: tuple[dict[str, str], ...] = (
     {"x-spillway-mode": "realtime"},
     {"x-spillway-mode": "serverless"},
 )
-PAGE_FIGURES = """JSON.stringify(Object.fromEntries(
-  [...document.querySelectorAll('[data-metric]')].map(e => [e.dataset.metric, e.textContent])))"""
+MISSING = 26
+"""Requests for a model nobody serves: each is a 404 to its client."""
+CANARY_MODEL = "mlp-bench"
+"""A model the load does not use: its canary (a version that does not exist) sends none
+of this test's requests anywhere, and its record is deleted at the end."""
+PAGE_FIGURES = """JSON.stringify({_now: document.body.dataset.now, ...Object.fromEntries(
+  [...document.querySelectorAll('[data-metric]')].map(e => [e.dataset.metric, e.textContent]))})"""
 
 
 @pytest.fixture
@@ -81,23 +104,41 @@ def run_load(stack: LocalStack, stop: threading.Event, threads: int = 4) -> list
     return statuses
 
 
-def expected_figures(stack: LocalStack) -> dict[str, str]:
-    """What the page must show, computed from the services' own outputs."""
+def expected_figures(stack: LocalStack, now: float, job_id: str) -> dict[str, str]:
+    """What the page must show, computed from the services' and stores' own outputs
+    (``now``: the moment of the page's snapshot, for the figures over recent seconds)."""
     lines = (stack.log_dir / "router-metrics.jsonl").read_text().splitlines()
     latencies: dict[str, list[float]] = defaultdict(list)
     requests: dict[str, int] = defaultdict(int)
     rules: dict[str, int] = defaultdict(int)
+    models: dict[str, int] = defaultdict(int)
+    model_4xx: dict[str, int] = defaultdict(int)
+    recent_cpu_ms = 0.0
     for event in route_events(lines):
         latencies[event.backend] += event.latencies_ms
         requests[event.backend] += event.requests
         rules[event.rule] += event.requests
-    figures = {"totals.requests": f"{sum(requests.values()):,}"}
+        models[event.model] += event.requests
+        if event.backend == "cpu" and int(now) - 10 <= int(event.at) < int(now):
+            recent_cpu_ms += sum(event.latencies_ms)
+    statuses = [Request.of(json.loads(line)) for line in lines if line.startswith("{")]
+    for request in statuses:
+        model_4xx[request.event.model] += 400 <= request.status < 500
+    figures = {
+        "totals.requests": f"{sum(requests.values()):,}",
+        "totals.client_errors": f"{sum(400 <= r.status < 500 for r in statuses):,}",
+        "totals.errors": f"{sum(r.status >= 500 for r in statuses):,}",
+        "cpu.concurrency": f"{recent_cpu_ms / 1000 / 10:.2f}",
+    }
     for backend, count in requests.items():
         figures[f"backend.{backend}.requests"] = f"{count:,}"
         figures[f"backend.{backend}.p50_ms"] = f"{nearest_rank(latencies[backend], 0.5):.1f}"
         figures[f"backend.{backend}.p99_ms"] = f"{nearest_rank(latencies[backend], 0.99):.1f}"
     for rule, count in rules.items():
         figures[f"rule.{rule}.requests"] = f"{count:,}"
+    for model, count in models.items():
+        figures[f"model.{model}.requests"] = f"{count:,}"
+        figures[f"model.{model}.client_errors"] = f"{model_4xx[model]:,}"
     for route in summarise(lines):
         key = f"route.{route.rule}.{route.backend}"
         figures[f"{key}.requests"] = f"{route.requests:,}"
@@ -107,7 +148,71 @@ def expected_figures(stack: LocalStack) -> dict[str, str]:
     figures["gpu.success"] = f"{gpu.success:,.0f}"
     figures["gpu.batches"] = f"{gpu.batches:,.0f}"
     figures["gpu.mean_batch"] = f"{gpu.batch_rows / gpu.batches:.2f}"
+    return figures | operator_figures(stack, job_id)
+
+
+def served(base: str, model: str) -> str:
+    """A backend's versions of ``model`` as the page writes them."""
+    try:
+        with urllib.request.urlopen(f"{base}/v2/models/{model}", timeout=10) as response:
+            versions = json.loads(response.read())["versions"]
+    except urllib.error.HTTPError as exc:
+        return "not served" if exc.code == 404 else f"HTTP {exc.code}"
+    return ", ".join(versions) if versions else "none"
+
+
+def operator_figures(stack: LocalStack, job_id: str) -> dict[str, str]:
+    """The canary, served versions, policy, backlog, job and process starts, each read
+    from its own store or service."""
+    state = CanaryStore(DynamoStateStore(STATE_TABLE, lambda: aws_client("dynamodb")), time.time)
+    canary = state.load(CANARY_MODEL)
+    assert canary is not None
+    policy_text = Path(stack.router_env()["ROUTER_POLICY_FILE"]).read_text()
+    backlog = list(AsyncStore(AsyncSettings.from_env(stack.aws_env())).pending(1000))
+    job = JobService(JobsSettings()).status_as_operator(job_id)
+    figures = {
+        f"model.{CANARY_MODEL}.canary": f"v{canary.canary} {canary.percent:g}% "
+        f"(stable v{canary.stable})",
+        "policy.digest": hashlib.sha256(policy_text.encode()).hexdigest()[:16],
+        "async.pending": f"{len(backlog):,}",
+        f"job.{job_id}.state": job.state,
+        f"job.{job_id}.tenant": scope(None)[:12],
+        "backend.cpu.starts": "1",
+        "starts.cpu process": "1",
+    }
+    for i, rule in enumerate(parse_policy(policy_text, "policy").rules, start=1):
+        figures[f"policy.rule.{i}"] = rule.name
+    for model in ("digits", CANARY_MODEL):
+        for backend in ("gpu", "cpu"):
+            figures[f"model.{model}.versions.{backend}"] = served(stack.url(backend), model)
     return figures
+
+
+def start_canary(stack: LocalStack) -> None:
+    """``spillway models canary`` as an operator runs it against the stack."""
+    argv = [sys.executable, "-m", "spillway_cli.main", "models", "canary"]
+    argv += ["--model", CANARY_MODEL, "--version", "2", "--stable", "1", "--percent", "25"]
+    argv += ["--table", STATE_TABLE]
+    env = {**os.environ, **stack.aws_env()}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def end_canary() -> None:
+    table = DynamoStateStore(STATE_TABLE, lambda: aws_client("dynamodb"))
+    table.delete(CanaryStore.key(CANARY_MODEL), time.time())
+
+
+def submit_job(stack: LocalStack) -> str:
+    """A batch-mode request through the router: the job id it answers."""
+    images = np.random.default_rng(3).random((4, 8, 8)).astype(np.float32) * 16
+    client = Client(stack.ports.router, dict(stack.router_headers))
+    status, _, raw = client.infer(
+        "dashboard", "digits", {"image": images}, {"x-spillway-mode": "batch"}
+    )
+    assert status == 202, raw
+    job_id: str = json.loads(raw)["job_id"]
+    return job_id
 
 
 def page_figures(browser: Browser) -> dict[str, str]:
@@ -138,20 +243,37 @@ def test_dashboard_shows_the_services_numbers(stack: LocalStack, browser: Browse
     assert len(statuses) > 50
     assert set(statuses) == {200}
 
-    expected = expected_figures(stack)
-    shown: dict[str, str] = {}
+    # WHEN clients ask for a model nobody serves, an operator starts a canary, and a
+    # caller asks for batch mode
+    client = Client(stack.ports.router, dict(stack.router_headers))
+    image = {"image": np.zeros((8, 8), dtype=np.float32)}
+    missing = [client.infer("dashboard", "no-such-model", image)[0] for _ in range(MISSING)]
+    assert missing == [404] * MISSING
+    start_canary(stack)
+    try:
+        job_id = submit_job(stack)
+        shown: dict[str, str] = {}
+        expected: dict[str, str] = {}
 
-    def matches() -> bool:
-        shown.update(page_figures(browser))
-        return all(shown.get(k) == v for k, v in expected.items())
+        def matches() -> bool:
+            shown.update(page_figures(browser))
+            now = float(shown["_now"]) if shown.get("_now") else time.time()
+            expected.update(expected_figures(stack, now, job_id))
+            return all(shown.get(k) == v for k, v in expected.items())
 
-    with contextlib.suppress(TimeoutError):
-        browser.wait_for(matches, 15)
-    assert {k: shown.get(k) for k in expected} == expected
+        with contextlib.suppress(TimeoutError):
+            browser.wait_for(matches, 20)
+        assert {k: shown.get(k) for k in expected} == expected
+    finally:
+        end_canary()
     assert {"gpu", "cpu"} <= {k.split(".")[1] for k in expected if k.startswith("backend.")}
     assert {"default", "realtime", "serverless-requested"} <= {
         k.split(".")[1] for k in expected if k.startswith("rule.")
     }
+    # THEN the 404s show as client errors (the router's lines name no model for them)
+    assert int(shown["model.-.client_errors"].replace(",", "")) >= MISSING
+    assert shown[f"model.{CANARY_MODEL}.canary"] == "v2 25% (stable v1)"
+    assert shown["policy.digest"] in (stack.log_dir / "router.log").read_text()
     assert int(browser.evaluate("document.body.dataset.round")) > live_round
     assert shown["breaker.gpu"] == "closed"
     assert browser.exceptions() == []

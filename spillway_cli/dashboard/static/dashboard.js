@@ -342,6 +342,7 @@ function draw(s) {
   document.getElementById("sources").textContent = `Sources: ${s.sources.logs.join(", ")}`
     + ` · ${s.sources.gpu_metrics || "no GPU service"} · every ${s.sources.interval_s} s`;
   document.body.dataset.round = String(s.round);
+  document.body.dataset.now = String(s.now);
 }
 
 async function refresh() {
