@@ -39,7 +39,6 @@ from spillway.protocol.errors import (
     MethodNotAllowedError,
     PayloadTooLargeError,
     RequestTimeoutError,
-    RouteNotFoundError,
     SpillwayError,
     UnauthorizedError,
 )
@@ -49,6 +48,7 @@ from spillway.protocol.wire import (
     allow,
     infer_reply,
     model_target,
+    no_route,
     parse_header_length,
     refused,
     unhandled,
@@ -135,13 +135,13 @@ class GpuServiceApp:
             _allow(method, path, target.method)
             if target.model is not None and target.operation == "infer":
                 return self._begin_infer(method, path, headers, target)
-        elif path.startswith("/v2/repository/"):
+        elif path == "/v2/repository/index" or _REPOSITORY_PATH.match(path):
             allow(method, path, "POST")
             self._authorize(headers)
         elif path in _GET_ROUTES:
             _allow(method, path, "GET")
-        else:
-            raise RouteNotFoundError(f"no route for {path[:200]}")
+        else:  # whatever the method: a 405 would say the path exists
+            raise no_route(path)
         # No other route reads its body (a load request's parameters are not used).
         declared = self._declared_length(
             header_value(headers, b"content-length"), _OTHER_BODY_BYTES
@@ -303,7 +303,7 @@ class GpuServiceApp:
         if path == "/metrics":
             text = metrics.render(plane.registry).encode()
             return 200, text, [(b"content-type", b"text/plain; version=0.0.4")]
-        raise RouteNotFoundError(f"no route for {path}")
+        raise no_route(path)
 
     def _target(self, path: str) -> Target | None:
         target = self._targets.get(path)
@@ -351,8 +351,8 @@ class GpuServiceApp:
         if path == "/v2/repository/index":
             return 200, _json(await self.plane.repository_index()), [_JSON]
         match = _REPOSITORY_PATH.match(path)
-        if match is None:
-            raise RouteNotFoundError(f"no route for {path}")
+        if match is None:  # begin() routes no other path here
+            raise no_route(path)
         if match["op"] == "load":
             await self.plane.load(match["model"])
         else:

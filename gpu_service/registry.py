@@ -98,7 +98,7 @@ class ModelRegistry:
         # Only validated names are ever keys: a hit needs no check (every request asks).
         entry = self.models.get(name) or self.models.get(validate_model_name(name))
         if entry is None:
-            raise ModelNotFoundError(f"unknown model {name!r}")
+            raise ModelNotFoundError.unknown(name, self.models)
         return entry
 
     def find(self, name: str) -> Served:

@@ -22,6 +22,7 @@ from spillway.protocol.wire import (
     Reply,
     Target,
     allow,
+    allow_get,
     infer_reply,
     json_reply,
     load_json_object,
@@ -34,6 +35,8 @@ from spillway.protocol.wsgi import StartResponse, serve
 log = logging.getLogger("spillway.cpu_infer")
 
 _INVOKE_PATH = re.compile(r"^/2015-03-31/functions/(?P<name>[^/]+)/invocations$")
+_GET_ROUTES = frozenset({"/v2/health/live", "/v2/health/ready", "/v2"})
+"""The fallback's fixed paths; each takes ``GET`` alone."""
 
 
 class CpuApp:
@@ -49,24 +52,22 @@ class CpuApp:
 
     def _route(self, method: str, path: str, environ: dict[str, Any]) -> Reply:
         if (target := model_target(path)) is not None:
+            if target.model is None or target.operation == "stats":
+                raise RouteNotFoundError(f"the CPU fallback does not serve {target.path}")
             allow(method, path, target.method)
-            return self._model(target, environ)
+            return self._model(target.model, target, environ)
         if match := _INVOKE_PATH.match(path):
             allow(method, path, "POST")
             return self._invoke(match["name"], self._body(environ))
-        allow(method, path, "GET")
+        allow_get(method, path, _GET_ROUTES)
         if path == "/v2/health/live":
             return json_reply(200, {"live": True})
         if path == "/v2/health/ready":
             return json_reply(200, {"ready": True})
-        if path == "/v2":
-            return json_reply(200, self.service.server_metadata())
-        raise RouteNotFoundError(f"no route for {path[:200]}")
+        return json_reply(200, self.service.server_metadata())  # /v2
 
-    def _model(self, target: Target, environ: dict[str, Any]) -> Reply:
-        model, version, op = target.model, target.version, target.operation
-        if model is None or op == "stats":
-            raise RouteNotFoundError(f"the CPU fallback does not serve {target.path}")
+    def _model(self, model: str, target: Target, environ: dict[str, Any]) -> Reply:
+        version, op = target.version, target.operation
         if op == "infer":
             length = parse_header_length(environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH"))
             body = self._body(environ)

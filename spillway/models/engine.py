@@ -26,6 +26,7 @@ from spillway.protocol.errors import (
     ModelLoadError,
     PayloadTooLargeError,
     SpillwayError,
+    name_list,
 )
 from spillway.models.config import ModelConfig, TensorConfig
 from spillway.models.processing import (
@@ -125,9 +126,13 @@ class OnnxModel:
             unknown = inputs.keys() - self._inputs.keys()
             if unknown:
                 name = sorted(unknown)[0]
-                raise InvalidInputError(f"unknown input {name!r} for model {self.name}")
+                raise InvalidInputError(
+                    f"unknown input {name!r} for model {self.name}; {self._input_names}"
+                )
             missing = sorted(self._inputs.keys() - inputs.keys())[0]
-            raise InvalidInputError(f"missing input {missing!r} for model {self.name}")
+            raise InvalidInputError(
+                f"missing input {missing!r} for model {self.name}; {self._input_names}"
+            )
         rows = [self._check_tensor(self._inputs[n], a) for n, a in inputs.items()]
         count = rows[0]
         if rows.count(count) != len(rows):
@@ -137,6 +142,10 @@ class OnnxModel:
                 f"batch of {count} exceeds max_batch_size {self.config.max_batch_size}"
             )
         return count
+
+    @property
+    def _input_names(self) -> str:
+        return f"its inputs: {name_list(self._inputs)}"
 
     def _check_tensor(self, spec: TensorConfig, array: np.ndarray) -> int:
         datatype = datatype_of(array)

@@ -206,8 +206,8 @@ class OnDemandVersions:
         """The model's index, read again when older than ``refresh_s`` (or than
         ``miss_refresh_s`` when it lacks the version ``missing``)."""
         now = self.clock()
-        if name not in self._served_names(now):
-            raise ModelNotFoundError(f"unknown model {name!r}")
+        if name not in (served := self._served_names(now)):
+            raise ModelNotFoundError.unknown(name, served)
         with self._lock:
             index = self._indexes.get(name)
         if index is not None:
@@ -218,7 +218,7 @@ class OnDemandVersions:
             if not stale or self.repository is None:
                 return index
         if self.repository is None:
-            raise ModelNotFoundError(f"unknown model {name!r}")
+            raise ModelNotFoundError.unknown(name, served)
         try:
             config, versions = served_versions(self.repository, name)
         except ModelNotFoundError:

@@ -7,7 +7,22 @@ they never match on message text.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import ClassVar
+
+MAX_NAMES_LISTED = 20
+"""The most valid names an error message lists before ``and N more``."""
+
+
+def name_list(names: Iterable[str], limit: int = MAX_NAMES_LISTED) -> str:
+    """Valid names for an error message: sorted, quoted, at most ``limit`` of them and
+    then ``and N more``; ``none`` when there are none."""
+    ordered = sorted(set(names))
+    if not ordered:
+        return "none"
+    shown = ", ".join(repr(n) for n in ordered[:limit])
+    rest = len(ordered) - limit
+    return f"{shown} and {rest} more" if rest > 0 else shown
 
 
 class SpillwayError(Exception):
@@ -91,6 +106,11 @@ class ModelNotFoundError(SpillwayError):
 
     status = 404
     code = "model_not_found"
+
+    @classmethod
+    def unknown(cls, name: str, served: Iterable[str]) -> ModelNotFoundError:
+        """The 404 of a name no model has, naming the models served here."""
+        return cls(f"unknown model {name!r}; models served here: {name_list(served)}")
 
 
 class SessionNotFoundError(SpillwayError):

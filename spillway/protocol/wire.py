@@ -15,7 +15,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -366,14 +366,29 @@ def require_model_target(path: str) -> Target:
     """Like ``model_target``, but a path that names no model is 404."""
     target = model_target(path)
     if target is None:
-        raise RouteNotFoundError(f"no route for {path[:200]}")
+        raise no_route(path)
     return target
 
 
 def allow(method: str, path: str, allowed: str) -> None:
-    """405 with ``Allow`` unless ``method`` is the one allowed."""
+    """405 with ``Allow`` unless ``method`` is the one allowed (call it only for a path
+    that exists: a 405 says the path is there)."""
     if method != allowed:
         raise MethodNotAllowedError(f"{method[:16]} is not allowed on {path[:200]}", allow=allowed)
+
+
+def no_route(path: str) -> RouteNotFoundError:
+    """The 404 of a path no route has, whatever its method."""
+    return RouteNotFoundError(f"no route for {path[:200]}")
+
+
+def allow_get(method: str, path: str, routes: Container[str]) -> None:
+    """One of a server's fixed ``GET`` paths (``routes``) with any other method is 405;
+    a path that is not among them is 404 whatever the method (``POST /v2/model/m/infer``,
+    a typo, is no route rather than a wrong method)."""
+    if path not in routes:
+        raise no_route(path)
+    allow(method, path, "GET")
 
 
 def strip_stage(path: str, event: object) -> str:

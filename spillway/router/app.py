@@ -25,7 +25,9 @@ from spillway.protocol.wire import (
     JSON_CONTENT_TYPE,
     Reply,
     allow,
+    allow_get,
     json_reply,
+    no_route,
     read_wsgi_body,
     require_model_target,
 )
@@ -41,6 +43,8 @@ log = logging.getLogger("spillway.router")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
+_GET_ROUTES = frozenset({"/v2/health/live", "/v2/health/ready", "/v2", "/openapi.json"})
+"""The router's fixed paths; each takes ``GET`` alone."""
 
 
 class RouterApp:
@@ -80,14 +84,15 @@ class RouterApp:
         if path.startswith(SESSIONS_PREFIX) and self.sessions is not None:
             call = Call(method, _headers(environ), b"", request_id, None, self._tenant(environ))
             return self.sessions.handle(path, call, lambda limit: read_wsgi_body(environ, limit))
-        allow(method, path, "GET")
         if path.startswith(RESULTS_PREFIX):
+            allow(method, path, "GET")
             if self.router.async_front is None:
                 raise RouteNotFoundError("async mode is not offered by this deployment")
             tenant = self._tenant(environ)
             if tenant is None and self.router.config.trust_tenant_hints:
                 tenant = _headers(environ).get("x-spillway-tenant") or None
             return self.router.async_front.result(path, tenant)
+        allow_get(method, path, _GET_ROUTES)
         if path == "/v2/health/live":
             return json_reply(200, {"live": True})
         if path == "/v2/health/ready":
@@ -99,7 +104,7 @@ class RouterApp:
             return json_reply(200, metadata)
         if path == "/openapi.json":
             return Reply(200, [("content-type", JSON_CONTENT_TYPE)], self.openapi)
-        raise RouteNotFoundError(f"no route for {path[:200]}")
+        raise no_route(path)
 
     def _call(self, method: str, environ: dict[str, Any], request_id: str) -> Call:
         context = environ.get("serverless.context")

@@ -224,6 +224,28 @@ def test_inputs_must_agree_on_batch_size(tmp_path: Path) -> None:
         model.prepare({"a": ones, "b": np.ones((3, 3), np.float32)})
 
 
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (("a",), "missing input 'b' for model add; its inputs: 'a', 'b'"),
+        (("a", "c"), "unknown input 'c' for model add; its inputs: 'a', 'b'"),
+        (("a", "b", "B"), "unknown input 'B' for model add; its inputs: 'a', 'b'"),
+    ],
+    ids=["missing", "unknown", "one-too-many"],
+)
+def test_a_wrong_input_name_is_refused_naming_the_inputs(
+    tmp_path: Path, names: tuple[str, ...], message: str
+) -> None:
+    # GIVEN a model with inputs a and b
+    config, path = _two_input_model(tmp_path)
+    model = OnnxModel("add", 1, config, path, EngineOptions())
+    # WHEN a request names its inputs wrongly
+    with pytest.raises(InvalidInputError) as caught:
+        model.prepare({name: np.ones((1, 3), np.float32) for name in names})
+    # THEN the 400 keeps its code and names the inputs the model has
+    assert (caught.value.code, caught.value.message) == ("invalid_input", message)
+
+
 def test_config_that_disagrees_with_graph_fails_to_load(tmp_path: Path) -> None:
     config, path = _two_input_model(tmp_path)
     wrong = config.model_copy(update={"input": config.input[:1]})

@@ -74,6 +74,11 @@ CASES = [
     Case("unsafe model name", _json({"inputs": [IMAGE]}), 400, "invalid_model_name", path="/v2/models/Bad!/infer"),
     Case("version zero", _json({"inputs": [IMAGE]}), 400, "invalid_model_name", path="/v2/models/digits/versions/0/infer"),
     Case("GET on infer", b"", 405, "method_not_allowed", method="GET"),
+    Case("unknown input", _json({"inputs": [{**IMAGE, "name": "img"}]}), 400, "invalid_input"),
+    Case("typo in the path", _json({"inputs": [IMAGE]}), 404, "not_found", path="/v2/model/digits/infer"),
+    Case("GET on a typo in the path", b"", 404, "not_found", path="/v2/model/digits/infer", method="GET"),
+    Case("POST on no path at all", _json({"inputs": [IMAGE]}), 404, "not_found", path="/v2/nothing"),
+    Case("POST on a repository path that is none", b"", 404, "not_found", path="/v2/repository/typo"),
 ]  # fmt: skip
 
 
@@ -82,6 +87,7 @@ class Answer:
     status: int
     code: str | None
     headers: dict[str, str]
+    error: str | None = None
 
 
 def _call(base: str, case: Case) -> Answer:
@@ -98,13 +104,16 @@ def _call(base: str, case: Case) -> Answer:
     except urllib.error.HTTPError as error:
         body = json.loads(error.read() or b"{}")
         return Answer(
-            error.code, body.get("code"), {k.lower(): v for k, v in error.headers.items()}
+            error.code,
+            body.get("code"),
+            {k.lower(): v for k, v in error.headers.items()},
+            body.get("error"),
         )
 
 
 def _direct(cpu: CpuService, case: Case) -> Answer | None:
     parts = case.path.split("/")  # /v2/models/<model>[/versions/<v>]/infer
-    if case.method != "POST" or parts[-1] != "infer":
+    if case.method != "POST" or parts[-1] != "infer" or parts[2] != "models":
         return None  # the direct-invoke event has no method or path to get wrong
     event: dict[str, object] = {"model": parts[3], "body_b64": base64.b64encode(case.body).decode()}
     if "versions" in parts:
@@ -113,13 +122,14 @@ def _direct(cpu: CpuService, case: Case) -> Answer | None:
         event["headers"] = {"Inference-Header-Content-Length": case.header_length}
     answer = handle_direct(cpu, event)
     body = json.loads(answer["body"])
-    return Answer(answer["statusCode"], body.get("code"), answer["headers"])
+    return Answer(answer["statusCode"], body.get("code"), answer["headers"], body.get("error"))
 
 
 @pytest.fixture(scope="module")
 def repo(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("one-path-repo")
-    link_model(models_dir, root, "digits")
+    for name in ("digits", "topics-head"):  # two models: an unknown name lists both
+        link_model(models_dir, root, name)
     return root
 
 
@@ -156,6 +166,41 @@ def test_every_transport_answers_a_bad_request_alike(
     assert set(seen.values()) == {(case.status, case.code)}, seen
     if case.status == 405:
         assert {a.headers.get("allow") for a in answers.values()} == {"POST"}
+
+
+NAMING = [
+    (Case("unknown model", _json({"inputs": [IMAGE]}), 404, "model_not_found", path="/v2/models/nosuch/infer"),
+     "unknown model 'nosuch'; models served here: 'digits', 'topics-head'"),
+    (Case("unknown input", _json({"inputs": [{**IMAGE, "name": "img"}]}), 400, "invalid_input"),
+     "unknown input 'img' for model digits; its inputs: 'image'"),
+    (Case("unknown output", _json({"inputs": [IMAGE], "outputs": [{"name": "nope"}]}), 400, "invalid_input"),
+     "unknown output 'nope'; the model has ['label', 'probabilities']"),
+]  # fmt: skip
+"""Refusals whose message names what is valid, and that message."""
+
+
+@pytest.mark.parametrize(("case", "message"), NAMING, ids=[c.name for c, _ in NAMING])
+def test_every_transport_names_what_is_valid(
+    case: Case, message: str, bases: dict[str, str], cpu: CpuService
+) -> None:
+    # GIVEN the GPU service, the CPU fallback and the router, serving digits and topics-head
+    # WHEN each gets a request naming a model, input or output that is not there
+    answers = {name: _call(base, case) for name, base in bases.items()}
+    direct = _direct(cpu, case)
+    assert direct is not None
+    answers["cpu-direct"] = direct
+    # THEN every one keeps the stable code and says which names are valid, in the same words
+    seen = {name: (a.status, a.code, a.error) for name, a in answers.items()}
+    assert set(seen.values()) == {(case.status, case.code, message)}, seen
+
+
+def test_a_path_that_exists_answers_405_to_another_method(bases: dict[str, str]) -> None:
+    # GIVEN the three servers; WHEN each gets a POST on a path that takes GET alone
+    case = Case("POST on a GET path", b"", 405, "method_not_allowed", path="/v2/health/live")
+    answers = {name: _call(base, case) for name, base in bases.items()}
+    # THEN it is a 405 naming GET, not a 404: the path is there
+    assert {(a.status, a.code) for a in answers.values()} == {(405, "method_not_allowed")}
+    assert all("GET" in a.headers["allow"] for a in answers.values()), answers
 
 
 def test_a_good_request_gets_the_same_answer_everywhere(
