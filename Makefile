@@ -75,7 +75,7 @@ $(NODE_STAMP): package.json package-lock.json
 check-infra: setup $(INFRA_STAMP) $(SAM_STAMP) $(NODE_STAMP)
 	INFRA_VENV=$(INFRA_VENV) SAM_VENV=$(SAM_VENV) bash scripts/check_infra.sh
 
-# --- `sam local invoke` for real (README.md, "sam local invoke") -----------------------------
+# --- `sam local invoke` for real (docs/sam-local.md) -----------------------------
 # Local stand-ins of the base images and our images on them (infra/local-images/build.sh,
 # rebuilt only when their inputs change), then tests/e2e/test_sam_local.py: every event
 # under `sam local invoke` against the local stack, and the GPU image in real containers.

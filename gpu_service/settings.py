@@ -89,7 +89,7 @@ class GpuSettings(BaseSettings):
     max_bytes_per_element: int = Field(default=64 * 1024, ge=1)
     """Longest BYTES element (e.g. one text) accepted."""
     adaptive_batching: bool = False
-    """Set the batch target from the observed arrival rate (see the README)."""
+    """Set the batch target from the observed arrival rate (see docs/gpu-service.md)."""
     early_dispatch: bool = True
     """Dispatch a batch before its target or queue delay when waiting cannot gain a row
     (nothing on its way, nobody left to send, or no arrival expected in the time left), so

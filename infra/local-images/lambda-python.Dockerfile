@@ -3,7 +3,7 @@
 # where that registry cannot be reached. build.sh assembles the context: lang/ (this
 # machine's CPython 3.12 with pip), runtime/ (awslambdaric, requirements.txt here),
 # bootstrap, lambda-entrypoint.sh and the runtime interface emulator that the SAM CLI
-# package bundles. README.md ("sam local invoke") lists what differs from AWS's image.
+# package bundles. docs/sam-local.md lists what differs from AWS's image.
 
 ARG DEBIAN_IMAGE=spillway-local/debian:bookworm
 FROM ${DEBIAN_IMAGE}

@@ -1,7 +1,7 @@
 """``sam local invoke`` for real, and the GPU image in real containers (``make sam-local``).
 
 Public image registries are out of reach, so infra/local-images/build.sh builds local
-stand-ins of the base images (README.md says what differs) and our images on them. Then
+stand-ins of the base images (docs/sam-local.md says what differs) and our images on them. Then
 every event in events/ is served by its function under ``sam local invoke`` (the zip
 functions from ``sam build``, the CPU fallback from its image) in a container on the host's
 network, against the local stack through the env-vars file it writes. The jobs events run
