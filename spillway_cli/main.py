@@ -13,6 +13,7 @@ import typer
 
 from spillway_cli.canary_cli import models_canary, models_status
 from spillway_cli.jobs_cli import jobs_app
+from spillway_cli.models_add import models_add
 from spillway_cli.ops_cli import dashboard, plan, policy_apply, tune
 from spillway_cli.router_cli import cost_app, policy_app, serve_cpu, serve_router
 from spillway_cli.up_cli import RUNTIME_HELP, up
@@ -26,6 +27,7 @@ app.add_typer(policy_app, name="policy")
 app.add_typer(cost_app, name="cost")
 app.add_typer(jobs_app, name="jobs")
 serve_app.command("router")(serve_router)
+models_app.command("add")(models_add)
 models_app.command("canary")(models_canary)
 models_app.command("status")(models_status)
 serve_app.command("cpu")(serve_cpu)

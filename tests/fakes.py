@@ -305,7 +305,9 @@ class FakeRepository:
         (path / "model.onnx").write_bytes(b"x")
         return path
 
-    def publish_version(self, model: str, files: Any, config: Any = None) -> int:
+    def publish_version(
+        self, model: str, files: Any, config: Any = None, *, version: int | None = None
+    ) -> int:
         raise NotImplementedError
 
 

@@ -1,15 +1,20 @@
 """Model repository access: a local folder or an S3 prefix, ``<model>/<version>/…``.
 
 Names and versions are validated before any path or key is formed, and every file of a
-version is checked against its ``SHA256SUMS`` before it is used. AWS clients honour
-boto3's standard ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_<SERVICE>`` variables, so the
-same code talks to a local moto server and to AWS.
+version is checked against its ``SHA256SUMS`` before it is used. A local folder may also
+hold a model the way Triton takes one, ``<model>/<version>/model.onnx`` and nothing else:
+its configuration is completed from the newest version's graph
+(``spillway.models.signature``) and a version without ``SHA256SUMS`` is served as found.
+AWS clients honour boto3's standard ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_<SERVICE>``
+variables, so the same code talks to a local moto server and to AWS.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import logging
 import re
 import shutil
 import tempfile
@@ -28,8 +33,12 @@ from spillway.protocol.errors import (
 from spillway.protocol.names import MODEL_NAME_PATTERN, validate_model_name, validate_version
 from spillway.protocol.wire import is_s3_url, parse_s3_url
 
+log = logging.getLogger("spillway.repository")
+
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CHUNK = 1 << 20
+GRAPH_ONLY_FILE = "model.onnx"
+"""The one file of a version in a folder without ``config.json`` (Triton's name)."""
 
 
 def sha256_file(path: Path) -> str:
@@ -99,9 +108,15 @@ class ModelRepository(Protocol):
         """A verified local folder holding the version's files."""
 
     def publish_version(
-        self, model: str, files: Mapping[str, Path], config: ModelConfig | None = None
+        self,
+        model: str,
+        files: Mapping[str, Path],
+        config: ModelConfig | None = None,
+        *,
+        version: int | None = None,
     ) -> int:
-        """Add the next version; ``SHA256SUMS`` is written last and commits it."""
+        """Add the next version (or ``version``, which must be new); ``SHA256SUMS`` is
+        written last and commits it."""
 
 
 class LocalRepository:
@@ -121,27 +136,45 @@ class LocalRepository:
         return sorted(
             p.name
             for p in self.root.iterdir()
-            if MODEL_NAME_PATTERN.fullmatch(p.name) and (p / CONFIG_FILE).is_file()
+            if MODEL_NAME_PATTERN.fullmatch(p.name)
+            and ((p / CONFIG_FILE).is_file() or _graph_only_versions(p))
         )
 
     def list_versions(self, model: str) -> list[int]:
         model_dir = self._model_dir(model)
+        if not (model_dir / CONFIG_FILE).is_file():
+            return _graph_only_versions(model_dir)
         names = [p.name for p in model_dir.iterdir() if (p / CHECKSUM_FILE).is_file()]
         return sorted(int(n) for n in names if _is_version(n))
 
     def read_config(self, model: str) -> ModelConfig:
-        path = self._model_dir(model) / CONFIG_FILE
+        model_dir = self._model_dir(model)
+        path = model_dir / CONFIG_FILE
+        if not path.is_file() and (versions := _graph_only_versions(model_dir)):
+            return _completed_config(model, model_dir / str(versions[-1]) / GRAPH_ONLY_FILE)
         return _parse_config(path.read_bytes() if path.is_file() else None, model)
 
     def fetch_version(self, model: str, version: int, cache_dir: Path) -> Path:
-        version_dir = self._model_dir(model) / str(validate_version(version))
+        model_dir = self._model_dir(model)
+        version_dir = model_dir / str(validate_version(version))
         if not version_dir.is_dir():
             raise ModelNotFoundError(f"model {model!r} has no version {version}")
+        graph_only = not (model_dir / CONFIG_FILE).is_file()
+        if graph_only and not (version_dir / CHECKSUM_FILE).is_file():
+            if not (version_dir / GRAPH_ONLY_FILE).is_file():
+                raise ModelNotFoundError(f"model {model!r} has no version {version}")
+            log.info("serving %s v%d as found: it has no %s", model, version, CHECKSUM_FILE)
+            return version_dir
         verify_version_dir(version_dir, required_files(self.read_config(model)))
         return version_dir
 
     def publish_version(
-        self, model: str, files: Mapping[str, Path], config: ModelConfig | None = None
+        self,
+        model: str,
+        files: Mapping[str, Path],
+        config: ModelConfig | None = None,
+        *,
+        version: int | None = None,
     ) -> int:
         model_dir = self.root / validate_model_name(model)
         _ensure(model_dir)
@@ -149,7 +182,7 @@ class LocalRepository:
             _atomic_write(model_dir / CONFIG_FILE, config_bytes(config, model))
         self.read_config(model)
         existing = [int(p.name) for p in model_dir.iterdir() if _is_version(p.name)]
-        version = max(existing, default=0) + 1
+        version = _new_version(model, existing, version)
         # All or nothing: the version is assembled in a hidden folder and renamed into
         # place whole; a failure leaves no folder behind to use up the number.
         staging = Path(tempfile.mkdtemp(prefix=".publish-", dir=model_dir))
@@ -208,7 +241,12 @@ class S3Repository:
         return sorted(versions)
 
     def publish_version(
-        self, model: str, files: Mapping[str, Path], config: ModelConfig | None = None
+        self,
+        model: str,
+        files: Mapping[str, Path],
+        config: ModelConfig | None = None,
+        *,
+        version: int | None = None,
     ) -> int:
         validate_model_name(model)
         if config is not None:
@@ -217,7 +255,7 @@ class S3Repository:
         self.read_config(model)
         # Numbered after the committed versions (SHA256SUMS, written last, commits one), so
         # a failed publish never uses up a number; what it uploaded is removed.
-        version = max(self.list_versions(model), default=0) + 1
+        version = _new_version(model, self.list_versions(model), version)
         base = self._key(model, str(version))
         body = checksums_text(files).encode()
         uploaded: list[str] = []
@@ -273,6 +311,15 @@ def config_bytes(config: ModelConfig, model: str) -> bytes:
     return (config.model_dump_json(indent=2, exclude_none=True) + "\n").encode()
 
 
+def _new_version(model: str, existing: list[int], wanted: int | None) -> int:
+    """The number of a version to publish: ``wanted`` if no version has it, else the next."""
+    if wanted is None:
+        return max(existing, default=0) + 1
+    if validate_version(wanted) in existing:
+        raise InvalidInputError(f"model {model!r} already has version {wanted}")
+    return wanted
+
+
 def _safe_file_name(name: str) -> str:
     if not _FILE_NAME.fullmatch(name) or name == CHECKSUM_FILE:
         raise InvalidModelNameError(f"invalid model file name {name[:80]!r}")
@@ -292,6 +339,34 @@ def _is_version(name: str) -> bool:
 def _ensure(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _graph_only_versions(model_dir: Path) -> list[int]:
+    """The versions of a model folder without ``config.json``: those holding a graph."""
+    return sorted(
+        int(p.name)
+        for p in model_dir.iterdir()
+        if _is_version(p.name) and (p / GRAPH_ONLY_FILE).is_file()
+    )
+
+
+def _completed_config(model: str, graph: Path) -> ModelConfig:
+    """The configuration completed from ``graph``, read again only when the file changes
+    (a poll asks every few seconds)."""
+    stat = graph.stat()
+    return _config_of_graph(model, str(graph), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _config_of_graph(model: str, graph: str, _mtime_ns: int, _size: int) -> ModelConfig:
+    # Imported here: reading a graph needs ONNX Runtime, which a router does not load.
+    from spillway.models.signature import config_from_signature, read_signature
+
+    config = config_from_signature(model, read_signature(Path(graph)))
+    log.info(
+        "config of %s completed from its graph: max_batch_size %d", model, config.max_batch_size
+    )
+    return config
 
 
 def _parse_config(raw: bytes | None, model: str) -> ModelConfig:

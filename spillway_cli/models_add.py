@@ -1,0 +1,139 @@
+"""``spillway models add``: serve your own ONNX model.
+
+The configuration comes from the graph, the batching from a proof and a profile
+(``spillway.models.onboarding``); this module parses the options, prints the evidence and,
+with ``--load``, asks the running GPU service to load the model. Defaults come from the
+running stack's env file (``spillway_cli.stackenv``): its repository and GPU service.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from spillway.models.onboarding import Added, ProfileRow
+
+LOCAL_REPOSITORY = "models"
+LOAD_TIMEOUT_S = 300.0
+
+
+def models_add(
+    file: Annotated[Path, typer.Argument(help="The ONNX file.", exists=True, dir_okay=False)],
+    name: Annotated[str, typer.Option(help="Model name.")],
+    repository: Annotated[
+        str | None,
+        typer.Option(
+            help="Folder or s3://bucket/prefix (default: the running stack's, else ./models)."
+        ),
+    ] = None,
+    version: Annotated[int | None, typer.Option(help="Version number (default: the next).")] = None,
+    p99_ms: Annotated[float, typer.Option(help="p99 latency target for batching.")] = 50.0,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(help="tokenizer.json: serve a text embedding model.", exists=True),
+    ] = None,
+    max_sequence_length: Annotated[
+        int | None, typer.Option(help="Token limit of a text model (default: the tokenizer's).")
+    ] = None,
+    load: Annotated[bool, typer.Option(help="Ask the running GPU service to load it.")] = False,
+    gpu_url: Annotated[
+        str | None, typer.Option(help="GPU service URL for --load (default: the stack's).")
+    ] = None,
+) -> None:
+    """Add an ONNX model: config from its graph, proven batch-safe, profiled, published."""
+    from spillway.models.onboarding import add_model
+    from spillway.models.repository import open_repository
+    from spillway.protocol.errors import SpillwayError
+    from spillway_cli.stackenv import aws_errors, use_stack_env
+
+    use_stack_env()
+    location = repository or os.environ.get("SPILLWAY_REPOSITORY") or LOCAL_REPOSITORY
+    if not location.startswith("s3://"):
+        Path(location).mkdir(parents=True, exist_ok=True)
+    try:
+        with aws_errors():
+            added = add_model(
+                open_repository(location),
+                name,
+                file,
+                version=version,
+                p99_ms=p99_ms,
+                tokenizer=tokenizer,
+                max_sequence_length=max_sequence_length,
+            )
+    except SpillwayError as error:
+        typer.echo(f"error: {error.message}", err=True)
+        raise typer.Exit(1) from None
+    for line in report(added, p99_ms):
+        typer.echo(line)
+    if load:
+        url = gpu_url or os.environ.get("SPILLWAY_GPU_URL")
+        if not url:
+            typer.echo("error: --load needs --gpu-url (no running stack found)", err=True)
+            raise typer.Exit(1)
+        ready, line = load_model(url, name, os.environ.get("SPILLWAY_ADMIN_TOKEN"))
+        typer.echo(line)
+        if not ready:
+            raise typer.Exit(1)
+
+
+def report(added: Added, p99_ms: float) -> list[str]:
+    """What ``models add`` prints: the proof, the table it chose from and the choice."""
+    config = added.config
+    lines = [f"{config.name} v{added.version} written to {added.location}"]
+    if added.proof is not None and added.proof.safe:
+        lines.append(f"batch-safe: {added.proof.detail}")
+    lines += list(added.notes)
+    if added.profile:
+        lines += [f"profile (p99 target {p99_ms:g} ms):", *profile_table(added.profile)]
+    if added.proposal is not None:
+        proposal = added.proposal
+        lines.append(
+            f"chosen: max_batch_size {proposal.max_batch_size}, preferred_batch_size "
+            f"{list(proposal.preferred_batch_size)}, max_queue_delay_microseconds "
+            f"{proposal.max_queue_delay_microseconds}: {proposal.reason}"
+        )
+    lines.append(f"max_batch_size: {config.max_batch_size}")
+    return lines
+
+
+def profile_table(rows: tuple[ProfileRow, ...]) -> list[str]:
+    """The profile as aligned columns: batch, p50 ms, p99 ms, rows/s."""
+    head = f"{'batch':>6} {'p50 ms':>9} {'p99 ms':>9} {'rows/s':>10}"
+    return [head] + [
+        f"{r.batch:>6} {r.p50_ms:>9.2f} {r.p99_ms:>9.2f} {r.rows_per_s:>10.0f}" for r in rows
+    ]
+
+
+def load_model(base_url: str, name: str, admin_token: str | None) -> tuple[bool, str]:
+    """Ask the GPU service to load ``name`` (its repository API): whether the model is
+    ready, and one line saying so or why the load failed."""
+    base = base_url.rstrip("/")
+    headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+    load = urllib.request.Request(  # noqa: S310 - the operator's own service URL
+        f"{base}/v2/repository/models/{name}/load", data=b"", method="POST", headers=headers
+    )
+    try:
+        with urllib.request.urlopen(load, timeout=LOAD_TIMEOUT_S):  # noqa: S310
+            pass
+        ready = urllib.request.Request(f"{base}/v2/models/{name}/ready")  # noqa: S310
+        with urllib.request.urlopen(ready, timeout=30) as answer:  # noqa: S310
+            return answer.status == 200, f"{name}: ready on {base}"
+    except urllib.error.HTTPError as error:
+        return False, f"{name}: not ready on {base} (HTTP {error.code}: {_message(error.read())})"
+    except OSError as error:
+        return False, f"{name}: the GPU service at {base} did not answer ({error})"
+
+
+def _message(body: bytes) -> str:
+    try:
+        return str(json.loads(body).get("error", body.decode(errors="replace")))
+    except (ValueError, AttributeError):
+        return body.decode(errors="replace")[:200]
