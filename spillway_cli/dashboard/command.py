@@ -87,7 +87,7 @@ def dashboard(
         jobs_table=jobs_table,
         jobs_status=_jobs_status(jobs_table) if jobs_table else None,
     )
-    board = Board(window_s=window, slo=_slo(slo) if slo else None)
+    board = Board(window_s=window, slo=load_slo(slo) if slo else None)
     metrics = f"{gpu}/metrics" if gpu else None
     poller = Poller(board, RouterLogs(log), metrics, interval_s=interval, operator=operator)
     poller.start()
@@ -97,7 +97,7 @@ def dashboard(
         poller.stop()
 
 
-def _slo(path: Path) -> dict[str, Any]:
+def load_slo(path: Path) -> dict[str, Any]:
     """The tuner's SLO file, checked as the tuner checks it."""
     from spillway_cli.plan.inputs import load_model
     from spillway_cli.tune.search import Slo

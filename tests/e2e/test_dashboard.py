@@ -44,9 +44,13 @@ from spillway.routing.accounting import nearest_rank, route_events
 from spillway.routing.policy import parse_policy
 from spillway.state.table import DynamoStateStore, scope
 from spillway_cli.cost_report import summarise
-from spillway_cli.dashboard.sources import GpuReading, Request, parse_prometheus
+from spillway_cli.dashboard.board import Board
+from spillway_cli.dashboard.command import load_slo
+from spillway_cli.dashboard.server import DashboardApp, Poller
+from spillway_cli.dashboard.sources import GpuReading, Request, RouterLogs, parse_prometheus
 from spillway_cli.demo import Client
 from spillway_cli.stack import STATE_TABLE, LocalStack
+from spillway_cli.wsgi_server import running
 from tests.e2e.chromium import CHROMIUM, Browser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -282,3 +286,52 @@ def test_dashboard_shows_the_services_numbers(stack: LocalStack, browser: Browse
     browser.screenshot(SCREENSHOT)
     assert SCREENSHOT.stat().st_size > 20_000
     assert time.monotonic() - started < 60
+
+
+LEGEND = """JSON.stringify([...document.querySelectorAll('#chart-latency .u-legend th')]
+  .map(e => e.textContent.trim()))"""
+SLO_CELLS = """JSON.stringify(Object.fromEntries(
+  [...document.querySelectorAll('[data-metric$=".slo"]')]
+  .map(e => [e.dataset.metric, [e.textContent, e.className]])))"""
+
+
+def test_slo_objectives_are_lines_on_the_latency_chart_and_marks_on_routes(
+    stack: LocalStack, browser: Browser, tmp_path: Path
+) -> None:
+    # GIVEN the tuner's SLO file for the dashboard (``spillway dashboard --slo``)
+    slo = tmp_path / "slo.yaml"
+    slo.write_text("routes:\n  default: 50\n  realtime: 20\ndefault_p99_ms: 400\n")
+    objectives = {"default": 50.0, "realtime": 20.0}
+    metrics = stack.log_dir / "router-metrics.jsonl"
+    poller = Poller(Board(slo=load_slo(slo)), RouterLogs([metrics]), None, interval_s=0.5)
+    poller.start()
+    try:
+        with running(DashboardApp(poller)) as url:
+            browser.goto(f"{url}/")
+            lines = metrics.read_text().splitlines() if metrics.exists() else []
+            routes = summarise(lines)
+            rules = {r.rule for r in routes} or set(objectives)
+            # THEN each rule's objective is a line, and a route over it is marked
+            latencies: dict[tuple[str, str], list[float]] = defaultdict(list)
+            for event in route_events(lines):
+                latencies[event.rule, event.backend] += event.latencies_ms
+            want_cells = {}
+            for (rule, backend), values in latencies.items():
+                limit = objectives.get(rule, 400.0)
+                over = "over" if nearest_rank(values, 0.99) > limit else ""
+                want_cells[f"route.{rule}.{backend}.slo"] = [f"{limit:.1f}", over]
+            want_lines = {f"SLO {rule} p99" for rule in rules}
+
+            def drawn() -> bool:
+                legend = set(json.loads(browser.evaluate(LEGEND)))
+                return (
+                    want_lines <= legend and json.loads(browser.evaluate(SLO_CELLS)) == want_cells
+                )
+
+            with contextlib.suppress(TimeoutError):
+                browser.wait_for(drawn, 15)
+            assert want_lines <= set(json.loads(browser.evaluate(LEGEND)))
+            assert json.loads(browser.evaluate(SLO_CELLS)) == want_cells
+            assert browser.exceptions() == []
+    finally:
+        poller.stop()
