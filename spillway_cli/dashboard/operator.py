@@ -160,6 +160,7 @@ class Operator:
 
     def read(self, models: Iterable[str]) -> dict[str, Any]:
         """One round over every source."""
+        starts = self._read_starts()  # first: a backend that is down is not asked more
         names = set(models) | self._indexed_models()
         return {
             "models": sorted(names),
@@ -168,12 +169,12 @@ class Operator:
             "policy": self._read_policy(),
             "async": self._read_backlog(),
             "jobs": self._read_jobs(),
-            "process_starts": self._read_starts(),
+            "process_starts": starts,
         }
 
     def _indexed_models(self) -> set[str]:
         url = self.backends.get("gpu")
-        if url is None:
+        if url is None or not self._up.get("gpu"):
             return set()
         try:
             rows = _get_json(f"{url}/v2/repository/index", "POST")
@@ -201,6 +202,9 @@ class Operator:
         versions: dict[str, dict[str, Any]] = {}
         for backend, url in sorted(self.backends.items()):
             for model in sorted(models):
+                if not self._up.get(backend):
+                    versions.setdefault(model, {})[backend] = "not answering"
+                    continue
                 quoted = urllib.parse.quote(model, safe="")
                 try:
                     document = _get_json(f"{url}/v2/models/{quoted}")

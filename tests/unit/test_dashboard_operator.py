@@ -93,7 +93,9 @@ def test_a_process_start_is_counted_each_time_its_health_answers_again(cpu_url: 
     assert operator.read([])["process_starts"] == {"cpu": 1}
     assert operator.read([])["process_starts"] == {"cpu": 1}  # still the same process
     operator.backends["cpu"] = dead
-    assert operator.read([])["process_starts"] == {"cpu": 1}  # down
+    down = operator.read(["dense"])
+    assert down["process_starts"] == {"cpu": 1}
+    assert down["versions"] == {"dense": {"cpu": "not answering"}}  # and not asked more
     operator.backends["cpu"] = cpu_url
     assert operator.read([])["process_starts"] == {"cpu": 2}  # up again: started again
 
