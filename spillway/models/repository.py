@@ -142,10 +142,11 @@ class LocalRepository:
 
     def list_versions(self, model: str) -> list[int]:
         model_dir = self._model_dir(model)
-        if not (model_dir / CONFIG_FILE).is_file():
-            return _graph_only_versions(model_dir)
         names = [p.name for p in model_dir.iterdir() if (p / CHECKSUM_FILE).is_file()]
-        return sorted(int(n) for n in names if _is_version(n))
+        committed = {int(n) for n in names if _is_version(n)}
+        if not (model_dir / CONFIG_FILE).is_file():
+            committed.update(_graph_only_versions(model_dir))
+        return sorted(committed)
 
     def read_config(self, model: str) -> ModelConfig:
         model_dir = self._model_dir(model)
