@@ -7,6 +7,7 @@ Registered by ``spillway_cli.main``: ``policy_app`` as ``spillway policy``, ``co
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -127,14 +128,27 @@ def policy_explain(
 
 @cost_app.command("report")
 def cost_report(
-    log: Annotated[Path, typer.Argument(help="Metrics log: EMF JSON lines ('-': stdin).")],
+    log: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Metrics log: EMF JSON lines ('-': stdin). Default: the running stack's "
+            "(SPILLWAY_METRICS_LOG)."
+        ),
+    ] = None,
     output: Annotated[str, typer.Option("--format", help="markdown or json.")] = "markdown",
 ) -> None:
     """Summarise the router's per-request metrics by route (rule and backend)."""
     from spillway_cli.cost_report import as_json, markdown, summarise
+    from spillway_cli.stackenv import use_stack_env
 
     if output not in ("markdown", "json"):
         raise _fail("--format must be markdown or json")
+    if log is None:
+        use_stack_env()
+        stack_log = os.environ.get("SPILLWAY_METRICS_LOG")
+        if not stack_log:
+            raise _fail("no metrics log: give LOG (or start a local stack with `spillway up`)")
+        log = Path(stack_log)
     try:
         if str(log) == "-":
             routes = summarise(sys.stdin)

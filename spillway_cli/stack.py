@@ -235,8 +235,8 @@ class LocalStack:
     def stack_env(self) -> dict[str, str]:
         """What the ``spillway`` commands need to reach this stack, by variable name: the
         AWS endpoint, region and dummy credentials, the tables (state, async, jobs),
-        buckets and model repository, the services' URLs and where the router reads its
-        policy."""
+        buckets and model repository, the services' URLs, where the router reads its
+        policy and where it writes its metric lines and its log."""
         from batch_job.settings import JobsSettings
 
         jobs = JobsSettings()
@@ -265,10 +265,20 @@ class LocalStack:
             "SPILLWAY_JOBS_URL": self.url("jobs"),
             "SPILLWAY_ROUTER_URL": self.url("router"),
             "SPILLWAY_DASHBOARD_URL": self.url("dashboard"),
+            "SPILLWAY_METRICS_LOG": str(self.metrics_log),
+            "SPILLWAY_ROUTER_LOG": str(self.log_dir / "router.log"),
             **({"SPILLWAY_API_KEY": LOCAL_API_KEY} if self.router_headers else {}),
             **policy,
             **({"SPILLWAY_ADMIN_TOKEN": token} if token else {}),
         }
+
+    @property
+    def metrics_log(self) -> Path:
+        """Where the router's EMF metric lines go: ``ROUTER_METRICS_LOG`` of the WSGI
+        router; under serverless-offline the handler's stdout, the router's log."""
+        if self.router_runtime == "serverless-offline":
+            return self.log_dir / "router.log"
+        return self.log_dir / "router-metrics.jsonl"
 
     @property
     def policy_copy(self) -> Path:

@@ -3,7 +3,8 @@
 ``spillway up`` writes it (``out/stack/env.json`` by default; ``SPILLWAY_STACK_ENV`` names
 another) once every part is up, and removes it when the stack stops. It holds the
 variables a command needs to talk to that stack: boto3's endpoint, region and the dummy
-credentials moto accepts, the tables, buckets and model repository, the services' URLs.
+credentials moto accepts, the tables, buckets and model repository, the services' URLs,
+the router's policy, metrics log and log.
 The commands that talk to AWS or the stack read it by default (``use_stack_env``): a flag
 given on the command line, or a variable already in the environment, wins over it.
 

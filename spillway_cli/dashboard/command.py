@@ -1,8 +1,16 @@
 """``spillway dashboard``: the live dashboard over the router's logs, the services' own
-metrics and the operator's stores. Heavy imports happen inside the command."""
+metrics and the operator's stores. Heavy imports happen inside the command.
+
+What no flag names comes from the environment, else from the stack env file of a running
+``spillway up`` (``spillway_cli.stackenv``), as the other commands take it: the router's
+metrics log and log, the GPU and CPU URLs, the state table, the policy, the jobs table and
+the ``ASYNC_*`` settings.
+"""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,9 +30,12 @@ def _base_url(option: str, url: str | None) -> str | None:
 
 def dashboard(
     log: Annotated[
-        list[Path],
-        typer.Option(help="A router log or metrics log (EMF lines, decision lines); repeat."),
-    ],
+        list[Path] | None,
+        typer.Option(
+            help="A router log or metrics log (EMF lines, decision lines); repeat. "
+            "Default: the running stack's."
+        ),
+    ] = None,
     gpu_url: Annotated[
         str | None, typer.Option(help="GPU service base URL; its /metrics is scraped.")
     ] = None,
@@ -69,32 +80,80 @@ def dashboard(
     from spillway_cli.dashboard.sources import RouterLogs
     from spillway_cli.wsgi_server import serve_forever
 
-    gpu = _base_url("--gpu-url", gpu_url)
-    cpu = _base_url("--cpu-url", cpu_url)
     if policy_file is not None and policy_parameter is not None:
         raise _fail("give --policy-file or --policy-parameter, not both")
+    given = Sources(
+        list(log or []), gpu_url, cpu_url, state_table, policy_file, policy_parameter, jobs_table
+    )
+    found = with_stack_defaults(given)
+    if not found.logs:
+        raise _fail("no router log: pass --log (or start a local stack with `spillway up`)")
+    gpu = _base_url("--gpu-url", found.gpu_url)
+    cpu = _base_url("--cpu-url", found.cpu_url)
     source: PolicySource | None = None
-    if policy_file is not None:
-        source = FileSource(policy_file)
-    elif policy_parameter is not None:
-        source = SsmSource(policy_parameter)
+    if found.policy_file is not None:
+        source = FileSource(found.policy_file)
+    elif found.policy_parameter is not None:
+        source = SsmSource(found.policy_parameter)
     settings = AsyncSettings.from_env() if async_backlog else None
     operator = Operator(
-        state_table=state_table,
+        state_table=found.state_table,
         policy=source,
         backends={name: url for name, url in (("gpu", gpu), ("cpu", cpu)) if url},
         async_settings=settings if settings is not None and settings.enabled else None,
-        jobs_table=jobs_table,
-        jobs_status=_jobs_status(jobs_table) if jobs_table else None,
+        jobs_table=found.jobs_table,
+        jobs_status=_jobs_status(found.jobs_table) if found.jobs_table else None,
     )
     board = Board(window_s=window, slo=load_slo(slo) if slo else None)
     metrics = f"{gpu}/metrics" if gpu else None
-    poller = Poller(board, RouterLogs(log), metrics, interval_s=interval, operator=operator)
+    logs = RouterLogs(found.logs)
+    poller = Poller(board, logs, metrics, interval_s=interval, operator=operator)
     poller.start()
     try:
         serve_forever(DashboardApp(poller), host, port)
     finally:
         poller.stop()
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the dashboard reads (``None``: that part is not shown)."""
+
+    logs: list[Path]
+    gpu_url: str | None = None
+    cpu_url: str | None = None
+    state_table: str | None = None
+    policy_file: Path | None = None
+    policy_parameter: str | None = None
+    jobs_table: str | None = None
+
+
+def with_stack_defaults(given: Sources) -> Sources:
+    """``given`` with what it lacks from the environment, else from the running stack's
+    env file: flags win, then variables already set, then the stack's."""
+    from spillway_cli.stackenv import use_stack_env
+
+    use_stack_env()
+    env = os.environ.get
+    logs = given.logs or list(
+        dict.fromkeys(
+            Path(p) for p in (env("SPILLWAY_METRICS_LOG"), env("SPILLWAY_ROUTER_LOG")) if p
+        )
+    )
+    policy: dict[str, Any] = {}
+    if given.policy_file is None and given.policy_parameter is None:
+        stack_file = env("SPILLWAY_POLICY_FILE")
+        policy["policy_file"] = Path(stack_file) if stack_file else None
+        policy["policy_parameter"] = None if stack_file else env("SPILLWAY_POLICY_PARAMETER")
+    return replace(
+        given,
+        logs=logs,
+        gpu_url=given.gpu_url or env("SPILLWAY_GPU_URL"),
+        cpu_url=given.cpu_url or env("SPILLWAY_CPU_URL"),
+        state_table=given.state_table or env("ROUTER_STATE_TABLE"),
+        jobs_table=given.jobs_table or env("JOBS_TABLE"),
+        **policy,
+    )
 
 
 def load_slo(path: Path) -> dict[str, Any]:
