@@ -10,8 +10,9 @@ Loading (``read_pipeline``, ``build_pipeline``) checks the steps against the ste
 models' configurations and refuses, with the reason, a pipeline that names an unknown
 model or an unserved version, maps a tensor nothing makes, joins tensors of different
 datatypes or shapes, leaves a step input unfed or a pipeline input unread, or whose
-steps read each other's outputs in a cycle. Steps run in an order where each comes
-after the steps it reads from (the configuration's order breaks ties).
+steps read each other's outputs in a cycle, or a mapped step (``spillway.map``) whose
+rows or counts it cannot use (``spillway.ensembles.fanout``). Steps run in an order
+where each comes after the steps it reads from (the configuration's order breaks ties).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from spillway.ensembles.schema import EnsembleStep, StepCondition
+from spillway.ensembles.fanout import COUNT_TYPES, FanOut
+from spillway.ensembles.schema import EnsembleStep, StepCondition, StepMap
 from spillway.models.config import ModelConfig, TensorConfig
 from spillway.models.engine import config_metadata
 from spillway.models.loader import chosen_versions
@@ -72,6 +74,9 @@ class Step:
     config_digest: str
     """sha256 of the step model's configuration, part of every cache key."""
     batching: bool
+    """The pipeline's tensors have a batch dimension (its ``max_batch_size`` > 0)."""
+    fanout: FanOut | None = None
+    """How the step runs over rows, when it maps (``spillway.map``)."""
 
     @property
     def label(self) -> str:
@@ -82,6 +87,8 @@ class Step:
     def reads(self) -> frozenset[str]:
         """The pipeline tensors the step needs: its inputs and its condition's tensor."""
         extra = {self.condition.tensor} if self.condition else set()
+        if self.fanout is not None:
+            extra.add(self.fanout.counts)
         return frozenset(self.input_map.values()) | extra
 
     def runs_on(self, tensors: Tensors) -> bool:
@@ -185,8 +192,7 @@ class _Checker:
         if scheduling is None:
             raise self.fail('platform "ensemble" needs ensemble_scheduling')
         models = [self._model(i, s) for i, s in enumerate(scheduling.step)]
-        for index, (spec, model) in enumerate(zip(scheduling.step, models, strict=True)):
-            self._outputs(index, spec, model)
+        self._all_outputs(list(enumerate(zip(scheduling.step, models, strict=True))))
         steps = [
             self._step(i, s, m)
             for i, (s, m) in enumerate(zip(scheduling.step, models, strict=True))
@@ -213,6 +219,8 @@ class _Checker:
                 f"{label}: version {spec.model_version} of {spec.model_name!r} is not served "
                 f"(served: {list(served)})"
             )
+        if spec.spillway.map is not None:
+            return model  # it gets rows, not the pipeline's requests: any batch size fits
         batching, own = self.config.max_batch_size > 0, model.max_batch_size > 0
         if batching != own:
             raise self.fail(
@@ -226,8 +234,24 @@ class _Checker:
             )
         return model
 
+    def _all_outputs(self, pending: list[tuple[int, tuple[EnsembleStep, ModelConfig]]]) -> None:
+        """Every step's outputs as pipeline tensors; a mapped step's once the tensors it
+        maps over are known (its rows' shape says how its model takes them)."""
+        while pending:
+            known = self.tensors.keys()
+            ready = [
+                p
+                for p in pending
+                if p[1][0].spillway.map is None or set(p[1][0].input_map.values()) <= known
+            ]
+            for index, (spec, model) in ready or pending[:1]:  # none: a cycle, told later
+                self._outputs(index, spec, model)
+                pending.remove((index, (spec, model)))
+
     def _outputs(self, index: int, spec: EnsembleStep, model: ModelConfig) -> None:
         made = _specs(model.output)
+        if spec.spillway.map is not None:  # gathered per item: rows of what it makes
+            made = {n: (t, (-1, *d)) for n, (t, d) in self._row_outputs(index, spec, model).items()}
         for model_output, tensor in spec.output_map.items():
             if model_output not in made:
                 raise self.fail(
@@ -245,10 +269,13 @@ class _Checker:
         unfed = sorted(wanted.keys() - spec.input_map.keys())
         if unfed:
             raise self.fail(f"{label}: input {unfed[0]!r} of {spec.model_name!r} is not mapped")
+        mapped = spec.spillway.map
+        fanout = None if mapped is None else self._fanout(index, spec, model, mapped)
         for model_input, tensor in spec.input_map.items():
             if model_input not in wanted:
                 raise self.fail(f"{label}: {spec.model_name!r} has no input {model_input!r}")
-            self._joins(label, tensor, f"{spec.model_name}.{model_input}", wanted[model_input])
+            if fanout is None:
+                self._joins(label, tensor, f"{spec.model_name}.{model_input}", wanted[model_input])
         condition = spec.spillway.condition
         if condition is not None:
             self._check_condition(label, condition)
@@ -262,8 +289,95 @@ class _Checker:
             cache=spec.spillway.cache,
             cache_shared=spec.spillway.cache_scope == "shared",
             config_digest=_digest(model),
-            batching=model.max_batch_size > 0,
+            batching=self.config.max_batch_size > 0,
+            fanout=fanout,
         )
+
+    def _fanout(
+        self, index: int, spec: EnsembleStep, model: ModelConfig, mapped: StepMap
+    ) -> FanOut:
+        """A mapped step's rows: its counts one INT32/INT64 per item, each tensor it maps
+        over rows of what its model takes, in the pipeline's layout."""
+        label = f"step {index} ({spec.model_name})"
+        padded = self.config.max_batch_size > 0
+        counts = self.tensors.get(mapped.counts)
+        if counts is None:
+            raise self.fail(
+                f"{label}: map counts {mapped.counts!r} is neither an input nor made by a step"
+            )
+        if counts[0] not in COUNT_TYPES:
+            raise self.fail(
+                f"{label}: map counts {mapped.counts!r} is {counts[0]}, not INT32/INT64"
+            )
+        dims = counts[1] if padded else counts[1][1:]  # a non-batching one: [items, ...]
+        if dims not in ((), (1,)) or (not padded and not counts[1]):
+            raise self.fail(
+                f"{label}: map counts {mapped.counts!r} has dims {list(counts[1])}; one count "
+                f"per item is {'[] or [1]' if padded else '[-1] or [-1, 1]'}"
+            )
+        wanted = _specs(model.input)
+        lead = self._lead(label, spec, model)
+        for model_input, tensor in spec.input_map.items():
+            have = self.tensors.get(tensor)
+            if have is None:
+                raise self.fail(
+                    f"{label}: maps over {tensor!r}, neither an input nor made by a step"
+                )
+            if not have[1]:
+                raise self.fail(
+                    f"{label}: maps over {tensor!r}, which has no rows (dims []): it needs "
+                    f"{'[slots, ...] per item' if padded else '[rows, ...]'}"
+                )
+            want = wanted.get(model_input)
+            if want is None:
+                continue  # reported with the step's other inputs
+            take = want[1][1:] if lead and model.max_batch_size == 0 else want[1]
+            reader = f"{spec.model_name}.{model_input}"
+            if have[0] != want[0]:
+                raise self.fail(f"{label}: {tensor!r} is {have[0]} but {reader} takes {want[0]}")
+            if not _fits(have[1][1:], take):
+                raise self.fail(
+                    f"{label}: a row of {tensor!r} has dims {list(have[1][1:])} but {reader} "
+                    f"takes {list(take)} per row"
+                )
+        inputs = (*spec.input_map.values(), mapped.counts)
+        return FanOut(
+            inputs=dict(spec.input_map),
+            counts=mapped.counts,
+            padded=padded,
+            chunk=max(model.max_batch_size, 1),
+            lead=lead,
+            outputs=self._row_outputs(index, spec, model),
+            caller=all(t not in self.producers for t in inputs),
+        )
+
+    def _lead(self, label: str, spec: EnsembleStep, model: ModelConfig) -> bool:
+        """Whether rows go to the model with a leading dimension of one: always when it
+        batches; when it does not, if its inputs' first dimension is 1 (or -1) and one
+        more than a row's."""
+        if model.max_batch_size > 0:
+            return True
+        rows = {m: self.tensors.get(t) for m, t in spec.input_map.items()}
+        return all(
+            have is not None and len(t.dims) == len(have[1]) and t.dims[:1] in ((1,), (-1,))
+            for t in model.input
+            for have in [rows.get(t.name)]
+        )
+
+    def _row_outputs(self, index: int, spec: EnsembleStep, model: ModelConfig) -> dict[str, Spec]:
+        """A mapped step model's outputs per row: a leading dimension of one taken off
+        when its rows go with one."""
+        made = _specs(model.output)
+        if model.max_batch_size > 0 or not self._lead(f"step {index}", spec, model):
+            return made
+        for name, (_, dims) in made.items():
+            if dims[:1] not in ((1,), (-1,)):
+                raise self.fail(
+                    f"step {index} ({spec.model_name}): rows go to {spec.model_name!r} one by "
+                    f"one with a leading dimension of 1, but its output {name!r} has dims "
+                    f"{list(dims)}"
+                )
+        return {name: (datatype, dims[1:]) for name, (datatype, dims) in made.items()}
 
     def _joins(self, label: str, tensor: str, reader: str, want: Spec) -> None:
         have = self.tensors.get(tensor)

@@ -24,6 +24,11 @@ names it in ``parameters.skipped_steps`` (``"<index>:<model>"``, comma-separated
 a run whose tenant is unknown, ``None``, reads and writes no tenant's entries).
 A step whose cache is shared across tenants is never named: whether someone else sent
 the same inputs is not the caller's to learn.
+
+A mapped step (``spillway.map``) runs over rows (``spillway.ensembles.fanout``): its
+``Compute`` carries chunks of rows, at most the step model's ``max_batch_size`` each
+(one row each for a model that does not batch), each chunk to be run on its own; it is
+cached per row, and named as cached when every row of the request came from the cache.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from spillway.ensembles import fanout
 from spillway.ensembles.graph import Pipeline, Step
 from spillway.ensembles.stepcache import SHARED_SCOPE, StepCache, cache_key
 from spillway.models.engine import OnnxModel
@@ -53,7 +59,9 @@ class Resolve:
 
 @dataclass(frozen=True)
 class Compute:
-    """Run the step model over each of these inputs. Answer: one output dict each."""
+    """Run the step model over each of these inputs. Answer: one output dict each.
+    A mapped step's inputs are chunks of rows, each at most the model's batch: a
+    driver that runs inputs together must run each of those on its own."""
 
     step: Step
     inputs: list[Tensors]
@@ -90,6 +98,8 @@ class StepStats:
 
     runs: int = 0
     """Requests the step ran for (computed or taken from the cache)."""
+    rows: int = 0
+    """Rows a mapped step ran over (computed or taken from the cache)."""
     executions: int = 0
     """Times the step model was asked to compute (one per request on a server, where
     the step model's batcher then batches them; one per batch of records in a job)."""
@@ -140,6 +150,7 @@ class PipelineStats:
                     "model_name": step.model,
                     "model_version": str(step.version or -1),
                     "runs": s.runs,
+                    "rows": s.rows,
                     "executions": s.executions,
                     "skipped": s.skipped,
                     "cache_hits": s.cache_hits,
@@ -207,11 +218,41 @@ def advance(
     counts.skipped += len(states) - len(active)
     if not active:
         return
+    counts.runs += len(active)
+    if step.fanout is not None:
+        yield from _fan_out(
+            step, step.fanout, states, outcomes, active, cache, counts, scope, clock
+        )
+        return
     inputs = [step.inputs_of(states[i]) for i in active]
     results = yield from _run_step(step, inputs, cache, counts, scope, clock)
     for i, (result, hit) in zip(active, results, strict=True):
         states[i].update(step.outputs_of(result))
         if hit and not step.cache_shared:
+            outcomes[i].cached.append(step.label)
+
+
+def _fan_out(
+    step: Step,
+    fan: fanout.FanOut,
+    states: list[Tensors],
+    outcomes: list[Outcome],
+    active: list[int],
+    cache: StepCache | None,
+    counts: StepStats,
+    scope: str | None,
+    clock: Callable[[], float],
+) -> Generator[Effect, Any, None]:
+    """A mapped step: every active request's rows through the step model (and the
+    cache, row by row), gathered back per request and item."""
+    spreads = [fanout.spread(fan, states[i]) for i in active]
+    units = [unit for spread in spreads for unit in spread.units]
+    results = iter((yield from _run_step(step, units, cache, counts, scope, clock)))
+    counts.rows += len(units)
+    for i, spread in zip(active, spreads, strict=True):
+        mine = [next(results) for _ in spread.units]
+        states[i].update(step.outputs_of(fanout.gather(fan, spread, [r for r, _ in mine])))
+        if mine and all(hit for _, hit in mine) and not step.cache_shared:
             outcomes[i].cached.append(step.label)
 
 
@@ -229,7 +270,7 @@ def _run_step(
     found: list[Tensors | None] = [None] * len(inputs)
     keys: list[str] = []
     owner = SHARED_SCOPE if step.cache_shared else scope
-    if step.cache and cache is not None and owner is not None:
+    if step.cache and cache is not None and owner is not None and inputs:
         keys = [cache_key(owner, step.model, version, step.config_digest, x) for x in inputs]
         found = yield CacheIO(functools.partial(cache.get_many, keys), cache.blocking)
         hits = sum(entry is not None for entry in found)
@@ -239,15 +280,24 @@ def _run_step(
     computed: list[Tensors] = []
     if missing:
         started = clock()
-        computed = yield Compute(step, [inputs[j] for j in missing])
+        computed = yield from _compute(step, [inputs[j] for j in missing])
         counts.executions += 1
         counts.compute_ns += int((clock() - started) * 1e9)
         if keys and cache is not None:
             made = [(keys[j], out) for j, out in zip(missing, computed, strict=True)]
             yield CacheIO(functools.partial(cache.put_many, made), cache.blocking)
-    counts.runs += len(inputs)
     fresh = iter(computed)
     return [(entry, True) if entry is not None else (next(fresh), False) for entry in found]
+
+
+def _compute(step: Step, inputs: list[Tensors]) -> Generator[Effect, Any, list[Tensors]]:
+    """The step model over ``inputs``: one output dict each (a mapped step's rows go in
+    chunks, and come back one by one)."""
+    if step.fanout is None:
+        answers: list[Tensors] = yield Compute(step, inputs)
+        return answers
+    calls = fanout.chunks(step.fanout, inputs)
+    return fanout.split(step.fanout, calls, (yield Compute(step, calls)))
 
 
 def drive(run: Generator[Effect, Any, T], handle: Callable[[Effect], Any]) -> T:
@@ -301,7 +351,10 @@ class LocalSteps:
         if isinstance(effect, Compute):
             if self._deadline is not None and time.monotonic() > self._deadline:
                 raise DeadlineExceededError("the request's timeout passed before a step ran")
-            return run_local(self._models[effect.step.index], effect.inputs)
+            model = self._models[effect.step.index]
+            if effect.step.fanout is not None:  # chunks of a model's batch: one run each
+                return [out for chunk in effect.inputs for out in run_local(model, [chunk])]
+            return run_local(model, effect.inputs)
         return effect.call()
 
 

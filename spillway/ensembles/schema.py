@@ -10,7 +10,9 @@ threshold, the "light model first" rule) and ``cache`` (reuse the step's outputs
 inputs it has seen). A step's cache is kept per tenant; ``cache_scope: "shared"`` shares
 it across tenants, which the pipeline may declare only for a step whose inputs are
 public: every tensor it reads comes from inputs listed in the scheduling's own
-``spillway.public_inputs`` (checked when the pipeline loads).
+``spillway.public_inputs`` (checked when the pipeline loads). ``map`` runs a step over
+the rows of a variable-length tensor (fan-out) and gathers its outputs per item, in
+order (fan-in): ``spillway.ensembles.fanout``.
 
 Only what one configuration can check on its own is checked here; whether the step
 models exist and fit together is checked when the pipeline loads (``spillway.ensembles.graph``).
@@ -46,10 +48,32 @@ class StepCondition(_Strict):
     rows: Literal["any", "all"] = "any"
 
 
+class StepMap(_Strict):
+    """Run the step over rows (fan-out) and gather its outputs per item (fan-in).
+
+    Each of the request's items has ``counts`` rows in the tensors ``over`` names; the
+    step model gets those rows as rows of its own (in chunks of its max_batch_size, or
+    one by one when it does not batch), and each output comes back per item, in order,
+    laid out as the tensors mapped over (``spillway.ensembles.fanout``)."""
+
+    over: tuple[TensorName, ...] = Field(min_length=1, max_length=16)
+    """The tensors whose rows the step runs over (a name, or a list of names sharing
+    ``counts``); they are exactly what the step's ``input_map`` reads."""
+    counts: TensorName = Field(min_length=1, max_length=128)
+    """INT32 or INT64, one number per item: how many rows of ``over`` are that item's."""
+
+    @field_validator("over", mode="before")
+    @classmethod
+    def _one_or_more(cls, value: object) -> object:
+        return (value,) if isinstance(value, str) else value
+
+
 class StepOptions(_Strict):
     """What only Spillway does with a step."""
 
     condition: StepCondition | None = None
+    map: StepMap | None = None
+    """Run the step over the rows of a variable-length tensor (fan-out/fan-in)."""
     cache: bool = False
     """Keep the step's outputs by (tenant, model, version, hash of its inputs) and reuse
     them for the same tenant."""
@@ -82,6 +106,16 @@ class EnsembleStep(_Strict):
         if value == 0 or value < -1:
             raise ValueError("model_version is a version number or -1 (the served one)")
         return value
+
+    @model_validator(mode="after")
+    def _map_reads_what_it_maps(self) -> EnsembleStep:
+        mapped = self.spillway.map
+        if mapped is not None and set(self.input_map.values()) != set(mapped.over):
+            raise ValueError(
+                f"a mapped step's input_map reads exactly the tensors of map.over "
+                f"({sorted(mapped.over)}), not {sorted(set(self.input_map.values()))}"
+            )
+        return self
 
 
 class SchedulingOptions(_Strict):
