@@ -10,7 +10,9 @@ a bad ensemble shows why in the repository index. A request runs the core step r
 requests are prepared (tokenising off the event loop, announced to the batcher), and
 awaits a place in that version's batcher. Concurrent ensemble requests therefore batch
 per step, and ensembles sharing a model batch with each other and with the model's
-direct requests. The step model's own statistics count what the ensemble sent it.
+direct requests (a mapped step's chunks of rows are each such a request, so rows of
+concurrent requests batch too). The step model's own statistics count what the
+ensemble sent it.
 """
 
 from __future__ import annotations
