@@ -23,6 +23,9 @@ Priority: level 1 is the highest. A request that has waited ``aging_s`` is taken
 any fresher request whatever its level, which bounds how long low priority can starve.
 Length buckets: requests queue by length bucket, a batch never mixes buckets, and each
 bucket has its own compute slots, so short texts neither pad to nor wait behind long ones.
+The length is whatever the model's processor buckets by (``Prepared.length``): tokens for
+text, the padded width for variable-width images, so crops of similar width from many
+requests batch together at one shape.
 """
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ class BatchingPolicy:
     allow_timeout_override: bool = True
     aging_s: float = 0.1
     length_buckets: tuple[int, ...] = ()
+    """Edges of ``Prepared.length`` that requests queue apart by: token lengths for text,
+    padded widths for a variable-width image (``SpillwayBlock.batch_buckets``)."""
     concurrency: int = 1
     """Batches that may compute at once per length bucket (a long batch never blocks a
     short one)."""
@@ -99,7 +101,7 @@ def batching_policy(config: ModelConfig, settings: GpuSettings) -> BatchingPolic
         return BatchingPolicy(
             max_batch_size=max(config.max_batch_size, 1),
             max_queue_delay_s=0.0,
-            length_buckets=config.spillway.length_buckets,
+            length_buckets=config.spillway.batch_buckets,
             **common,
         )
     queue = dyn.default_queue_policy
@@ -120,7 +122,7 @@ def batching_policy(config: ModelConfig, settings: GpuSettings) -> BatchingPolic
         default_timeout_s=default_timeout,
         allow_timeout_override=queue.allow_timeout_override,
         aging_s=settings.priority_aging_ms / 1e3,
-        length_buckets=config.spillway.length_buckets,
+        length_buckets=config.spillway.batch_buckets,
         early_dispatch=settings.early_dispatch,
         **common,
     )

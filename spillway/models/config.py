@@ -42,7 +42,12 @@ class ImageSpec(_Strict):
     """How an ``image`` model prepares its image input: each row of a served BYTES input
     is one encoded JPEG or PNG image, decoded, converted to ``color``, resized to ``size``
     and normalised, ``(pixel * scale - mean) / std`` per channel, into the graph's float
-    input in ``layout``. The request's other inputs go to the graph unchanged."""
+    input in ``layout``. The request's other inputs go to the graph unchanged.
+
+    Variable width (``height`` and ``max_width`` instead of ``size``, as a text
+    recogniser takes crops of a line): every image is resized to ``height``, its width
+    from its aspect ratio, and padded on the right to its width bucket; the graph's width
+    dimension must be dynamic."""
 
     input: str = Field(min_length=1, max_length=128)
     """The served BYTES input (one element per row); the graph input of the same name, or
@@ -50,11 +55,21 @@ class ImageSpec(_Strict):
     layout: Literal["NCHW", "NHWC"] = "NCHW"
     color: Literal["RGB", "BGR", "GRAY"] = "RGB"
     """The channels' order (GRAY: one channel, ITU-R 601 luma)."""
-    size: tuple[ImageSide, ImageSide]
-    """``[height, width]`` of the tensor."""
+    size: tuple[ImageSide, ImageSide] | None = None
+    """``[height, width]`` of the tensor (or else ``height`` and ``max_width``)."""
+    height: ImageSide | None = None
+    """Variable width: the height of the tensor; a row's width is ``ceil(height * w / h)``
+    for a ``w``×``h`` image, at most ``max_width``."""
+    max_width: ImageSide | None = None
+    """Variable width: the widest row."""
+    width_buckets: tuple[ImageSide, ...] | None = None
+    """Variable width: the widths a request's rows are padded to on the right with 0
+    after normalisation, as PP-OCR pads (strictly increasing, the last at most
+    ``max_width``): the first that holds its widest row, else ``max_width``. Requests of
+    one bucket batch together; two buckets never share a batch."""
     resize: Literal["stretch", "letterbox"] = "stretch"
     """``stretch`` to ``size``; ``letterbox`` keeps the aspect ratio, centred on
-    ``pad_value``."""
+    ``pad_value`` (with ``size`` only)."""
     interpolation: Literal["nearest", "bilinear", "bicubic", "lanczos"] = "bilinear"
     pad_value: int = Field(default=0, ge=0, le=255)
     """The pixel value around a letterboxed image (normalised like any pixel)."""
@@ -75,6 +90,11 @@ class ImageSpec(_Strict):
         """The channels of the tensor: 1 for GRAY, else 3."""
         return 1 if self.color == "GRAY" else 3
 
+    @property
+    def tensor_height(self) -> int:
+        """The height of the tensor, fixed or with a variable width."""
+        return self.size[0] if self.size is not None else self.height or 0
+
     @model_validator(mode="after")
     def _per_channel(self) -> ImageSpec:
         for field, values in (("mean", self.mean), ("std", self.std)):
@@ -86,6 +106,23 @@ class ImageSpec(_Strict):
             raise ValueError("image std values must be positive")
         if any(not abs(m) < float("inf") for m in self.mean):
             raise ValueError("image mean values must be finite")
+        return self
+
+    @model_validator(mode="after")
+    def _one_size(self) -> ImageSpec:
+        if (self.size is None) == (self.height is None):
+            raise ValueError("an image section needs size, or else height and max_width")
+        if (self.height is None) != (self.max_width is None):
+            raise ValueError("image height and max_width go together")
+        if self.size is not None and self.width_buckets is not None:
+            raise ValueError("width_buckets go with height and max_width, not size")
+        if self.height is not None and self.resize != "stretch":
+            raise ValueError("a variable-width image keeps its aspect ratio: resize is for size")
+        buckets = list(self.width_buckets or ())
+        if buckets != sorted(set(buckets)):
+            raise ValueError("width_buckets must be strictly increasing")
+        if buckets and self.max_width is not None and buckets[-1] > self.max_width:
+            raise ValueError(f"width_buckets must end at most at max_width {self.max_width}")
         return self
 
 
@@ -172,6 +209,13 @@ class SpillwayBlock(_Strict):
     """The model's initial canary (``version``, ``stable``, ``percent``, ``bounds``): routers
     start it once per version; afterwards ``spillway models canary`` and the automatic
     rollback change it. Requests that pin no version and bypass the router get ``stable``."""
+
+    @property
+    def batch_buckets(self) -> tuple[int, ...]:
+        """The edges the batcher queues requests apart by (``Prepared.length``): token
+        lengths for text, padded widths for a variable-width image."""
+        image = self.image
+        return (image.width_buckets or ()) if image is not None else self.length_buckets
 
     @model_validator(mode="after")
     def _text_needs_tokenizer(self) -> SpillwayBlock:

@@ -55,10 +55,13 @@ def served_versions(repository: ModelRepository, name: str) -> tuple[ModelConfig
 
 
 def warm_up(model: OnnxModel) -> None:
-    """One row through every length bucket, then a full batch through the shortest: each
-    shape class is initialised before the first request, at a bounded cost."""
-    buckets = model.config.spillway.length_buckets
-    lengths = [max(1, edge - 2) for edge in buckets] or [8]
+    """One row through every length (or width) bucket, then a full batch through the
+    shortest: each shape class is initialised before the first request, at a bounded
+    cost."""
+    block = model.config.spillway
+    lengths = [max(1, edge - 2) for edge in block.batch_buckets] or [8]
+    if block.image is not None and block.image.max_width is not None:
+        lengths.append(block.image.max_width)  # rows wider than every bucket
     for length in lengths:
         model.infer(model.sample_inputs(1, length=length))
     if model.config.max_batch_size > 1:

@@ -41,7 +41,8 @@ class GraphTensor:
 
 @dataclass(frozen=True)
 class Prepared:
-    """One request's graph feeds, its row count and its length (tokens; 0 if none)."""
+    """One request's graph feeds, its row count and its length: what the batcher queues
+    requests apart by (tokens, or a variable-width image's padded width; 0 if none)."""
 
     feeds: Tensors
     rows: int
@@ -237,7 +238,11 @@ def _padded(ids: list[list[int]], rows: int) -> Prepared:
 class ImageProcessor(_OneByOne):
     """One encoded JPEG or PNG per row of a BYTES input in; the graph takes them decoded,
     resized and normalised into one float tensor (``spillway.image``). The request's other
-    inputs pass to the graph unchanged, and the graph's outputs are the served ones."""
+    inputs pass to the graph unchanged, and the graph's outputs are the served ones.
+
+    With a variable width, a request's rows share its widest row's width bucket (the
+    request is one unit of batching: splitting it across buckets would split its answer),
+    its length is that width, and a run over several widths pads to the widest."""
 
     # Not cheaper together, but decoding is heavy: the GPU service then prepares these
     # requests on its worker threads (Pillow decodes without the GIL), never on its loop.
@@ -266,17 +271,25 @@ class ImageProcessor(_OneByOne):
     def prepare(self, inputs: Tensors, rows: int) -> Prepared:
         feeds = {name: array for name, array in inputs.items() if name != self._served}
         elements = inputs[self._served].reshape(rows, -1)[:, 0]
-        feeds[self._graph] = self._images.stack(elements, self._served)
-        return Prepared(feeds, rows)
+        images = feeds[self._graph] = self._images.stack(elements, self._served)
+        return Prepared(feeds, rows, self._images.width(images))
 
     def collate(self, prepared: list[Prepared]) -> Tensors:
-        return _concat(prepared)
+        widest = max(p.length for p in prepared)
+        if all(p.length == widest for p in prepared):
+            return _concat(prepared)
+        # Only where requests of several buckets share a run (never the GPU batcher's).
+        return _concat([self._widened(p, widest) for p in prepared])
+
+    def _widened(self, prepared: Prepared, width: int) -> Prepared:
+        images = self._images.widen(prepared.feeds[self._graph], width)
+        return Prepared({**prepared.feeds, self._graph: images}, prepared.rows, width)
 
     def outputs(self, graph_outputs: Tensors) -> Tensors:
         return graph_outputs
 
     def sample_bytes(self, name: str, length: int) -> bytes:
-        return self._images.sample() if name == self._served else _sample_text(length)
+        return self._images.sample(length) if name == self._served else _sample_text(length)
 
 
 def _float_dtype(tensor: GraphTensor) -> np.dtype[np.generic]:
@@ -285,15 +298,17 @@ def _float_dtype(tensor: GraphTensor) -> np.dtype[np.generic]:
     return numpy_dtype(tensor.datatype)
 
 
-def _check_image_shape(tensor: GraphTensor, shape: tuple[int, int, int]) -> None:
-    """The graph's own fixed dimensions must agree with the image section's."""
+def _check_image_shape(tensor: GraphTensor, shape: tuple[int | None, ...]) -> None:
+    """The graph's own fixed dimensions must agree with the image section's, and a
+    variable width (``None``) must be dynamic in the graph."""
     if len(tensor.shape) != 4 or any(
         isinstance(want, int) and want != got
         for want, got in zip(tensor.shape[1:], shape, strict=True)
     ):
+        dims = ", ".join("W (dynamic)" if d is None else str(d) for d in shape)
         raise ModelLoadError(
             f"graph input {tensor.name!r} has shape {list(tensor.shape)}; "
-            f"the image section makes [N, {', '.join(map(str, shape))}]"
+            f"the image section makes [N, {dims}]"
         )
 
 

@@ -49,11 +49,19 @@ def pixel_means() -> onnx.ModelProto:
     return model
 
 
-def write_image_model(root: Path) -> Path:
-    version_dir = root / "pixels" / "1"
+def write_version(root: Path, model: onnx.ModelProto, config: dict[str, Any]) -> Path:
+    """``config`` and ``model`` as version 1 (checksummed) in the repository at ``root``;
+    the path of the written graph."""
+    name = str(config["name"])
+    version_dir = root / name / "1"
     version_dir.mkdir(parents=True)
-    onnx.save(pixel_means(), version_dir / "model.onnx")
+    onnx.save(model, version_dir / "model.onnx")
     write_checksums(version_dir)
+    (root / name / "config.json").write_text(json.dumps(config))
+    return version_dir / "model.onnx"
+
+
+def write_image_model(root: Path) -> Path:
     config = {
         "name": "pixels",
         "max_batch_size": 8,
@@ -79,8 +87,7 @@ def write_image_model(root: Path) -> Path:
             },
         },
     }
-    (root / "pixels" / "config.json").write_text(json.dumps(config))
-    return version_dir / "model.onnx"
+    return write_version(root, pixel_means(), config)
 
 
 def png(colour: tuple[int, int, int], height: int, width: int) -> bytes:
@@ -106,11 +113,12 @@ def body(images: list[bytes], offsets: list[float]) -> tuple[bytes, int | None]:
     return encode_request(inputs, binary=True)
 
 
-def serve(root: Path, scenario: Any) -> Any:
-    """Runs ``scenario(plane)`` against a data plane over the repository at ``root``."""
+def serve(root: Path, scenario: Any, **settings_fields: Any) -> Any:
+    """Runs ``scenario(plane)`` against a data plane over the repository at ``root``
+    (CPU provider; other settings from ``settings_fields``)."""
 
     async def main() -> Any:
-        settings = GpuSettings(providers=("CPUExecutionProvider",))
+        settings = GpuSettings(providers=("CPUExecutionProvider",), **settings_fields)
         registry = ModelRegistry(LocalRepository(root), settings)
         await registry.start()
         plane = DataPlane(registry, settings)
