@@ -12,10 +12,11 @@ export SPILLWAY_MODELS_DIR := $(abspath $(MODELS))
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements/dev.txt requirements/export.txt pyproject.toml
+$(STAMP): requirements.txt requirements/dev.txt requirements/export.txt requirements/ocr.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements/dev.txt -r requirements/export.txt
+	$(BIN)/pip install -q --no-deps --require-hashes -r requirements/ocr.txt
 	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
 

@@ -21,7 +21,15 @@ from spillway.protocol.names import MODEL_NAME_PATTERN
 CHECKSUM_FILE = "SHA256SUMS"
 CONFIG_FILE = "config.json"
 
-ModelKind = Literal["tensor", "image_classifier", "text_embedding", "image"]
+ModelKind = Literal[
+    "tensor",
+    "image_classifier",
+    "text_embedding",
+    "image",
+    "ocr_detection",
+    "ocr_classification",
+    "ocr_recognition",
+]
 
 MAX_IMAGE_SIDE = 8192
 """The largest side of the tensor an image is resized to."""

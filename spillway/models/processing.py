@@ -323,4 +323,9 @@ def make_processor(
         return TextEmbeddingProcessor(config, version_dir)
     if kind == "image":
         return ImageProcessor(config, graph_inputs)
+    if kind in ("ocr_detection", "ocr_classification", "ocr_recognition"):
+        # Imported here: the OCR processors build on this module.
+        from spillway.models.ocr import ocr_processor
+
+        return ocr_processor(config, version_dir, graph_inputs)
     return TensorProcessor(config, graph_inputs)

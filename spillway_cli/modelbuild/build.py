@@ -1,5 +1,5 @@
-"""Build the demo model repository: ``digits``, ``mlp-bench``, ``minilm`` and the ``topics``
-pipeline (with its ``topics-head``).
+"""Build the demo model repository: ``digits``, ``mlp-bench``, ``minilm``, the ``topics``
+pipeline (with its ``topics-head``) and the OCR models ``ocr-det``, ``ocr-cls``, ``ocr-rec``.
 
 ``python -m spillway_cli.modelbuild.build --out models [MODEL ...]`` builds all of them
 (or the named ones) and logs one line per model.
@@ -16,6 +16,7 @@ from spillway_cli.modelbuild.common import BuildReport
 from spillway_cli.modelbuild.digits import build_digits
 from spillway_cli.modelbuild.minilm import build_minilm
 from spillway_cli.modelbuild.mlp import build_mlp
+from spillway_cli.modelbuild.ocr import build_ocr_cls, build_ocr_det, build_ocr_rec
 from spillway_cli.modelbuild.topics import build_topics
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,9 @@ BUILDERS: dict[str, Callable[[Path], BuildReport]] = {
     "mlp-bench": build_mlp,
     "minilm": build_minilm,
     "topics": build_topics,  # after minilm: its head is built from minilm's embeddings
+    "ocr-det": build_ocr_det,
+    "ocr-cls": build_ocr_cls,
+    "ocr-rec": build_ocr_rec,
 }
 
 
