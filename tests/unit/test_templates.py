@@ -305,7 +305,8 @@ def test_layer_pins_match_requirements() -> None:
     shared = set(root) & set(layer)
     assert shared, "the layer pins nothing from requirements.txt"
     assert {name: layer[name] for name in shared} == {name: root[name] for name in shared}
-    assert not {"onnxruntime", "tokenizers", "pillow"} & set(layer)
+    heavy = {"onnxruntime", "tokenizers", "pillow", "opencv-python-headless", "pyclipper"}
+    assert not heavy & set(layer)
 
 
 def test_every_handler_imports(sam: dict[str, Any], tmp_path: Path) -> None:
@@ -337,7 +338,8 @@ def test_zip_functions_need_nothing_outside_the_layer() -> None:
         "import importlib.abc, sys\n"
         "class Block(importlib.abc.MetaPathFinder):\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        blocked = {'onnxruntime', 'tokenizers', 'huggingface_hub', 'PIL'}\n"
+        "        blocked = {'onnxruntime', 'tokenizers', 'huggingface_hub', 'PIL', 'cv2',\n"
+        "                   'pyclipper', 'shapely'}\n"
         "        if name.split('.')[0] in blocked:\n"
         "            raise ImportError(f'{name} is not in the Lambda layer')\n"
         "sys.meta_path.insert(0, Block())\n"
