@@ -22,7 +22,7 @@ $(STAMP): requirements.txt requirements/dev.txt requirements/export.txt requirem
 
 models: $(MODELS)/.built
 
-$(MODELS)/.built: $(STAMP) $(wildcard spillway_cli/modelbuild/*.py)
+$(MODELS)/.built: $(STAMP) $(wildcard spillway_cli/modelbuild/*.py) $(wildcard config/topics/*.jsonl)
 	$(BIN)/spillway models build --out $(MODELS)
 	touch $@
 
