@@ -18,6 +18,15 @@ from typing import Any, Literal
 import numpy as np
 import onnxruntime as ort
 
+from spillway.models.config import ModelConfig, TensorConfig
+from spillway.models.kinds import make_processor
+from spillway.models.processing import (
+    GraphTensor,
+    Prepared,
+    Processor,
+    Tensors,
+    outcomes,
+)
 from spillway.protocol.datatypes import datatype_of, from_onnx_type, numpy_dtype
 from spillway.protocol.errors import (
     BatchTooLargeError,
@@ -27,15 +36,6 @@ from spillway.protocol.errors import (
     PayloadTooLargeError,
     SpillwayError,
     name_list,
-)
-from spillway.models.config import ModelConfig, TensorConfig
-from spillway.models.processing import (
-    GraphTensor,
-    Prepared,
-    Processor,
-    Tensors,
-    make_processor,
-    outcomes,
 )
 from spillway.protocol.v2 import MetadataModelResponse, MetadataTensor
 

@@ -310,22 +310,3 @@ def _check_image_shape(tensor: GraphTensor, shape: tuple[int | None, ...]) -> No
             f"graph input {tensor.name!r} has shape {list(tensor.shape)}; "
             f"the image section makes [N, {dims}]"
         )
-
-
-def make_processor(
-    config: ModelConfig, version_dir: Path, graph_inputs: list[GraphTensor]
-) -> Processor:
-    """The processor for a model's kind."""
-    kind = config.spillway.kind
-    if kind == "image_classifier":
-        return ImageClassifierProcessor(config, graph_inputs)
-    if kind == "text_embedding":
-        return TextEmbeddingProcessor(config, version_dir)
-    if kind == "image":
-        return ImageProcessor(config, graph_inputs)
-    if kind in ("ocr_detection", "ocr_classification", "ocr_recognition"):
-        # Imported here: the OCR processors build on this module.
-        from spillway.models.ocr import ocr_processor
-
-        return ocr_processor(config, version_dir, graph_inputs)
-    return TensorProcessor(config, graph_inputs)
