@@ -42,7 +42,8 @@ def _imports(name: str, path: Path) -> Iterator[str]:
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = package.split(".")[: len(package.split(".")) - node.level + 1]
-            module = ".".join([*base, node.module] if node.level else [node.module or ""])
+            named = [node.module] if node.module else []
+            module = ".".join([*base, *named] if node.level else named)
             targets = [f"{module}.{alias.name}" for alias in node.names] + [module]
         else:
             continue
