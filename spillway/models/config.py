@@ -29,6 +29,7 @@ ModelKind = Literal[
     "ocr_detection",
     "ocr_classification",
     "ocr_recognition",
+    "ocr_lines",
 ]
 
 MAX_IMAGE_SIDE = 8192

@@ -19,7 +19,7 @@ from spillway.models.processing import (
     TextEmbeddingProcessor,
 )
 
-OCR_KINDS = ("ocr_detection", "ocr_classification", "ocr_recognition")
+OCR_KINDS = ("ocr_detection", "ocr_classification", "ocr_recognition", "ocr_lines")
 
 
 def make_processor(

@@ -1,10 +1,11 @@
 """The prepare and finish steps of the PP-OCR models: detection, orientation, recognition.
 
 ``ocr_detection`` takes one encoded image per request (``max_batch_size`` 0) and returns
-its text lines: ``boxes`` ``[N, 4, 2]`` in the image's pixels, ``box_scores`` ``[N]`` and
-``crops`` ``[N, 1]``, each line cut out upright as a PNG, in reading order. N varies
-per image, which is why a request holds one image: the N crops of one request are the
-rows of one request to the two models below.
+its text lines: ``boxes`` ``[N, 4, 2]`` in the image's pixels, ``box_scores`` ``[N]``,
+``crops`` ``[N, 1]``, each line cut out upright as a PNG, in reading order, and
+``counts`` ``[1]`` (N: what a pipeline maps the models below over). N varies per image,
+which is why a request holds one image: the N crops of one request are the rows of one
+request to the two models below.
 
 ``ocr_classification`` takes ``crops`` rows and returns ``angle`` (0 or 180),
 ``angle_score`` and ``crops`` again, those read as upside down (180 with a score over
@@ -16,6 +17,13 @@ probability of the kept characters) and ``char_positions``: per row a JSON objec
 ``{"timesteps": [...], "step_width": w}``, the CTC step of each character of ``text``
 and the width of one step in the crop's pixels (character ``i`` lies near
 ``(timesteps[i] + 0.5) * step_width``), for word boundaries.
+
+``ocr_lines`` takes a page's recognised rows (``text``, ``char_positions`` and the
+upright ``crops``, ``max_batch_size`` 0) and returns ``lines`` ``[N, 1]``, each with the
+spaces between words put back (``spillway.models.ocr_words``), ``page`` ``[1, 1]``, the
+lines joined by newlines in reading order, and ``pages`` ``[1]`` (1: the count a
+pipeline maps a text model over ``page`` with). Its graph is an identity over one number
+per line: the work is this module's.
 
 Pixels are resized with OpenCV as RapidOCR 1.4.4 does (its pipeline is the reference the
 tests hold these steps to); images are decoded by ``spillway.models.images`` with its
@@ -40,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from spillway.models import ocr_geometry as geometry
+from spillway.models import ocr_words
 from spillway.models.config import ImageSpec, ModelConfig
 from spillway.models.images import open_image
 from spillway.models.processing import (
@@ -52,6 +61,7 @@ from spillway.models.processing import (
 from spillway.protocol.errors import (
     InferenceError,
     InvalidImageError,
+    InvalidInputError,
     ModelLoadError,
     SpillwayError,
 )
@@ -171,12 +181,19 @@ class _OcrProcessor(ABC):
 class DetectionProcessor(_OcrProcessor):
     """``ocr_detection``: one image per request in; boxes, scores and crops out."""
 
-    served_outputs = ("boxes", "box_scores", "crops")
+    served_outputs = ("boxes", "box_scores", "crops", "counts")
 
     def __init__(self, config: ModelConfig, graph_inputs: list[GraphTensor]) -> None:
         super().__init__(config, graph_inputs)
         if config.max_batch_size != 0:
             raise ModelLoadError("an ocr_detection model takes one image a request: batch 0")
+
+    def sample_bytes(self, name: str, length: int) -> bytes:
+        """A small white page with a dark line: it scales to the detector's smallest
+        input (736 × 736), where a crop-sized strip would scale to 4096 pixels high."""
+        image = np.full((64, 64, 3), 255, dtype=np.uint8)
+        image[28:36, 8:-8] = 0
+        return encode_png(image)
 
     def prepare(self, inputs: Tensors, rows: int) -> OcrPrepared:
         ((element, what),) = self._elements(inputs, 1)
@@ -206,6 +223,7 @@ def _detections(boxes: geometry.Boxes, scores: list[float], crops: list[bytes]) 
         "boxes": boxes.reshape(-1, 4, 2).astype(np.float32),
         "box_scores": np.asarray(scores, dtype=np.float32).reshape(-1),
         "crops": _column(crops, np.object_),
+        "counts": np.array([len(crops)], dtype=np.int32),
     }
 
 
@@ -313,6 +331,59 @@ class RecognitionProcessor(_OcrProcessor):
         }
 
 
+class LinesProcessor(_OcrProcessor):
+    """``ocr_lines``: a page's recognised rows in; its lines with word spaces and the
+    page's text out."""
+
+    served_outputs = ("lines", "page", "pages")
+    served_inputs = ("char_positions", "crops", "text")
+
+    def __init__(self, config: ModelConfig, graph_inputs: list[GraphTensor]) -> None:
+        kind = config.spillway.kind
+        inputs = sorted((t.name, t.datatype) for t in config.input)
+        if inputs != [(name, "BYTES") for name in self.served_inputs]:
+            raise ModelLoadError(f"{kind} models take BYTES {list(self.served_inputs)}")
+        if config.max_batch_size != 0:
+            raise ModelLoadError(f"{kind} models take one page's rows a request: batch 0")
+        if sorted(o.name for o in config.output) != sorted(self.served_outputs):
+            raise ModelLoadError(f"{kind} models serve {sorted(self.served_outputs)}")
+        if len(graph_inputs) != 1:
+            raise ModelLoadError(f"an {kind} graph has exactly one input")
+        self._graph = graph_inputs[0].name
+        self._in_flight = threading.local()
+
+    def prepare(self, inputs: Tensors, rows: int) -> OcrPrepared:
+        columns = [inputs[name].reshape(-1) for name in ("text", "char_positions", "crops")]
+        if len({len(c) for c in columns}) != 1:
+            raise InvalidInputError("text, char_positions and crops need one row each per line")
+        lines = []
+        for row, (text, where, crop) in enumerate(zip(*columns, strict=True)):
+            what = f"row {row}"
+            if not isinstance(text, bytes | bytearray) or not isinstance(where, bytes | bytearray):
+                raise InvalidInputError(f"{what}: text and char_positions are bytes")
+            decoded = bytes(text).decode("utf-8", errors="replace")
+            centres = ocr_words.positions(bytes(where), decoded)
+            lines.append(ocr_words.spaced(decoded, centres, decode_bgr(crop, f"crop of {what}")))
+        feeds = {self._graph: np.zeros(len(lines), dtype=np.float32)}
+        return OcrPrepared(feeds, 1, 0, tuple(lines))
+
+    def _finish(self, graph_outputs: Tensors, batch: list[OcrPrepared]) -> Tensors:
+        lines = [line for prepared in batch for line in prepared.context]
+        return {
+            "lines": _column([line.encode() for line in lines], np.object_),
+            "page": np.array([["\n".join(lines).encode()]], dtype=np.object_),
+            "pages": np.array([1], dtype=np.int32),
+        }
+
+    def sample_bytes(self, name: str, length: int) -> bytes:
+        """A crop, or the text and positions of one character in it."""
+        if name == "text":
+            return b"a"
+        if name == "char_positions":
+            return json.dumps({"timesteps": [1], "step_width": 8.0}).encode()
+        return super().sample_bytes(name, length)
+
+
 def ocr_processor(
     config: ModelConfig, version_dir: Path, graph_inputs: list[GraphTensor]
 ) -> _OcrProcessor:
@@ -324,4 +395,6 @@ def ocr_processor(
         return ClassificationProcessor(config, graph_inputs)
     if kind == "ocr_recognition":
         return RecognitionProcessor(config, version_dir, graph_inputs)
+    if kind == "ocr_lines":
+        return LinesProcessor(config, graph_inputs)
     raise ModelLoadError(f"no OCR processor for kind {kind!r}")

@@ -1,5 +1,6 @@
 """Build the demo model repository: ``digits``, ``mlp-bench``, ``minilm``, the ``topics``
-pipeline (with its ``topics-head``) and the OCR models ``ocr-det``, ``ocr-cls``, ``ocr-rec``.
+pipeline (with its ``topics-head``), the OCR models ``ocr-det``, ``ocr-cls``, ``ocr-rec``,
+``ocr-lines`` and the ``ocr`` and ``ocr-topics`` pipelines.
 
 ``python -m spillway_cli.modelbuild.build --out models [MODEL ...]`` builds all of them
 (or the named ones) and logs one line per model.
@@ -17,6 +18,11 @@ from spillway_cli.modelbuild.digits import build_digits
 from spillway_cli.modelbuild.minilm import build_minilm
 from spillway_cli.modelbuild.mlp import build_mlp
 from spillway_cli.modelbuild.ocr import build_ocr_cls, build_ocr_det, build_ocr_rec
+from spillway_cli.modelbuild.ocr_pipelines import (
+    build_ocr_lines,
+    build_ocr_pipeline,
+    build_ocr_topics,
+)
 from spillway_cli.modelbuild.topics import build_topics
 
 logger = logging.getLogger(__name__)
@@ -30,6 +36,9 @@ BUILDERS: dict[str, Callable[[Path], BuildReport]] = {
     "ocr-det": build_ocr_det,
     "ocr-cls": build_ocr_cls,
     "ocr-rec": build_ocr_rec,
+    "ocr-lines": build_ocr_lines,  # after ocr-rec: its check reads a line with it
+    "ocr": build_ocr_pipeline,
+    "ocr-topics": build_ocr_topics,  # after topics and the OCR models it chains
 }
 
 

@@ -84,11 +84,12 @@ DET = OcrModel(
             TensorConfig(name="boxes", data_type="TYPE_FP32", dims=(-1, 4, 2)),
             TensorConfig(name="box_scores", data_type="TYPE_FP32", dims=(-1,)),
             TensorConfig(name="crops", data_type="TYPE_STRING", dims=(-1, 1)),
+            TensorConfig(name="counts", data_type="TYPE_INT32", dims=(1,)),
         ),
         spillway=_spillway(
             "ocr_detection",
-            "PP-OCRv4 text detection (DB): one JPEG/PNG in; text line boxes, scores and "
-            "PNG crops out, in reading order",
+            "PP-OCRv4 text detection (DB): one JPEG/PNG in; text line boxes, scores, "
+            "PNG crops in reading order and their count out",
         ),
     ),
 )
@@ -202,7 +203,7 @@ def _check_det(model: OnnxModel) -> dict[str, float]:
     out = model.infer(
         {"image": np.array([render_lines([CHECK_TEXT], min_side=480)], dtype=np.object_)}
     )
-    if out["boxes"].shape != (1, 4, 2):
+    if out["boxes"].shape != (1, 4, 2) or out["counts"].tolist() != [1]:
         raise RuntimeError(f"ocr-det: {len(out['boxes'])} boxes on one rendered line")
     return {"box_score": float(out["box_scores"][0])}
 
