@@ -19,6 +19,7 @@ import typer
 
 if TYPE_CHECKING:
     from spillway.models.onboarding import Added, ProfileRow
+    from spillway.models.signature import ImageOptions
 
 LOCAL_REPOSITORY = "models"
 LOAD_TIMEOUT_S = 300.0
@@ -42,6 +43,29 @@ def models_add(
     max_sequence_length: Annotated[
         int | None, typer.Option(help="Token limit of a text model (default: the tokenizer's).")
     ] = None,
+    image: Annotated[
+        bool,
+        typer.Option(help="Serve an image model: its rank-4 float input takes JPEG/PNG bytes."),
+    ] = False,
+    image_size: Annotated[
+        tuple[int, int] | None,
+        typer.Option(help="Height and width images are resized to (default: the graph's)."),
+    ] = None,
+    mean: Annotated[
+        str | None, typer.Option(help="Per-channel mean, e.g. 0.485,0.456,0.406 (default 0).")
+    ] = None,
+    std: Annotated[
+        str | None, typer.Option(help="Per-channel std, e.g. 0.229,0.224,0.225 (default 1).")
+    ] = None,
+    scale: Annotated[
+        float | None, typer.Option(help="Pixel scale before mean and std (default 1/255).")
+    ] = None,
+    color: Annotated[
+        str | None, typer.Option(help="RGB, BGR or GRAY (default: GRAY for 1 channel, else RGB).")
+    ] = None,
+    resize: Annotated[
+        str | None, typer.Option(help="stretch (default) or letterbox to the size.")
+    ] = None,
     load: Annotated[bool, typer.Option(help="Ask the running GPU service to load it.")] = False,
     gpu_url: Annotated[
         str | None, typer.Option(help="GPU service URL for --load (default: the stack's).")
@@ -53,6 +77,7 @@ def models_add(
     from spillway.protocol.errors import SpillwayError
     from spillway_cli.stackenv import aws_errors, use_stack_env
 
+    images = image_options(image, image_size, mean, std, scale, color, resize)
     use_stack_env()
     location = repository or os.environ.get("SPILLWAY_REPOSITORY") or LOCAL_REPOSITORY
     if not location.startswith("s3://"):
@@ -67,6 +92,7 @@ def models_add(
                 p99_ms=p99_ms,
                 tokenizer=tokenizer,
                 max_sequence_length=max_sequence_length,
+                image=images,
             )
     except SpillwayError as error:
         typer.echo(f"error: {error.message}", err=True)
@@ -82,6 +108,47 @@ def models_add(
         typer.echo(line)
         if not ready:
             raise typer.Exit(1)
+
+
+def image_options(
+    image: bool,
+    size: tuple[int, int] | None,
+    mean: str | None,
+    std: str | None,
+    scale: float | None,
+    color: str | None,
+    resize: str | None,
+) -> ImageOptions | None:
+    """The image options given, ``None`` without ``--image``; exits with one line where an
+    image option comes without ``--image`` or a list is not numbers."""
+    from spillway.models.signature import ImageOptions
+
+    given = {"--image-size": size, "--mean": mean, "--std": std, "--scale": scale}
+    given |= {"--color": color, "--resize": resize}
+    if not image:
+        stray = [option for option, value in given.items() if value is not None]
+        if stray:
+            typer.echo(f"error: {', '.join(stray)} only with --image", err=True)
+            raise typer.Exit(1)
+        return None
+    return ImageOptions(
+        size=size,
+        color=color.upper() if color else None,
+        resize=resize.lower() if resize else None,
+        mean=_floats("--mean", mean),
+        std=_floats("--std", std),
+        scale=scale,
+    )
+
+
+def _floats(option: str, text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        typer.echo(f"error: {option} takes numbers separated by commas, not {text!r}", err=True)
+        raise typer.Exit(1) from None
 
 
 def report(added: Added, p99_ms: float) -> list[str]:

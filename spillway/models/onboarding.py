@@ -9,28 +9,44 @@ and once row by row; a model whose batched answers differ from its single-row on
 rows across the batch (it normalises over axis 0, say) and is served one request per run
 (``max_batch_size`` 0, no dynamic batching). A batch-safe model is profiled at
 ``PROFILE_BATCHES`` and given the dynamic batcher settings that fit a p99 target.
+
+An image model's generated inputs are encoded images, random pixels at the model's size
+saved as PNG, so the proof and the profile decode, resize and normalise as serving does.
+Noise, not smooth images: a reduction over many equal or similar pixels (a global mean)
+drifts in float32 by more than ``FLOAT_RTOL`` between a batch and a single row in ONNX
+Runtime, and the proof would call a batch-safe model unsafe.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
-from spillway.models.config import DynamicBatching, ModelConfig, SpillwayBlock, TensorConfig
+from spillway.models.config import (
+    DynamicBatching,
+    ImageSpec,
+    ModelConfig,
+    SpillwayBlock,
+    TensorConfig,
+)
 from spillway.models.engine import EngineOptions, OnnxModel
 from spillway.models.loader import load_version
 from spillway.models.processing import Tensors
 from spillway.models.repository import LocalRepository, ModelRepository
 from spillway.models.signature import (
     GraphSignature,
+    ImageOptions,
     config_from_signature,
+    image_config,
     read_signature,
     tensor_config,
 )
@@ -168,7 +184,8 @@ def configure(
     config: ModelConfig, proof: BatchProof | None, proposal: Proposal | None
 ) -> ModelConfig:
     """The configuration to publish: batching as proven and proposed; a model that is
-    not batch-safe is served one request per run, its whole shape as ``dims``."""
+    not batch-safe is served one request per run, its whole shape as ``dims`` (an image
+    model's served image input stays ``[1]``: one image per request)."""
     if config.max_batch_size == 0:
         return config
     if proof is not None and not proof.safe:
@@ -186,7 +203,11 @@ def configure(
 
 
 def _unbatched(config: ModelConfig) -> ModelConfig:
+    image = config.spillway.image
+
     def whole(spec: TensorConfig) -> TensorConfig:
+        if image is not None and spec.name == image.input:
+            return spec
         return spec.model_copy(update={"dims": (-1, *spec.dims)})
 
     return config.model_copy(
@@ -204,13 +225,18 @@ def _unbatched(config: ModelConfig) -> ModelConfig:
 
 def generated_inputs(config: ModelConfig, rows: int, seed: int = PROOF_SEED) -> Tensors:
     """Inputs of ``rows`` rows for the served signature: floats from a normal
-    distribution, integers in 0..3, text of varying length; a fixed seed."""
+    distribution, integers in 0..3, text of varying length, an image model's images as
+    PNGs (``random_png``); a fixed seed."""
     rng = np.random.default_rng(seed)
+    image = config.spillway.image
     inputs: Tensors = {}
     for spec in config.input:
         shape = [rows, *(d if d > 0 else SYMBOLIC_SIZE for d in spec.dims)]
         dtype = numpy_dtype(spec.datatype)
-        if spec.datatype == "BYTES":
+        if image is not None and spec.name == image.input:
+            pngs = [random_png(image, rng) for _ in range(int(np.prod(shape)))]
+            inputs[spec.name] = np.array(pngs, np.object_).reshape(shape)
+        elif spec.datatype == "BYTES":
             words = rng.integers(1, 12, size=shape)
             texts = [" ".join(["sample"] * int(n)) + f" {i}" for i, n in enumerate(words.flat)]
             inputs[spec.name] = np.array([t.encode() for t in texts], np.object_).reshape(shape)
@@ -221,6 +247,20 @@ def generated_inputs(config: ModelConfig, rows: int, seed: int = PROOF_SEED) -> 
         else:
             inputs[spec.name] = rng.standard_normal(shape).astype(dtype)
     return inputs
+
+
+def random_png(spec: ImageSpec, rng: np.random.Generator) -> bytes:
+    """A PNG of random pixels at ``spec``'s size (at a variable-width spec's height, twice
+    as wide, within ``max_width``)."""
+    if spec.size is not None:
+        height, width = spec.size
+    else:
+        height = spec.tensor_height
+        width = min(2 * height, spec.max_width or 2 * height)
+    pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def prove_batching(model: OnnxModel, rows: int = PROOF_ROWS) -> BatchProof:
@@ -338,16 +378,22 @@ def add_model(
     p99_ms: float = 50.0,
     tokenizer: Path | None = None,
     max_sequence_length: int | None = None,
+    image: ImageOptions | None = None,
     options: EngineOptions | None = None,
 ) -> Added:
-    """Configure ``onnx_file`` from its graph, prove and profile it, then publish it with
-    the configuration chosen as ``name``'s version ``version`` (default: the next)."""
+    """Configure ``onnx_file`` from its graph (a text model with ``tokenizer``, an image
+    model with ``image``), prove and profile it, then publish it with the configuration
+    chosen as ``name``'s version ``version`` (default: the next)."""
     signature = read_signature(onnx_file)
     files = {ONNX_FILE: onnx_file, **({TOKENIZER_FILE: tokenizer} if tokenizer else {})}
     limit = max(PROFILE_BATCHES)
+    if tokenizer is not None and image is not None:
+        raise ModelLoadError("a model is a text model (a tokenizer) or an image model, not both")
     if tokenizer is not None:
         length = max_sequence_length or tokenizer_max_length(tokenizer) or DEFAULT_SEQUENCE_LENGTH
         draft = text_config(name, signature, length, limit)
+    elif image is not None:
+        draft = image_config(name, signature, image, max_batch_size=limit)
     else:
         draft = config_from_signature(name, signature, max_batch_size=limit)
     proof: BatchProof | None = None
@@ -357,7 +403,7 @@ def add_model(
     if draft.max_batch_size == 0:
         notes.append("the graph has no dynamic batch dimension: one request per run")
     with tempfile.TemporaryDirectory(prefix="spillway-add-") as scratch:
-        model = _load_scratch(Path(scratch), draft, files, options or EngineOptions())
+        model = _load_scratch(Path(scratch), draft, files, _proof_options(draft, options))
         if draft.max_batch_size > 0:
             proof = prove_batching(model)
             if proof.safe:
@@ -368,6 +414,16 @@ def add_model(
     config = configure(draft, proof, proposal)
     published = repository.publish_version(name, files, config, version=version)
     return Added(config, published, repository.location, proof, table, proposal, tuple(notes))
+
+
+def _proof_options(config: ModelConfig, options: EngineOptions | None) -> EngineOptions:
+    """The engine options of the proof: an image model's generated PNGs (noise compresses
+    poorly) may take up to its image section's ``max_bytes``."""
+    chosen = options or EngineOptions()
+    image = config.spillway.image
+    if image is None or image.max_bytes <= chosen.max_bytes_per_element:
+        return chosen
+    return replace(chosen, max_bytes_per_element=image.max_bytes)
 
 
 def _load_scratch(

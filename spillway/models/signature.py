@@ -6,18 +6,27 @@ model batches when every input and output has a dynamic leading dimension: then
 ``max_batch_size`` is 0 and ``dims`` are the whole shape. Dimensions that are not fixed
 are ``-1``. The graph is read with ONNX Runtime, which every deployable has (the ``onnx``
 package is a build-time tool and is not in the service images).
+
+An image model (``image_config``) serves its graph's float image input as a BYTES input of
+encoded images instead: the layout comes from where the graph has 1 or 3 channels, the size
+from its fixed height and width (or the caller's, where they are dynamic).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from spillway.models.config import ModelConfig, SpillwayBlock, TensorConfig
+from pydantic import ValidationError
+
+from spillway.models.config import ImageSpec, ModelConfig, SpillwayBlock, TensorConfig
 from spillway.models.processing import GraphTensor
 from spillway.protocol.datatypes import from_onnx_type
 from spillway.protocol.errors import ModelLoadError, SpillwayError
 
+FLOAT_TYPES = ("FP16", "FP32", "FP64")
+CHANNELS = (1, 3)
 DEFAULT_MAX_BATCH_SIZE = 8
 """``max_batch_size`` of a batchable graph whose configuration nobody wrote: clients may
 send up to this many rows, and without a ``dynamic_batching`` block the service never
@@ -100,3 +109,119 @@ def config_from_signature(
         output=tuple(tensor_config(t, batch > 0) for t in signature.outputs),
         spillway=spillway or SpillwayBlock(),
     )
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """How an image model's images are prepared, as ``models add --image`` takes it; a
+    ``None`` is the image section's default (``spillway.models.config.ImageSpec``), and
+    the color defaults to GRAY for one channel, else RGB."""
+
+    size: tuple[int, int] | None = None
+    """``[height, width]``; needed where the graph's are dynamic."""
+    color: str | None = None
+    resize: str | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    scale: float | None = None
+
+    def section(self) -> dict[str, Any]:
+        """The options given, as image section fields (without ``size``)."""
+        fields = {
+            "color": self.color,
+            "resize": self.resize,
+            "mean": self.mean,
+            "std": self.std,
+            "scale": self.scale,
+        }
+        return {key: value for key, value in fields.items() if value is not None}
+
+
+def image_config(
+    name: str, signature: GraphSignature, options: ImageOptions, *, max_batch_size: int
+) -> ModelConfig:
+    """An ``image`` model's configuration: the graph's one rank-4 float input is served as
+    a BYTES input of the same name, one encoded image per row; the other inputs and the
+    outputs as ``config_from_signature`` makes them. ModelLoadError in one line where the
+    graph has no such input, its channel axis is unclear or its size unknown."""
+    target = _image_input(signature)
+    layout, channels, (height, width) = _image_axes(target)
+    size = _image_size(target, (height, width), options.size)
+    section = {"color": "GRAY" if channels == 1 else "RGB", **options.section()}
+    if (section["color"] == "GRAY") != (channels == 1):
+        raise ModelLoadError(
+            f"graph input {target.name!r} has {channels} channel(s); color {section['color']} "
+            f"has {3 if channels == 1 else 1}"
+        )
+    tensors = config_from_signature(name, signature, max_batch_size=max_batch_size)
+    served = TensorConfig(name=target.name, data_type="TYPE_STRING", dims=(1,))
+    try:
+        spec = ImageSpec.model_validate(
+            {"input": target.name, "layout": layout, "size": size, **section}
+        )
+        return ModelConfig(
+            name=name,
+            max_batch_size=tensors.max_batch_size,
+            input=tuple(served if t.name == target.name else t for t in tensors.input),
+            output=tensors.output,
+            spillway=SpillwayBlock(kind="image", image=spec),
+        )
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        raise ModelLoadError(
+            f"image options: {where + ': ' if where else ''}{error['msg']}"
+        ) from None
+
+
+def _image_input(signature: GraphSignature) -> GraphTensor:
+    images = [t for t in signature.inputs if t.datatype in FLOAT_TYPES and len(t.shape) == 4]
+    if len(images) == 1:
+        return images[0]
+    if images:
+        names = ", ".join(t.name for t in images)
+        raise ModelLoadError(f"an image model takes one rank-4 float input; this graph has {names}")
+    found = ", ".join(f"{t.name} {t.datatype} {list(t.shape)}" for t in signature.inputs)
+    raise ModelLoadError(
+        f"an image model needs a rank-4 float input ([N, C, H, W] or [N, H, W, C]); "
+        f"this graph takes {found}"
+    )
+
+
+Dimension = int | str | None
+
+
+def _image_axes(tensor: GraphTensor) -> tuple[str, int, tuple[Dimension, Dimension]]:
+    """The layout, the channels and the (height, width) dimensions of an image input:
+    NCHW where dimension 1 is 1 or 3, else NHWC where dimension 3 is."""
+    _, first, middle, last = tensor.shape
+    if isinstance(first, int) and first in CHANNELS:
+        return "NCHW", first, (middle, last)
+    if isinstance(last, int) and last in CHANNELS:
+        return "NHWC", last, (first, middle)
+    raise ModelLoadError(
+        f"graph input {tensor.name!r} {list(tensor.shape)} has 1 or 3 channels at neither "
+        "dimension 1 (NCHW) nor dimension 3 (NHWC)"
+    )
+
+
+def _image_size(
+    tensor: GraphTensor, graph: tuple[Dimension, Dimension], given: tuple[int, int] | None
+) -> tuple[int, int]:
+    """The tensor's [height, width]: ``given``, which must agree with the graph's fixed
+    dimensions, else the graph's own when both are fixed."""
+    fixed = [d if isinstance(d, int) and d > 0 else None for d in graph]
+    if given is None:
+        height, width = fixed
+        if height is None or width is None:
+            raise ModelLoadError(
+                f"graph input {tensor.name!r} {list(tensor.shape)} has a dynamic height or "
+                "width: give the size images are resized to (--image-size H W)"
+            )
+        return height, width
+    if any(want is not None and want != got for want, got in zip(fixed, given, strict=True)):
+        raise ModelLoadError(
+            f"image size {given[0]}x{given[1]} does not fit graph input {tensor.name!r} "
+            f"{list(tensor.shape)}"
+        )
+    return given
