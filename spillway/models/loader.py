@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from spillway.models.engine import EngineOptions, OnnxModel
-from spillway.protocol.errors import InsufficientMemoryError, ModelNotFoundError
 from spillway.models.config import ModelConfig, VersionPolicy
-from spillway.protocol.names import validate_model_name
+from spillway.models.engine import CPU, EngineOptions, OnnxModel
 from spillway.models.repository import ModelRepository
+from spillway.protocol.errors import InsufficientMemoryError, ModelNotFoundError
+from spillway.protocol.names import validate_model_name
 
 log = logging.getLogger("spillway.loader")
 
@@ -55,17 +55,29 @@ def served_versions(repository: ModelRepository, name: str) -> tuple[ModelConfig
 
 
 def warm_up(model: OnnxModel) -> None:
-    """One row through every length (or width) bucket, then a full batch through the
-    shortest: each shape class is initialised before the first request, at a bounded
-    cost."""
+    """Run the shapes a version will be asked for before it takes a request, so that a
+    version that cannot run them fails its load instead of a client's request.
+
+    On an accelerator each shape class is also initialised there (kernels and their
+    algorithms are chosen per input shape): one row through every length (or width)
+    bucket and the widest row, then a full batch through the shortest. ONNX Runtime's CPU
+    provider keeps no state per shape (a shape's first run costs what its later runs do),
+    so on the CPU only the check is worth its time: one row through the shortest and the
+    longest, and two rows through the shortest for a batching model (a batch dimension
+    that is not dynamic fails on them as on a full batch, whose working memory would
+    otherwise be held from start-up)."""
     block = model.config.spillway
     lengths = [max(1, edge - 2) for edge in block.batch_buckets] or [8]
     if block.image is not None and block.image.max_width is not None:
         lengths.append(block.image.max_width)  # rows wider than every bucket
+    rows = model.config.max_batch_size
+    if model.provider == CPU:
+        lengths = list(dict.fromkeys((lengths[0], lengths[-1])))
+        rows = min(rows, 2)
     for length in lengths:
         model.infer(model.sample_inputs(1, length=length))
-    if model.config.max_batch_size > 1:
-        model.infer(model.sample_inputs(model.config.max_batch_size, length=lengths[0]))
+    if rows > 1:
+        model.infer(model.sample_inputs(rows, length=lengths[0]))
 
 
 def open_version(
