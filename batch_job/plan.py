@@ -4,6 +4,8 @@ The unit of work is an input object (``.jsonl``/``.ndjson`` records, a ``.npy`` 
 a ``.v2req`` infer request the router staged for batch mode): it is what a producer writes
 atomically, S3 lists it with its size and ETag, and a shard can then be re-run from
 scratch without reading any other file. Large inputs should be written as several files.
+Images (``.png``, ``.jpg``, ``.jpeg``) are one record each: up to ``IMAGES_PER_SHARD`` of
+them, in key order, make one shard of format ``images`` that lists each with its ETag.
 The first submission (or run) freezes the plan, so every array child, retry and later
 re-run sees the same shards even if the input prefix changes.
 """
@@ -23,18 +25,35 @@ from spillway.protocol.errors import InvalidInputError, ModelNotFoundError
 from spillway.protocol.messages import STAGED_SUFFIX
 from spillway.protocol.names import validate_model_name
 
-InputFormat = Literal["jsonl", "npy", "staged"]
+InputFormat = Literal["jsonl", "npy", "staged", "images"]
 SUFFIXES: dict[str, InputFormat] = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
     ".npy": "npy",
     STAGED_SUFFIX: "staged",
+    ".png": "images",
+    ".jpg": "images",
+    ".jpeg": "images",
 }
+IMAGES_PER_SHARD = 32
+"""Image objects per ``images`` shard: enough that a shard's commit (a few S3 calls) is
+small beside its pages' inference, few enough that a retry redoes little."""
 PLAN_NAME = "_plan.json"
 
 
+class InputObject(BaseModel):
+    """An input object as listed: its key, size and ETag."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    size: int = Field(ge=0)
+    etag: str = ""
+
+
 class ShardSpec(BaseModel):
-    """One shard: an input object and how to read it."""
+    """One shard: an input object (an ``images`` shard: its first image) and how to read
+    it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -43,6 +62,8 @@ class ShardSpec(BaseModel):
     format: InputFormat
     size: int = Field(ge=0)
     etag: str = ""
+    images: tuple[InputObject, ...] = ()
+    """An ``images`` shard's image objects, each one record (``size``: theirs together)."""
 
     @property
     def name(self) -> str:
@@ -103,20 +124,36 @@ class OutputLayout:
 
 
 def plan_shards(store: ObjectStore, prefix: str, input_url: str, model: str, version: int) -> Plan:
-    """One shard per non-empty input file under ``prefix``, in key order."""
+    """One shard per non-empty input file under ``prefix``, in key order, then one per
+    ``IMAGES_PER_SHARD`` images."""
     shards: list[ShardSpec] = []
+    images: list[InputObject] = []
     for obj in store.list_objects(prefix):
         base = obj.key.rsplit("/", 1)[-1]
-        suffix = base[base.rfind(".") :] if "." in base else ""
-        if obj.size == 0 or base.startswith(("_", ".")) or suffix not in SUFFIXES:
+        kind = _format(base[base.rfind(".") :] if "." in base else "")
+        if obj.size == 0 or base.startswith(("_", ".")) or kind is None:
+            continue
+        if kind == "images":
+            images.append(InputObject(key=obj.key, size=obj.size, etag=obj.etag))
             continue
         shards.append(
             ShardSpec(
                 index=len(shards),
                 key=obj.key,
-                format=SUFFIXES[suffix],
+                format=kind,
                 size=obj.size,
                 etag=obj.etag,
+            )
+        )
+    for start in range(0, len(images), IMAGES_PER_SHARD):
+        group = tuple(images[start : start + IMAGES_PER_SHARD])
+        shards.append(
+            ShardSpec(
+                index=len(shards),
+                key=group[0].key,
+                format="images",
+                size=sum(image.size for image in group),
+                images=group,
             )
         )
     if not shards:
@@ -130,6 +167,13 @@ def plan_shards(store: ObjectStore, prefix: str, input_url: str, model: str, ver
         shards=tuple(shards),
         created_at=created,
     )
+
+
+def _format(suffix: str) -> InputFormat | None:
+    found = SUFFIXES.get(suffix)
+    if found is None and SUFFIXES.get(suffix.lower()) == "images":
+        return "images"  # cameras write .JPG
+    return found
 
 
 def load_plan(store: ObjectStore, layout: OutputLayout) -> Plan | None:

@@ -5,7 +5,8 @@ without the batch dimension, as nested lists, or a string for a BYTES input. Val
 through the core's JSON tensor rules (``spillway.protocol.tensors``: strict per-datatype types, no
 silent overflow); names and shapes are checked by the engine's ``prepare``. A staged
 request (``spillway.protocol.messages.stage_request``) is a V2 infer body whose rows become records
-``"0"``, ``"1"``…. JSON is parsed with ``json.loads`` only; nothing is ever evaluated or
+``"0"``, ``"1"``…; an image object is one record whose id is its key, its bytes the
+model's one BYTES input. JSON is parsed with ``json.loads`` only; nothing is ever evaluated or
 unpickled. A line longer than the record limit is never held whole in memory, and a
 repeated id is an error record: ids stay unique within a shard's outputs. Output lines
 are strict JSON: non-finite floats are written as the strings ``"NaN"``, ``"Infinity"``
@@ -15,8 +16,9 @@ and ``"-Infinity"``, the core's policy (``spillway.protocol.codec``).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -179,6 +181,32 @@ def staged_records(data: bytes, batch: bool) -> Iterator[Parsed]:
         return
     for row in range(rows):
         yield str(row), row, {name: array[row : row + 1] for name, array in arrays.items()}
+
+
+def image_input(specs: Sequence[TensorConfig]) -> TensorConfig:
+    """The input an image object fills: a model's one input, of datatype BYTES."""
+    if len(specs) != 1 or specs[0].datatype != "BYTES":
+        found = ", ".join(f"{t.name} {t.datatype}" for t in specs)
+        raise InvalidInputError(f"images need a model with one BYTES input; it has {found}")
+    return specs[0]
+
+
+def image_records(
+    images: Iterable[tuple[str, Path | None, int]],
+    spec: TensorConfig,
+    batch: bool,
+    max_record_bytes: int = MAX_RECORD_BYTES,
+) -> Iterator[Parsed]:
+    """One record per image ``(key, file, size)`` with the key as its id; an image over
+    ``max_record_bytes`` (never downloaded: no file) is a ``payload_too_large`` error."""
+    for key, path, size in images:
+        if path is None or size > max_record_bytes:
+            message = f"the image is {size} bytes, over the limit of {max_record_bytes} bytes"
+            yield key, None, PayloadTooLargeError(message)
+            continue
+        array = np.empty((1,) * len(spec.dims), dtype=np.object_)
+        array.flat[0] = path.read_bytes()
+        yield key, None, {spec.name: array[np.newaxis] if batch else array}
 
 
 def _rows(arrays: Tensors) -> int:

@@ -1,10 +1,10 @@
 """Running a shard of records as a pipeline: read and prepare, run, write.
 
-Records come from a JSON Lines file (one per line) or a staged infer request (one per
-row); both take this one path. A reader thread prepares each batch's records in one call
-(``OnnxModel.prepare_many``: one tokenising pass for all their texts, each record's error
-its own), the batch runs on the calling thread (``OnnxModel.run``), and a writer thread
-encodes it. ONNX Runtime releases the GIL
+Records come from a JSON Lines file (one per line), a staged infer request (one per
+row) or a shard's image files (one per image); all take this one path. A reader thread
+prepares each batch's records in one call (``OnnxModel.prepare_many``: one tokenising
+pass for all their texts, each record's error its own), the batch runs on the calling
+thread (``OnnxModel.run``), and a writer thread encodes it. ONNX Runtime releases the GIL
 while it computes, so parsing, tokenising and JSON encoding overlap with the runs instead
 of adding to them; bounded queues keep at most a few batches in memory. Outputs and
 errors are written in input order.
@@ -23,6 +23,8 @@ from batch_job.records import (
     MAX_RECORD_BYTES,
     Parsed,
     RecordError,
+    image_input,
+    image_records,
     jsonl_records,
     output_lines,
     staged_records,
@@ -48,7 +50,7 @@ class _Pipeline:
         errors: TextIO,
         limit: int,
         tally: Tally,
-        place: Place,
+        place: Place | None,
     ) -> None:
         self.model = model
         self.outputs = outputs
@@ -141,7 +143,7 @@ class _Pipeline:
         self.outputs.writelines(f"{line}\n" for line in lines)
         for rid, place, result in done:
             if isinstance(result, SpillwayError):
-                where = {} if place is None else {self.place: place}
+                where = {} if place is None or self.place is None else {self.place: place}
                 self.errors.write(RecordError.of(result, rid, **where).to_json() + "\n")
         return len(ok), len(done) - len(ok)
 
@@ -149,14 +151,15 @@ class _Pipeline:
 def process_records(
     model: JobModel,
     records: Iterable[Parsed],
-    place: Place,
+    place: Place | None,
     outputs: TextIO,
     errors: TextIO,
     batch_size: int,
     on_batch: OnBatch,
 ) -> ShardCounts:
-    """Run every record; outputs and errors (placed by ``line`` or ``row``) go to the two
-    files; a repeated id is an error. ``records`` is consumed on a reader thread."""
+    """Run every record; outputs and errors (placed by ``line`` or ``row``, or by id alone
+    when ``place`` is ``None``) go to the two files; a repeated id is an error.
+    ``records`` is consumed on a reader thread."""
     tally = Tally(on_batch)
     limit = batch_size if model.batching else 1
     pipeline = _Pipeline(model, outputs, errors, limit, tally, place)
@@ -200,3 +203,20 @@ def process_staged(
     row. The request is decoded on the reader thread."""
     records = staged_records(source.read_bytes(), model.batching)
     return process_records(model, records, "row", outputs, errors, batch_size, on_batch)
+
+
+def process_images(
+    model: JobModel,
+    images: Iterable[tuple[str, Path | None, int]],
+    outputs: TextIO,
+    errors: TextIO,
+    batch_size: int,
+    on_batch: OnBatch,
+    *,
+    max_record_bytes: int = MAX_RECORD_BYTES,
+) -> ShardCounts:
+    """Run every image ``(key, file, size)`` as a record whose id is its key, its bytes
+    the model's one BYTES input; errors carry the key."""
+    spec = image_input(model.config.input)
+    records = image_records(images, spec, model.batching, max_record_bytes)
+    return process_records(model, records, None, outputs, errors, batch_size, on_batch)

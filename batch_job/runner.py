@@ -33,7 +33,7 @@ from batch_job.manifest import ShardManifest
 from batch_job.npyshard import process_npy
 from batch_job.plan import Locations, Plan, RunSpec, ShardSpec, ensure_plan
 from batch_job.progress import Progress
-from batch_job.recordshard import process_jsonl, process_staged
+from batch_job.recordshard import process_images, process_jsonl, process_staged
 from batch_job.settings import JobsSettings
 from batch_job.shard import JobModel, OnBatch, ShardCounts, count_records
 from spillway.models.repository import ModelRepository, open_repository
@@ -187,7 +187,15 @@ class JobRunner:
 
     def _download(self, shard: ShardSpec, work: Path) -> Path:
         path = work / "in" / shard.name
-        self.in_store.download(shard.key, path, shard.etag)
+        if shard.format != "images":
+            self.in_store.download(shard.key, path, shard.etag)
+            return path
+        # A folder of the shard's images, each named by its place; one over the record
+        # limit is not downloaded (its record is an error).
+        path.mkdir()
+        for place, image in enumerate(shard.images):
+            if image.size <= self.settings.max_record_bytes:
+                self.in_store.download(image.key, path / f"{place:05d}", image.etag)
         return path
 
     def _compute(
@@ -195,7 +203,8 @@ class JobRunner:
     ) -> ShardManifest:
         """Run a shard's records into local outputs and errors files; its manifest."""
         started_at, started = _now(), time.monotonic()
-        progress.start_shard(shard.name, count_records(source, shard.format))
+        total = len(shard.images) if shard.images else count_records(source, shard.format)
+        progress.start_shard(shard.name, total)
         stem = work / "out" / shard.name  # every file here is committed as <prefix><name>
         out_path = stem.with_name(f"{shard.name}.jsonl")
         err_path = stem.with_name(f"{shard.name}.errors.jsonl")
@@ -226,6 +235,21 @@ class JobRunner:
     ) -> ShardCounts:
         if shard.format == "staged":
             return process_staged(self.model, source, outputs, errors, self.batch_size, on_batch)
+        if shard.format == "images":
+            files = [source / f"{place:05d}" for place in range(len(shard.images))]
+            images = [
+                (image.key, path if path.exists() else None, image.size)
+                for image, path in zip(shard.images, files, strict=True)
+            ]
+            return process_images(
+                self.model,
+                images,
+                outputs,
+                errors,
+                self.batch_size,
+                on_batch,
+                max_record_bytes=self.settings.max_record_bytes,
+            )
         return process_jsonl(
             self.model,
             source,
@@ -349,7 +373,11 @@ def _alive(pid: int) -> bool:
 
 
 def _clean(work: Path, shard: ShardSpec) -> None:
-    (work / "in" / shard.name).unlink(missing_ok=True)
+    source = work / "in" / shard.name
+    if source.is_dir():  # an images shard's folder
+        shutil.rmtree(source, ignore_errors=True)
+    else:
+        source.unlink(missing_ok=True)
     for leftover in (work / "out").glob(f"{shard.name}.*"):
         leftover.unlink(missing_ok=True)
 
