@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
-from werkzeug.test import Client
+from werkzeug.test import Client, TestResponse
 
 from spillway.async_inference.store import AsyncStore
 from spillway.fallback.app import CpuApp
@@ -159,11 +159,14 @@ def test_an_async_ocr_request_with_a_binary_body(
     status_url = json.loads(answer.data)["status_url"]
     stop = threading.Event()
     drain = threading.Thread(target=drain_forever, args=(cpu, AsyncStore(settings), stop, 0.2))
+
+    def finished() -> TestResponse | None:
+        result = router.get(status_url)
+        return result if result.status_code == 200 else None
+
     drain.start()
     try:
-        reply = eventually(
-            lambda: (r := router.get(status_url)).status_code == 200 and r, "the result"
-        )
+        reply = eventually(finished, "the result")
     finally:
         stop.set()
         drain.join(30)
