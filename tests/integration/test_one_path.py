@@ -3,7 +3,8 @@
 
 The GPU service (its own process), the CPU fallback (HTTP and direct invoke) and the
 router in front of the GPU service all parse, validate and map errors with the core, so
-the same bad header or body gets the same status and stable code from each of them.
+the same bad header or body gets the same status and stable code from each of them; so
+does a bad image sent to ``ocr`` (truncated, a header declaring 20000 x 20000, a text file).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from spillway.protocol.codec import decode_response, encode_request
 from spillway.protocol.errors import OverloadedError, UnavailableError
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
+from spillway_cli.modelbuild.build import build_repository
 from spillway_cli.wsgi_server import running
+from tests.integration.test_ocr_pipelines import _png_header
 from tests.support import Service, gpu_service, link_model
 
 IMAGE = {"name": "image", "shape": [1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}
@@ -316,3 +319,48 @@ def test_malformed_requests_never_trip_the_router_breaker(gpu: Service, cpu: Cpu
         assert all(400 <= s < 500 for s in statuses), statuses
         assert served == [("gpu", None)] * 10
         assert app.router.breakers["gpu"].state == "closed"
+
+
+def _image_case(name: str, image: bytes, code: str) -> Case:
+    body, length = encode_request({"image": np.array([image], dtype=np.object_)}, binary=True)
+    return Case(name, body, 400, code, path="/v2/models/ocr/infer", header_length=str(length))
+
+
+BAD_IMAGES = [
+    _image_case("truncated JPEG", b"\xff\xd8\xff\xe0" + b"\x00" * 64, "invalid_image"),
+    _image_case("PNG whose header says 20000 x 20000", _png_header(20_000, 20_000), "image_too_large"),
+    _image_case("a text file", b"hello, this is not an image\n", "invalid_image"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ocr_cpu(tmp_path_factory: pytest.TempPathFactory) -> CpuService:
+    root = tmp_path_factory.mktemp("one-path-ocr")
+    build_repository(root, ["ocr-det", "ocr-cls", "ocr-rec", "ocr-lines", "ocr"])
+    return CpuService.load(CpuSettings(repository=str(root)))
+
+
+@pytest.fixture(scope="module")
+def ocr_bases(
+    ocr_cpu: CpuService, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    logs = tmp_path_factory.mktemp("one-path-ocr-logs")
+    with gpu_service(ocr_cpu.settings.repository, logs) as gpu:
+        settings = RouterSettings(gpu_url=gpu.base, metrics_log=Path("/dev/null"))
+        with running(CpuApp(ocr_cpu)) as cpu_url, running(create_app(settings)) as router_url:
+            yield {"gpu": gpu.base, "cpu": cpu_url, "router": router_url}
+
+
+@pytest.mark.parametrize("case", BAD_IMAGES, ids=[c.name for c in BAD_IMAGES])
+def test_every_transport_refuses_a_bad_image_alike(
+    case: Case, ocr_bases: dict[str, str], ocr_cpu: CpuService
+) -> None:
+    # GIVEN the GPU service, the CPU fallback and the router serving ocr
+    # WHEN each gets the same bad image as binary data
+    answers = {name: _call(base, case) for name, base in ocr_bases.items()}
+    direct = _direct(ocr_cpu, case)
+    assert direct is not None
+    answers["cpu-direct"] = direct
+    # THEN every one answers 400 with the image's stable code
+    seen = {name: (a.status, a.code) for name, a in answers.items()}
+    assert set(seen.values()) == {(case.status, case.code)}, seen
