@@ -91,8 +91,9 @@ class ImageSpec(_Strict):
     """The most pixels an image's header may declare; more is ``image_too_large`` (400)
     before anything is decoded."""
     max_bytes: int = Field(default=8 * 1024 * 1024, ge=1, le=MAX_IMAGE_BYTES)
-    """The longest encoded image; longer is ``payload_too_large`` (413), not opened. The
-    service's ``max_bytes_per_element`` applies too."""
+    """The longest encoded image; longer is ``payload_too_large`` (413), not opened. For
+    the image input it replaces the service's per-element cap (``max_bytes_per_element``);
+    the service's body limit still applies."""
 
     @property
     def channels(self) -> int:

@@ -160,9 +160,8 @@ class OnnxModel:
             )
         if array.size > self.options.max_elements_per_input:
             raise PayloadTooLargeError(f"input {spec.name!r} has too many elements")
-        if datatype == "BYTES" and any(
-            len(x) > self.options.max_bytes_per_element for x in array.reshape(-1)
-        ):
+        limit = self.processor.element_limit(spec.name) or self.options.max_bytes_per_element
+        if datatype == "BYTES" and any(len(x) > limit for x in array.reshape(-1)):
             raise PayloadTooLargeError(f"an element of input {spec.name!r} is too long")
         rows = array.shape[0] if self.batching else 1
         if rows < 1:

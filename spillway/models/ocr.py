@@ -171,6 +171,11 @@ class _OcrProcessor(ABC):
             raise InferenceError("OCR outputs without a collated batch on this thread")
         return self._finish(graph_outputs, batch)
 
+    def element_limit(self, name: str) -> int | None:
+        """Every PP-OCR input is an encoded image (a page or a crop), bounded by the
+        decoding limits' ``max_bytes``."""
+        return _DECODE.max_bytes
+
     def sample_bytes(self, name: str, length: int) -> bytes:
         """A white strip ``length`` pixels wide with a dark bar: a crop of that width."""
         image = np.full((REC_HEIGHT, max(8, length), 3), 255, dtype=np.uint8)

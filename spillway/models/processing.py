@@ -84,6 +84,11 @@ class Processor(Protocol):
         """One element for the BYTES input ``name`` that this processor accepts, for
         warming the model up (text: ``length`` words)."""
 
+    def element_limit(self, name: str) -> int | None:
+        """The longest element of the BYTES input ``name`` when the model itself bounds
+        it (an encoded image: its ``max_bytes``), in place of the service's per-element
+        cap; ``None``: the service's cap applies."""
+
 
 def _concat(prepared: list[Prepared]) -> Tensors:
     if len(prepared) == 1:
@@ -110,6 +115,9 @@ class _OneByOne(ABC):
 
     def sample_bytes(self, name: str, length: int) -> bytes:
         return _sample_text(length)
+
+    def element_limit(self, name: str) -> int | None:
+        return None
 
 
 class TensorProcessor(_OneByOne):
@@ -222,6 +230,9 @@ class TextEmbeddingProcessor:
     def sample_bytes(self, name: str, length: int) -> bytes:
         return _sample_text(length)
 
+    def element_limit(self, name: str) -> int | None:
+        return None
+
 
 def _padded(ids: list[list[int]], rows: int) -> Prepared:
     """Token ids and mask, padded to this request's longest row (collate pads again
@@ -253,6 +264,7 @@ class ImageProcessor(_OneByOne):
         if spec is None:
             raise ModelLoadError("an image model needs an image section")
         self._served = spec.input
+        self._max_bytes = spec.max_bytes
         passed = {t.name: t.datatype for t in config.input if t.name != spec.input}
         graph = {t.name: t for t in graph_inputs}
         target = graph.get(spec.input)
@@ -290,6 +302,9 @@ class ImageProcessor(_OneByOne):
 
     def sample_bytes(self, name: str, length: int) -> bytes:
         return self._images.sample(length) if name == self._served else _sample_text(length)
+
+    def element_limit(self, name: str) -> int | None:
+        return self._max_bytes if name == self._served else None
 
 
 def _float_dtype(tensor: GraphTensor) -> np.dtype[np.generic]:

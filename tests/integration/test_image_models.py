@@ -196,3 +196,54 @@ def test_a_bad_image_fails_its_own_request_only(
     mean = decode_response(answered.body, answered.header_length)[1]["mean"]
     expected = by_hand((1, 2, 3)).mean(axis=(1, 2))
     np.testing.assert_allclose(mean[0], expected, atol=1e-6)
+
+
+def noise_png(height: int, width: int) -> bytes:
+    """Random pixels: a PNG that does not compress (about 3 bytes a pixel)."""
+    pixels = np.random.default_rng(7).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_the_image_sections_max_bytes_replaces_the_services_element_cap(tmp_path: Path) -> None:
+    # GIVEN an image model (max_bytes 8 MiB by default) on a service whose per-element cap
+    # is 64 KiB, and a page-sized PNG over that cap but under max_bytes
+    write_image_model(tmp_path)
+    page = noise_png(200, 300)
+    assert 64 * 1024 < len(page) < 8 * 1024 * 1024
+
+    async def scenario(plane: DataPlane) -> Any:
+        return await plane.infer("pixels", None, *body([page], [0.0]))
+
+    answered = serve(tmp_path, scenario, max_bytes_per_element=64 * 1024)
+    # THEN it is decoded and answered: the mean of its letterboxed, normalised pixels
+    # (200 × 300 has the model's 4 × 6 aspect ratio: the letterbox is a plain bilinear
+    # resize, no padding)
+    mean = decode_response(answered.body, answered.header_length)[1]["mean"]
+    image = Image.open(io.BytesIO(page)).convert("RGB")
+    resized = np.asarray(image.resize((WIDTH, HEIGHT), Image.Resampling.BILINEAR), float)
+    expected = ((resized / 255 - MEAN) / STD).mean(axis=(0, 1))
+    np.testing.assert_allclose(mean[0], expected, atol=1e-5)
+
+
+def test_an_image_over_max_bytes_is_413_before_it_is_opened(tmp_path: Path) -> None:
+    # GIVEN the model's max_bytes lowered below a valid PNG's length
+    write_image_model(tmp_path)
+    config_path = tmp_path / "pixels" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["spillway"]["image"]["max_bytes"] = 1000
+    config_path.write_text(json.dumps(config))
+    page = noise_png(40, 60)
+    assert len(page) > 1000
+
+    async def scenario(plane: DataPlane) -> Any:
+        try:
+            return await plane.infer("pixels", None, *body([page], [0.0]))
+        except SpillwayError as error:
+            return error
+
+    refused = serve(tmp_path, scenario, max_bytes_per_element=64 * 1024)
+    # THEN the model's own bound applies (not the service's larger one)
+    assert isinstance(refused, SpillwayError)
+    assert (refused.status, refused.code) == (413, "payload_too_large")

@@ -165,7 +165,7 @@ BAD_IMAGES = {
     "truncated JPEG": (b"\xff\xd8\xff\xe0" + b"\x00" * 64, "invalid_image"),
     "a text file": (b"hello, this is not an image\n", "invalid_image"),
     "20k x 20k PNG header": (_png_header(20_000, 20_000), "image_too_large"),
-    "20k x 20k PNG (over the element cap)": (_png(20_000, 20_000), "payload_too_large"),
+    "20k x 20k PNG (a whole file, under max_bytes)": (_png(20_000, 20_000), "image_too_large"),
 }
 
 
