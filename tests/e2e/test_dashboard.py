@@ -40,7 +40,7 @@ from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
 from spillway.canary.records import CanaryStore
 from spillway.models.repository import aws_client
-from spillway.routing.accounting import nearest_rank, route_events
+from spillway.routing.accounting import nearest_rank, route_document, route_events
 from spillway.routing.policy import parse_policy
 from spillway.state.table import DynamoStateStore, scope
 from spillway_cli.cost_report import summarise
@@ -125,7 +125,7 @@ def expected_figures(stack: LocalStack, now: float, job_id: str) -> dict[str, st
         models[event.model] += event.requests
         if event.backend == "cpu" and int(now) - 10 <= int(event.at) < int(now):
             recent_cpu_ms += sum(event.latencies_ms)
-    statuses = [Request.of(json.loads(line)) for line in lines if line.startswith("{")]
+    statuses = [Request.of(d) for d in map(route_document, lines) if d is not None]
     for request in statuses:
         model_4xx[request.event.model] += 400 <= request.status < 500
     figures = {
