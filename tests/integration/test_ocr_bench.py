@@ -23,7 +23,7 @@ def test_the_ocr_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     ocr_bench.main(["--quick", "--out", str(out)])
     rows = [line for line in out.read_text().splitlines() if line.startswith("| ")][1:]
     cells = [[c.strip() for c in row.split("|")[1:-1]] for row in rows]
-    # RapidOCR's loop, the service at c1 and c2, batching off at c2
+    # RapidOCR's loop, the service at c1 and c2, ocr-rec one crop a run at c2
     assert [(c[0], c[1]) for c in cells] == [
         ("RapidOCR() loop, 1 process", "1"),
         (ocr_bench.LABELS["on"], "1"),
