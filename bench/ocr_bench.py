@@ -150,9 +150,7 @@ def rapidocr_loop(images: list[bytes]) -> Point:
 
 def bench_repository(dest: Path, batching: bool) -> None:
     """The OCR models built from the wheel; without ``batching``, ``ocr-rec`` takes one
-    crop a run (``max_batch_size`` 1). Removing its ``dynamic_batching`` block would not
-    do: the batcher still puts the requests queued behind a busy compute slot into one
-    run."""
+    crop a run (``max_batch_size`` 1): one row a run, whatever the client sends."""
     build_repository(dest, MODELS)
     if not batching:
         path = dest / "ocr-rec" / "config.json"

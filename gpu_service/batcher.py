@@ -405,11 +405,15 @@ class DynamicBatcher:
             if rows + head.prepared.rows > limit:
                 return self._claim(batch)
             rows += self._take(bucket, head, batch)
+            if batch and not self.policy.merge:
+                return self._claim(batch)
         for level in range(len(bucket.levels)):
             while heads := [h for h in bucket.heads() if h.level == level]:
                 if rows + heads[0].prepared.rows > limit:
                     return self._claim(batch)
                 rows += self._take(bucket, heads[0], batch)
+                if batch and not self.policy.merge:
+                    return self._claim(batch)
         return self._claim(batch)
 
     def _take(self, bucket: _Bucket, head: _Pending, batch: list[_Pending]) -> int:

@@ -35,6 +35,9 @@ class BatchingPolicy:
     """Batches that may compute at once per length bucket (a long batch never blocks a
     short one)."""
     retry_after_s: float = 1.0
+    merge: bool = True
+    """Whether a run may hold several requests (dynamic batching). Off (a model without a
+    ``dynamic_batching`` block): one request per run, however many rows it has."""
     early_dispatch: bool = False
     """Dispatch before the target or the delay when waiting cannot gain a row (see
     ``DynamicBatcher``). Off, a batch waits for its target or its oldest request's delay,
@@ -101,6 +104,7 @@ def batching_policy(config: ModelConfig, settings: GpuSettings) -> BatchingPolic
         return BatchingPolicy(
             max_batch_size=max(config.max_batch_size, 1),
             max_queue_delay_s=0.0,
+            merge=False,
             length_buckets=config.spillway.batch_buckets,
             **common,
         )

@@ -100,6 +100,11 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "max_batch_size": 8,
             "input": [fp32("x", [SLOTS])],
             "output": [fp32("rows", [SLOTS, 1]), COUNTS],
+            # Both requests' items split in one run, so their rows reach scale together.
+            "dynamic_batching": {
+                "preferred_batch_size": [4],
+                "max_queue_delay_microseconds": 30_000_000,
+            },
         },
         spots_graph(),
     )

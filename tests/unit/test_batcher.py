@@ -245,6 +245,23 @@ def test_lone_request_waits_for_the_delay_from_its_arrival() -> None:
     assert done_at == {1: pytest.approx(0.05), 2: pytest.approx(0.05)}
 
 
+def test_without_dynamic_batching_each_request_runs_alone_whatever_its_rows() -> None:
+    # GIVEN a policy that does not merge (a model without a dynamic_batching block) and a
+    # batch limit of 4 rows
+    policy = BatchingPolicy(max_batch_size=4, max_queue_delay_s=0.0, merge=False)
+
+    async def scenario(rig: Rig) -> None:
+        # WHEN requests of 1, 2 and 1 rows arrive together (they would fit one run)
+        requests = [fake_request(1), fake_request(2, rows=2), fake_request(3)]
+        results = await asyncio.gather(*(rig.batcher.submit(r) for r in requests))
+        for request, result in zip(requests, results, strict=True):
+            np.testing.assert_array_equal(result["y"], row_sums(request))
+
+    rig = run_with(policy, scenario)
+    # THEN each ran alone, its rows together, in arrival order
+    assert rig.runner.batches == [[1], [2], [3]]
+
+
 def test_full_batch_goes_at_once_without_waiting_the_delay() -> None:
     # GIVEN a queue delay of 30 s and a batch limit of 4
     policy = BatchingPolicy(max_batch_size=4, max_queue_delay_s=30.0)
