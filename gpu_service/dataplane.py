@@ -7,6 +7,7 @@ queues and encodes, and counts what happened.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import multiprocessing
 import time
@@ -18,13 +19,14 @@ from gpu_service.registry import ModelRegistry
 from gpu_service.served import InferCall, InferResult
 from gpu_service.settings import GpuSettings
 from spillway import inference
-from spillway.protocol.errors import ControlDisabledError, UnavailableError
+from spillway.protocol.errors import ControlDisabledError, UnauthorizedError, UnavailableError
 from spillway.protocol.v2 import server_metadata
 from spillway.protocol.wire import read_tenant_scope
 
 log = logging.getLogger("spillway.server")
 T = TypeVar("T")
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "schedule_policy"]
+_LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
 class BodyBudget:
@@ -152,6 +154,21 @@ class DataPlane:
         self._check_control()
         await self.registry.unload(name)
 
+    def authorize(self, authorization: str | None) -> None:
+        """Admit a repository control request by its ``Authorization`` value: it must be
+        ``Bearer <GPU_ADMIN_TOKEN>``; without a token set, only a service listening on
+        loopback takes control requests."""
+        token = self.settings.admin_token
+        if token is None:
+            if self.settings.host in _LOOPBACK:
+                return
+            raise UnauthorizedError(
+                "repository control needs GPU_ADMIN_TOKEN when the service listens beyond loopback"
+            )
+        given = (authorization or "").encode()
+        if not hmac.compare_digest(given, f"Bearer {token.get_secret_value()}".encode()):
+            raise UnauthorizedError("repository control needs the admin token")
+
     def _check_control(self) -> None:
         if not self.control_enabled:
             raise ControlDisabledError(
@@ -185,6 +202,26 @@ class DataPlane:
             decoded = await self._decode(body, header_length)
         else:
             decoded = inference.decode(body, header_length, self.settings.max_body_bytes)
+        call = InferCall(decoded, arrived, self._offload, big, scope)
+        return await self.registry.find(name).infer(version, call)
+
+    async def infer_decoded(
+        self,
+        name: str,
+        version: str | None,
+        decoded: inference.Decoded,
+        *,
+        arrived: float,
+        size: int,
+        tenant_scope: str | None = None,
+    ) -> InferResult:
+        """``infer`` for a request another transport has decoded (gRPC's messages):
+        ``arrived`` is its ``time.perf_counter()`` arrival and ``size`` its message's
+        bytes, which decide as a body's length does whether the rest of its path runs on
+        the parse threads."""
+        self._check_draining()
+        scope = read_tenant_scope(tenant_scope)
+        big = size > self.settings.inline_parse_bytes
         call = InferCall(decoded, arrived, self._offload, big, scope)
         return await self.registry.find(name).infer(version, call)
 

@@ -22,13 +22,12 @@ logged with its traceback and answered with a generic 500.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 from gpu_service import metrics, openapi
@@ -40,7 +39,6 @@ from spillway.protocol.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
     SpillwayError,
-    UnauthorizedError,
 )
 from spillway.protocol.wire import (
     Reply,
@@ -54,6 +52,9 @@ from spillway.protocol.wire import (
     unhandled,
 )
 
+if TYPE_CHECKING:
+    from gpu_service.grpc_server import GrpcServer
+
 log = logging.getLogger("spillway.http")
 
 Scope = dict[str, Any]
@@ -65,7 +66,6 @@ Response = tuple[int, bytes, Headers]
 
 _REPOSITORY_PATH = re.compile(r"^/v2/repository/models/(?P<model>[^/]+)/(?P<op>load|unload)$")
 _JSON = (b"content-type", b"application/json")
-_LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 _OPENAPI = openapi.document_bytes()
 _MAX_TARGETS = 1024
 _SEGMENT_SAFE = "!$&'()*+,;=:@-._~"
@@ -106,6 +106,8 @@ class GpuServiceApp:
         self.plane = plane
         self.bodies = plane.bodies
         self.consumer: AsyncConsumer | None = None
+        self.grpc: GrpcServer | None = None
+        """The gRPC server, when ``GPU_GRPC_PORT`` is set (started with the models)."""
         # Parsed model paths: a regex and two name checks saved on every request.
         self._targets: dict[str, Target] = {}
 
@@ -114,6 +116,10 @@ class GpuServiceApp:
     async def startup(self) -> None:
         """Load the start-up models and start taking async work."""
         await self.plane.registry.start()
+        if self.plane.settings.grpc_port is not None:
+            from gpu_service.grpc_server import GrpcServer  # grpc only when it is served
+
+            self.grpc = await GrpcServer.start(self.plane)
         self.consumer = start_consumer(self.plane)
 
     async def shutdown(self) -> None:
@@ -121,6 +127,8 @@ class GpuServiceApp:
         if self.consumer is not None:  # stop taking async work first
             await self.consumer.stop(self.plane.settings.drain_timeout_s)
         self.plane.start_draining("shutdown")
+        if self.grpc is not None:  # its RPCs in flight still need the batchers
+            await self.grpc.stop(self.plane.settings.drain_timeout_s)
         await self.plane.registry.stop(self.plane.settings.drain_timeout_s)
         self.plane.close()
 
@@ -360,17 +368,7 @@ class GpuServiceApp:
         return 200, b"", [_JSON]
 
     def _authorize(self, headers: Headers) -> None:
-        settings = self.plane.settings
-        token = settings.admin_token
-        if token is None:
-            if settings.host in _LOOPBACK:
-                return
-            raise UnauthorizedError(
-                "repository control needs GPU_ADMIN_TOKEN when the service listens beyond loopback"
-            )
-        given = header_value(headers, b"authorization") or ""
-        if not hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode()):
-            raise UnauthorizedError("repository control needs the admin token")
+        self.plane.authorize(header_value(headers, b"authorization"))
 
     @staticmethod
     def _declared_length(declared: str | None, limit: int) -> int | None:

@@ -27,6 +27,9 @@ class GpuSettings(BaseSettings):
     """Address to listen on (``0.0.0.0`` in the container)."""
     port: int = Field(default=8000, ge=0, le=65535)
     """Port to listen on."""
+    grpc_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port of the KServe V2 gRPC service (``tritonclient.grpc``), on ``host`` beside
+    HTTP; unset: no gRPC (0: a free port, logged)."""
     providers: tuple[str, ...] = (CUDA, CPU)
     """ONNX Runtime execution providers in order of preference; a CPU fallback is logged."""
     intra_op_threads: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"

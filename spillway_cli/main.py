@@ -107,6 +107,9 @@ def serve_gpu(
     repository: Annotated[str | None, typer.Option(help="Folder or s3://bucket/prefix.")] = None,
     host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
     port: Annotated[int | None, typer.Option(help="Port to listen on.")] = None,
+    grpc_port: Annotated[
+        int | None, typer.Option(help="Port of the KServe V2 gRPC service (unset: none).")
+    ] = None,
     model_control_mode: Annotated[
         str | None, typer.Option(help="none | poll | explicit (Triton's meaning).")
     ] = None,
@@ -122,6 +125,7 @@ def serve_gpu(
         "repository": repository,
         "host": host,
         "port": port,
+        "grpc_port": grpc_port,
         "model_control_mode": model_control_mode,
         "repository_poll_secs": repository_poll_secs,
     }

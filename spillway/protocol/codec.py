@@ -168,6 +168,15 @@ def decode_request(
     return request, _decode_tensors(request.inputs, binary, "input")
 
 
+def request_from_header(header: dict[str, Any]) -> InferenceRequest:
+    """An infer request header already parsed into a dict (e.g. from another transport's
+    message), validated as a JSON header is: the same model, the same unique input names
+    and the same error messages."""
+    request = _validate(InferenceRequest, header, "inference request")
+    _check_unique((tensor.name for tensor in request.inputs), "input")
+    return request
+
+
 def _request_header(header: bytes) -> InferenceRequest:
     """The JSON header, parsed and validated in one pass by pydantic (about twice as fast
     as ``json.loads`` then validation: it is on every request's path). Whatever that pass

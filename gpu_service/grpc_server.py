@@ -1,0 +1,370 @@
+"""The KServe V2 gRPC service (``GRPCInferenceService``) on the service's event loop.
+
+The RPCs are those ``tritonclient.grpc`` uses: health, server and model metadata,
+``ModelInfer`` (typed contents or ``raw_input_contents``; outputs always come back as
+``raw_output_contents``), ``ModelStreamInfer``, and Triton's ``ModelConfig``,
+``ModelStatistics`` and repository index/load/unload. The messages are the generated ones
+``tritonclient`` ships (``tritonclient.grpc.service_pb2``, Triton's ``grpc_service.proto``).
+
+Each RPC is one of the data plane's operations, as the HTTP routes are: the same
+registry and batchers, limits, statistics and metrics. An infer request is converted
+once: its message becomes the core's decoded request (``spillway.inference.Decoded``,
+the arrays read straight from the raw contents), and its outputs are asked for as binary
+data, whose bytes after the encoded response's JSON header are the raw output contents
+as they are. A ``SpillwayError`` ends an RPC with the gRPC status of its HTTP status
+(``STATUS_CODES``; anything else is ``INTERNAL``), the message ``<code>: <message>`` and
+the code also in the trailing metadata ``spillway-code``. A stream answers each request
+in its order, a failed one with ``error_message`` (as Triton does), and runs up to
+``STREAM_WINDOW`` of them at once so they can share batches.
+
+Messages are limited to ``GPU_MAX_BODY_BYTES`` (bigger: ``RESOURCE_EXHAUSTED``) and held
+in the same body budget as HTTP bodies. While the service drains, readiness is false and
+new infer requests get ``UNAVAILABLE``; the server stops after the RPCs in flight finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from gpu_service.dataplane import DataPlane
+from spillway import inference
+from spillway.models.processing import Tensors
+from spillway.protocol.codec import request_from_header
+from spillway.protocol.datatypes import numpy_dtype
+from spillway.protocol.errors import InvalidInputError, SpillwayError
+from spillway.protocol.tensors import tensor_from_bytes
+from spillway.protocol.wire import InferParameters, read_json_header
+
+log = logging.getLogger("spillway.grpc")
+
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.UNIMPLEMENTED,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.ABORTED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.UNAVAILABLE,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+"""A ``SpillwayError``'s HTTP status as a gRPC status (any other: ``INTERNAL``). 413 is
+``RESOURCE_EXHAUSTED``, as gRPC itself answers a message over the size limit; 429 and 503
+are ``UNAVAILABLE``, the status gRPC clients retry."""
+
+STREAM_WINDOW = 64
+"""Requests of one stream running at once; the stream reads no more until the oldest is
+answered."""
+
+_CONTENTS = {
+    "BOOL": "bool_contents",
+    **{f"INT{b}": "int_contents" for b in (8, 16, 32)},
+    "INT64": "int64_contents",
+    **{f"UINT{b}": "uint_contents" for b in (8, 16, 32)},
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+"""The ``InferTensorContents`` field of each datatype that has one (FP16 and BF16 come
+only as raw contents)."""
+
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
+
+
+def _grpc_errors(handler: Handler) -> Handler:
+    """End the RPC with the gRPC status of a ``SpillwayError`` (``INTERNAL`` for anything
+    else, logged with its traceback)."""
+
+    @wraps(handler)
+    async def wrapper(self: InferenceService, request: Any, context: Any) -> Any:
+        try:
+            return await handler(self, request, context)
+        except SpillwayError as error:
+            log.info("refused %s: %s", handler.__name__, error.message)
+            await context.abort(
+                STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL),
+                _details(error),
+                trailing_metadata=(("spillway-code", error.code),),
+            )
+        except Exception:
+            log.exception("%s failed", handler.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, "internal: internal server error")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _details(error: SpillwayError) -> str:
+    return f"{error.code}: {error.message}"
+
+
+def _metadata(context: Any, key: str) -> str | None:
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return str(value)
+    return None
+
+
+def _parameter(value: Any) -> Any:
+    """An ``InferParameter``'s value (``None`` when none is set)."""
+    kind = value.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(value, kind)
+
+
+def _set_parameter(target: Any, value: Any) -> None:
+    if isinstance(value, bool):
+        target.bool_param = value
+    elif isinstance(value, int):
+        target.int64_param = value
+    elif isinstance(value, float):
+        target.double_param = value
+    else:
+        target.string_param = str(value)
+
+
+def decode_request(request: Any) -> inference.Decoded:
+    """A ``ModelInferRequest`` as the core's decoded request: its header validated as a
+    JSON one is, each input read from its raw contents (without a copy) or typed
+    contents, every output asked for as binary data."""
+    parameters = {key: _parameter(value) for key, value in request.parameters.items()}
+    parameters["binary_data_output"] = True
+    header: dict[str, Any] = {
+        "inputs": [
+            {"name": t.name, "shape": list(t.shape), "datatype": t.datatype} for t in request.inputs
+        ],
+        "parameters": parameters,
+    }
+    if request.id:
+        header["id"] = request.id
+    if request.outputs:
+        header["outputs"] = [
+            {"name": o.name, "parameters": {"binary_data": True}} for o in request.outputs
+        ]
+    parsed = request_from_header(header)
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInputError(
+            f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; "
+            "give every input its raw contents or none"
+        )
+    arrays: Tensors = {}
+    for index, (tensor, message) in enumerate(zip(parsed.inputs, request.inputs, strict=True)):
+        try:
+            if raw:
+                arrays[tensor.name] = tensor_from_bytes(raw[index], tensor.datatype, tensor.shape)
+            else:
+                arrays[tensor.name] = _typed(message.contents, tensor.datatype, tensor.shape)
+        except InvalidInputError as error:
+            raise type(error)(f"input {tensor.name!r}: {error.message}") from None
+    return inference.Decoded(parsed, arrays, InferParameters.of(parsed.parameters))
+
+
+def _typed(contents: Any, datatype: str, shape: list[int]) -> np.ndarray[Any, Any]:
+    field = _CONTENTS.get(datatype)
+    if field is None:
+        raise InvalidInputError(f"{datatype} data comes only as raw_input_contents")
+    values = getattr(contents, field)
+    count = int(np.prod(shape))
+    if len(values) != count:
+        raise InvalidInputError(f"shape {shape} needs {count} elements, data has {len(values)}")
+    if datatype == "BYTES":
+        out = np.empty(count, dtype=np.object_)
+        out[:] = list(values)
+        return out.reshape(shape)
+    try:
+        with np.errstate(over="raise"):
+            return np.array(values, dtype=numpy_dtype(datatype)).reshape(shape)
+    except (OverflowError, FloatingPointError):
+        raise InvalidInputError(f"data holds a value out of range for {datatype}") from None
+
+
+def encode_response(body: bytes, header_length: int | None) -> Any:
+    """A ``ModelInferResponse`` from the encoded response (all of whose outputs are
+    binary): the JSON header's fields, and the bytes after it as the raw contents."""
+    header = read_json_header(body, header_length)
+    response = service_pb2.ModelInferResponse(
+        model_name=header["model_name"],
+        model_version=header.get("model_version", ""),
+        id=header.get("id", ""),
+    )
+    for key, value in (header.get("parameters") or {}).items():
+        _set_parameter(response.parameters[key], value)
+    offset = header_length or len(body)
+    view = memoryview(body)
+    for output in header.get("outputs", []):
+        response.outputs.add(
+            name=output["name"], datatype=output["datatype"], shape=output["shape"]
+        )
+        size = output["parameters"]["binary_data_size"]
+        response.raw_output_contents.append(bytes(view[offset : offset + size]))
+        offset += size
+    return response
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """``GRPCInferenceService`` over the data plane (the methods are the RPCs' names)."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    @_grpc_errors
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerLiveResponse(live=True)
+
+    @_grpc_errors
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerReadyResponse(ready=self.plane.ready())
+
+    @_grpc_errors
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        ready = self.plane.model_ready(request.name, request.version or None)
+        return service_pb2.ModelReadyResponse(ready=ready)
+
+    @_grpc_errors
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        return _parsed(self.plane.server_metadata(), service_pb2.ServerMetadataResponse())
+
+    @_grpc_errors
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        metadata = self.plane.model_metadata(request.name, request.version or None)
+        return _parsed(metadata, service_pb2.ModelMetadataResponse())
+
+    @_grpc_errors
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        config = self.plane.model_config(request.name, request.version or None)
+        return service_pb2.ModelConfigResponse(
+            config=_parsed(config, model_config_pb2.ModelConfig())
+        )
+
+    @_grpc_errors
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        stats = self.plane.model_stats(request.name or None, request.version or None)
+        return _parsed(stats, service_pb2.ModelStatisticsResponse())
+
+    @_grpc_errors
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        self.plane.authorize(_metadata(context, "authorization"))
+        index = await self.plane.repository_index()
+        return _parsed({"models": index}, service_pb2.RepositoryIndexResponse())
+
+    @_grpc_errors
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        self.plane.authorize(_metadata(context, "authorization"))
+        await self.plane.load(request.model_name)
+        return service_pb2.RepositoryModelLoadResponse()
+
+    @_grpc_errors
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        self.plane.authorize(_metadata(context, "authorization"))
+        await self.plane.unload(request.model_name)
+        return service_pb2.RepositoryModelUnloadResponse()
+
+    @_grpc_errors
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        return await self._infer(request, _metadata(context, "x-spillway-tenant-scope"))
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[Any], context: Any
+    ) -> AsyncIterator[Any]:
+        """Each request answered in its order; up to ``STREAM_WINDOW`` run at once."""
+        scope = _metadata(context, "x-spillway-tenant-scope")
+        pending: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue(STREAM_WINDOW)
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await pending.put(asyncio.ensure_future(self._stream_one(request, scope)))
+            finally:
+                await pending.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (task := await pending.get()) is not None:
+                yield await task
+            await reader  # a broken stream's error, if any
+        finally:
+            reader.cancel()
+            while not pending.empty():
+                if (task := pending.get_nowait()) is not None:
+                    task.cancel()
+
+    async def _stream_one(self, request: Any, scope: str | None) -> Any:
+        try:
+            response = await self._infer(request, scope)
+        except SpillwayError as error:
+            return service_pb2.ModelStreamInferResponse(error_message=_details(error))
+        except Exception:
+            log.exception("a stream's request failed")
+            return service_pb2.ModelStreamInferResponse(
+                error_message="internal: internal server error"
+            )
+        return service_pb2.ModelStreamInferResponse(infer_response=response)
+
+    async def _infer(self, request: Any, scope: str | None) -> Any:
+        arrived = time.perf_counter()
+        plane = self.plane
+        plane.check_infer(request.model_name)
+        size = request.ByteSize()
+        plane.bodies.charge(size)
+        try:
+            decoded = decode_request(request)
+            result = await plane.infer_decoded(
+                request.model_name,
+                request.model_version or None,
+                decoded,
+                arrived=arrived,
+                size=size,
+                tenant_scope=scope,
+            )
+        finally:
+            plane.bodies.release(size)
+        return encode_response(result.body, result.header_length)
+
+
+def _parsed(value: Any, message: Any) -> Any:
+    """A document of the HTTP side (Triton's JSON, whose names are the messages' own)
+    as ``message``; fields only the JSON has are left out."""
+    return json_format.ParseDict(value, message, ignore_unknown_fields=True)
+
+
+@dataclass(frozen=True)
+class GrpcServer:
+    """The running gRPC server and the port it listens on."""
+
+    server: grpc.aio.Server
+    port: int
+
+    @classmethod
+    async def start(cls, plane: DataPlane) -> GrpcServer:
+        """Serve ``GRPCInferenceService`` on the settings' host and gRPC port."""
+        settings = plane.settings
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", settings.max_body_bytes),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(plane), server)
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        port = server.add_insecure_port(f"{host}:{settings.grpc_port or 0}")
+        await server.start()
+        log.info("listening on grpc://%s:%s", settings.host, port)
+        return cls(server, port)
+
+    async def stop(self, grace_s: float) -> None:
+        """Refuse new RPCs; those in flight get up to ``grace_s`` to finish."""
+        await self.server.stop(grace_s)
