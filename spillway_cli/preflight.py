@@ -32,7 +32,8 @@ def port_problems(ports: Mapping[str, int]) -> list[str]:
     problems = []
     for part, port in ports.items():
         if port and not port_free(port):
-            problems.append(f"port {port} is taken ({part}): pass --{part}-port N (0: any free)")
+            flag = f"--{part.replace('_', '-')}-port"
+            problems.append(f"port {port} is taken ({part}): pass {flag} N (0: any free)")
     return problems
 
 

@@ -103,6 +103,8 @@ class Ports:
     router: int = 0
     dashboard: int = 0
     states: int = 0
+    gpu_grpc: int = 0
+    """The GPU service's KServe V2 gRPC port."""
 
     def resolved(self) -> Ports:
         return Ports(
@@ -116,6 +118,7 @@ class Ports:
                     self.router,
                     self.dashboard,
                     self.states,
+                    self.gpu_grpc,
                 )
             )
         )
@@ -295,6 +298,7 @@ class LocalStack:
         env = {
             "GPU_REPOSITORY": REPOSITORY,
             "GPU_PORT": str(self.ports.gpu),
+            "GPU_GRPC_PORT": str(self.ports.gpu_grpc),
             "GPU_MODEL_CONTROL_MODE": "explicit",
             "GPU_CACHE_DIR": str(self.log_dir / "gpu-cache"),
             **self.gpu_settings,
@@ -547,6 +551,8 @@ class LocalStack:
             f"  {name:<9} {self.url(name)}  (pid {c.pid}, log {c.log_path})"
             for name, c in self.children.items()
         ]
+        if "gpu" in self.children:  # the GPU service's second door
+            lines.append(f"  {'gpu-grpc':<9} 127.0.0.1:{self.ports.gpu_grpc}  (KServe V2 gRPC)")
         if self._states_server is not None:
             lines.append(
                 f"  {'states':<9} {self.url('states')}  (Step Functions: StartExecution, "

@@ -29,6 +29,7 @@ def up(
     ),
     router_port: Annotated[int, typer.Option(help="Router port (0: free).")] = 8080,
     gpu_port: Annotated[int, typer.Option(help="GPU service port (0: free).")] = 8000,
+    gpu_grpc_port: Annotated[int, typer.Option(help="GPU service gRPC port (0: free).")] = 8001,
     cpu_port: Annotated[int, typer.Option(help="CPU fallback port (0: free).")] = 8081,
     jobs_port: Annotated[int, typer.Option(help="Jobs API port (0: free).")] = 8082,
     moto_port: Annotated[int, typer.Option(help="Moto (AWS) port (0: free).")] = 5000,
@@ -43,6 +44,7 @@ def up(
     ports = {
         "router": router_port,
         "gpu": gpu_port,
+        "gpu_grpc": gpu_grpc_port,
         "cpu": cpu_port,
         "jobs": jobs_port,
         "moto": moto_port,

@@ -16,7 +16,7 @@ import pytest
 from spillway_cli.up_cli import EXIT_CHECKS
 
 FREE_PORTS = ["--gpu-port", "0", "--cpu-port", "0", "--jobs-port", "0", "--moto-port", "0"]
-FREE_PORTS += ["--dashboard-port", "0"]
+FREE_PORTS += ["--dashboard-port", "0", "--gpu-grpc-port", "0"]
 
 
 def _spillway(
