@@ -137,6 +137,7 @@ class LocalRepository:
             p.name
             for p in self.root.iterdir()
             if MODEL_NAME_PATTERN.fullmatch(p.name)
+            and p.is_dir()
             and ((p / CONFIG_FILE).is_file() or _graph_only_versions(p))
         )
 

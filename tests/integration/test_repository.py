@@ -163,3 +163,16 @@ def test_s3_unknown_model(s3_repo: tuple[S3Repository, Any], tmp_path: Path) -> 
         repo.fetch_version("digits", 7, tmp_path)
     with pytest.raises(InvalidModelNameError):
         repo.list_versions("../x")
+
+
+def test_a_file_beside_the_models_is_not_a_model(tmp_path: Path) -> None:
+    # GIVEN a local repository with one model folder and loose files whose names are
+    # valid model names (a graph kept beside the models, a note)
+    version = tmp_path / "plain" / "1"
+    version.mkdir(parents=True)
+    (version / "model.onnx").write_bytes(b"graph")
+    (tmp_path / "resnet50.onnx").write_bytes(b"graph")
+    (tmp_path / "notes").write_text("not a model")
+    # WHEN the models are listed
+    # THEN only the folder is one, and listing does not fail on the files
+    assert LocalRepository(tmp_path).list_models() == ["plain"]
