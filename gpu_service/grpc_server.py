@@ -38,6 +38,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from gpu_service.dataplane import DataPlane
+from gpu_service.settings import GpuSettings
 from spillway import inference
 from spillway.models.processing import Tensors
 from spillway.protocol.codec import request_from_header
@@ -68,6 +69,9 @@ are ``UNAVAILABLE``, the status gRPC clients retry."""
 STREAM_WINDOW = 64
 """Requests of one stream running at once; the stream reads no more until the oldest is
 answered."""
+
+_MAX_STREAMS = 100
+"""RPCs one connection may carry at once (HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS``)."""
 
 _CONTENTS = {
     "BOOL": "bool_contents",
@@ -340,6 +344,20 @@ def _parsed(value: Any, message: Any) -> Any:
     return json_format.ParseDict(value, message, ignore_unknown_fields=True)
 
 
+def time_limits(settings: GpuSettings) -> list[tuple[str, int]]:
+    """The HTTP side's time limits on a client, in gRPC's terms: a connection with no RPC
+    for ``GPU_KEEP_ALIVE_S`` is closed; a peer that stops answering keep-alive pings for
+    ``GPU_WRITE_TIMEOUT_S`` is dropped (with its streams: a client that stops reading
+    cannot hold a stream open); one connection carries at most ``_MAX_STREAMS`` RPCs
+    at once."""
+    return [
+        ("grpc.max_connection_idle_ms", int(settings.keep_alive_s * 1000)),
+        ("grpc.keepalive_time_ms", int(settings.header_timeout_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(settings.write_timeout_s * 1000)),
+        ("grpc.max_concurrent_streams", _MAX_STREAMS),
+    ]
+
+
 @dataclass(frozen=True)
 class GrpcServer:
     """The running gRPC server and the port it listens on."""
@@ -356,7 +374,11 @@ class GrpcServer:
                 ("grpc.max_receive_message_length", settings.max_body_bytes),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),
-            ]
+                *time_limits(settings),
+            ],
+            # RPCs past this are refused (RESOURCE_EXHAUSTED), as HTTP refuses connections
+            # past GPU_MAX_CONNECTIONS.
+            maximum_concurrent_rpcs=settings.max_connections,
         )
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(plane), server)
         host = f"[{settings.host}]" if ":" in settings.host else settings.host

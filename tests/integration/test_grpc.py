@@ -172,3 +172,21 @@ def test_unknown_model_and_bad_shape_are_grpc_statuses(
         client.infer("digits", [_digits_input(images.reshape(2, 64))])
     assert bad.value.status() == "StatusCode.INVALID_ARGUMENT"
     assert str(bad.value.message()).startswith("invalid_input: ")
+
+
+def test_the_grpc_server_takes_the_http_sides_time_limits() -> None:
+    from gpu_service.grpc_server import time_limits
+    from gpu_service.settings import GpuSettings
+
+    # GIVEN settings with their own keep-alive, header and write limits
+    settings = GpuSettings.model_validate(
+        {"keep_alive_s": 7.5, "header_timeout_s": 2.0, "write_timeout_s": 4.0}
+    )
+    # THEN an idle connection closes after the keep-alive, a silent peer is dropped after
+    # the write limit, and a connection carries a bounded number of RPCs
+    assert dict(time_limits(settings)) == {
+        "grpc.max_connection_idle_ms": 7500,
+        "grpc.keepalive_time_ms": 2000,
+        "grpc.keepalive_timeout_ms": 4000,
+        "grpc.max_concurrent_streams": 100,
+    }
