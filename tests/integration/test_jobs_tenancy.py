@@ -44,9 +44,13 @@ class Deployment:
         return f"s3://{self.data}/staging/router/{scope(tenant)}/"
 
 
-@pytest.fixture
-def deployment(aws_env: str, models_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Deployment:
-    settings: JobsSettings = jobs_settings(aws_env, models_dir)
+def tenant_deployment(
+    aws_env: str, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Deployment, JobsSettings]:
+    """A jobs API over the models at ``repo`` whose callers are ``TENANTS``, each with its
+    area under a new data bucket (``JOBS_*`` set for the test), and the job runner's
+    settings."""
+    settings: JobsSettings = jobs_settings(aws_env, repo)
     data, models = new_bucket(), new_bucket()
     env = {
         "JOBS_REPOSITORY": settings.repository,
@@ -60,12 +64,18 @@ def deployment(aws_env: str, models_dir: Path, monkeypatch: pytest.MonkeyPatch) 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(jobs_handler, "jobs", JobService(JobsSettings()))
-    found = Deployment(data, models)
+    return Deployment(data, models), settings
+
+
+@pytest.fixture
+def deployment(aws_env: str, models_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Deployment:
+    found, _ = tenant_deployment(aws_env, models_dir, monkeypatch)
     images = digits_images(models_dir)
     for tenant in ("tenant-a", "tenant-b"):
         for root in (found.area(tenant), found.staging(tenant)):
             key = f"{root.split('/', 3)[3]}in/0.jsonl"
-            put_jsonl(data, key, [record(f"r{i}", image=images[i].tolist()) for i in range(3)])
+            rows = [record(f"r{i}", image=images[i].tolist()) for i in range(3)]
+            put_jsonl(found.data, key, rows)
     return found
 
 

@@ -13,7 +13,6 @@ reads or writes outside its own area.
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import pytest
@@ -21,14 +20,12 @@ from PIL import Image
 
 from batch_job.plan import RunSpec
 from batch_job.runner import run_job
-from batch_job.service import JobService
 from batch_job.settings import JobsSettings
-from functions.jobs import handler as jobs_handler
 from spillway.models.repository import aws_client
 from spillway_cli.modelbuild.build import build_repository
 from spillway_cli.modelbuild.ocr import render_lines
-from tests.integration.test_jobs_support import get_lines, jobs_settings, new_bucket
-from tests.integration.test_jobs_tenancy import TENANTS, Deployment, _call
+from tests.integration.test_jobs_support import get_lines
+from tests.integration.test_jobs_tenancy import Deployment, _call, tenant_deployment
 from tests.integration.test_ocr_pipelines import SENTENCES
 
 PAGES = {
@@ -49,35 +46,21 @@ def deployment(
 ) -> tuple[Deployment, JobsSettings]:
     repo = tmp_path / "repo"
     build_repository(repo, ["ocr-det", "ocr-cls", "ocr-rec", "ocr-lines", "ocr"])
-    settings = jobs_settings(aws_env, repo)
-    data, models = new_bucket(), new_bucket()
-    env = {
-        "JOBS_REPOSITORY": settings.repository,
-        "JOBS_JOB_QUEUE": settings.job_queue,
-        "JOBS_JOB_DEFINITION": settings.job_definition,
-        "JOBS_TABLE": settings.table,
-        "JOBS_TENANTS_ROOT": f"s3://{data}/tenants",
-        "JOBS_STAGING": f"s3://{data}/staging/router",
-        "JOBS_IDENTITY_TENANTS": json.dumps(TENANTS),
-    }
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(jobs_handler, "jobs", JobService(JobsSettings()))
-    found = Deployment(data, models)
+    found, settings = tenant_deployment(aws_env, repo, monkeypatch)
     s3 = aws_client("s3")
     for tenant, pages in PAGES.items():
         prefix = found.area(tenant).split("/", 3)[3] + "in/"
         for number, lines in enumerate(pages):
             png = render_lines(lines, size=24, min_side=720)
             name, body = (f"page-{number}.jpg", _jpeg(png)) if number else ("page-0.png", png)
-            s3.put_object(Bucket=data, Key=f"{prefix}{name}", Body=body)
+            s3.put_object(Bucket=found.data, Key=f"{prefix}{name}", Body=body)
         bad = {
             "scan-truncated.jpg": b"\xff\xd8\xff\xe0" + b"\x00" * 64,
             "notes.png": b"hello, this is not an image\n",
             "readme.txt": b"not an input: no image suffix\n",
         }
         for name, body in bad.items():
-            s3.put_object(Bucket=data, Key=f"{prefix}{name}", Body=body)
+            s3.put_object(Bucket=found.data, Key=f"{prefix}{name}", Body=body)
     return found, settings
 
 
