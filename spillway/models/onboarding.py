@@ -25,7 +25,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -403,7 +403,7 @@ def add_model(
     if draft.max_batch_size == 0:
         notes.append("the graph has no dynamic batch dimension: one request per run")
     with tempfile.TemporaryDirectory(prefix="spillway-add-") as scratch:
-        model = _load_scratch(Path(scratch), draft, files, _proof_options(draft, options))
+        model = _load_scratch(Path(scratch), draft, files, options or EngineOptions())
         if draft.max_batch_size > 0:
             proof = prove_batching(model)
             if proof.safe:
@@ -414,16 +414,6 @@ def add_model(
     config = configure(draft, proof, proposal)
     published = repository.publish_version(name, files, config, version=version)
     return Added(config, published, repository.location, proof, table, proposal, tuple(notes))
-
-
-def _proof_options(config: ModelConfig, options: EngineOptions | None) -> EngineOptions:
-    """The engine options of the proof: an image model's generated PNGs (noise compresses
-    poorly) may take up to its image section's ``max_bytes``."""
-    chosen = options or EngineOptions()
-    image = config.spillway.image
-    if image is None or image.max_bytes <= chosen.max_bytes_per_element:
-        return chosen
-    return replace(chosen, max_bytes_per_element=image.max_bytes)
 
 
 def _load_scratch(
