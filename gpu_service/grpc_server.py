@@ -19,7 +19,13 @@ in its order, a failed one with ``error_message`` (as Triton does), and runs up 
 
 Messages are limited to ``GPU_MAX_BODY_BYTES`` (bigger: ``RESOURCE_EXHAUSTED``) and held
 in the same body budget as HTTP bodies. While the service drains, readiness is false and
-new infer requests get ``UNAVAILABLE``; the server stops after the RPCs in flight finish.
+new infer requests get ``UNAVAILABLE`` (a new stream too; on an open stream, a request
+read after the drain began is answered with ``unavailable: ...``); the server stops after
+the RPCs in flight finish. ``grpc.health.v1.Health`` answers for the whole server
+(``""``) and for ``inference.GRPCInferenceService``: ``SERVING`` exactly when HTTP's
+``/v2/health/ready`` is true (the load balancer's health check). Every call is counted by
+method and status, and stream messages by direction, in ``/metrics``
+(``gpu_service.metrics.RpcCounts``).
 """
 
 from __future__ import annotations
@@ -35,15 +41,17 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 from google.protobuf import json_format
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from gpu_service.dataplane import DataPlane
+from gpu_service.metrics import GRPC
 from gpu_service.settings import GpuSettings
 from spillway import inference
 from spillway.models.processing import Tensors
 from spillway.protocol.codec import request_from_header
 from spillway.protocol.datatypes import numpy_dtype
-from spillway.protocol.errors import InvalidInputError, SpillwayError
+from spillway.protocol.errors import InvalidInputError, SpillwayError, UnavailableError
 from spillway.protocol.tensors import tensor_from_bytes
 from spillway.protocol.wire import InferParameters, read_json_header
 
@@ -86,29 +94,51 @@ _CONTENTS = {
 """The ``InferTensorContents`` field of each datatype that has one (FP16 and BF16 come
 only as raw contents)."""
 
+HEALTH_SERVICES = ("", "inference.GRPCInferenceService")
+"""The names ``grpc.health.v1.Health`` answers for: the whole server and the inference
+service."""
+
+_HEALTH_REFRESH_S = 1.0
+"""How often ``Health.Watch`` subscribers are told a changed status (``Check`` reads it
+at once)."""
+
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 
 
 def _grpc_errors(handler: Handler) -> Handler:
     """End the RPC with the gRPC status of a ``SpillwayError`` (``INTERNAL`` for anything
-    else, logged with its traceback)."""
+    else, logged with its traceback); count it by method and status either way."""
+    method = handler.__name__
 
     @wraps(handler)
     async def wrapper(self: InferenceService, request: Any, context: Any) -> Any:
         try:
-            return await handler(self, request, context)
-        except SpillwayError as error:
-            log.info("refused %s: %s", handler.__name__, error.message)
-            await context.abort(
-                STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL),
-                _details(error),
-                trailing_metadata=(("spillway-code", error.code),),
-            )
-        except Exception:
-            log.exception("%s failed", handler.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, "internal: internal server error")
+            response = await handler(self, request, context)
+        except Exception as error:  # noqa: BLE001 - every error becomes a status
+            return await _abort(context, method, error)
+        GRPC.calls[method, "OK"] += 1
+        return response
 
     return wrapper  # type: ignore[return-value]
+
+
+def _status(error: BaseException) -> grpc.StatusCode:
+    if isinstance(error, SpillwayError):
+        return STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
+    return grpc.StatusCode.INTERNAL
+
+
+async def _abort(context: Any, method: str, error: Exception) -> None:
+    """End the RPC with ``error``'s status, counted; never returns."""
+    status = _status(error)
+    GRPC.calls[method, status.name] += 1
+    if isinstance(error, SpillwayError):
+        log.info("refused %s: %s", method, error.message)
+        await context.abort(
+            status, _details(error), trailing_metadata=(("spillway-code", error.code),)
+        )
+    log.error("%s failed", method, exc_info=error)
+    await context.abort(status, "internal: internal server error")
 
 
 def _details(error: SpillwayError) -> str:
@@ -283,23 +313,35 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[Any], context: Any
     ) -> AsyncIterator[Any]:
-        """Each request answered in its order; up to ``STREAM_WINDOW`` run at once."""
+        """Each request answered in its order; up to ``STREAM_WINDOW`` run at once. A
+        stream opened while the service drains is refused with ``UNAVAILABLE``."""
+        if self.plane.draining:
+            await _abort(
+                context, "ModelStreamInfer", UnavailableError("the service is shutting down")
+            )
         scope = _metadata(context, "x-spillway-tenant-scope")
         pending: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue(STREAM_WINDOW)
 
         async def read() -> None:
             try:
                 async for request in requests:
+                    GRPC.stream_in += 1
                     await pending.put(asyncio.ensure_future(self._stream_one(request, scope)))
             finally:
                 await pending.put(None)
 
         reader = asyncio.ensure_future(read())
+        status = grpc.StatusCode.CANCELLED  # unless it ends below
         try:
             while (task := await pending.get()) is not None:
                 yield await task
             await reader  # a broken stream's error, if any
+            status = grpc.StatusCode.OK
+        except Exception as error:
+            status = _status(error)
+            raise
         finally:
+            GRPC.calls["ModelStreamInfer", status.name] += 1
             reader.cancel()
             while not pending.empty():
                 if (task := pending.get_nowait()) is not None:
@@ -308,13 +350,15 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     async def _stream_one(self, request: Any, scope: str | None) -> Any:
         try:
             response = await self._infer(request, scope)
-        except SpillwayError as error:
-            return service_pb2.ModelStreamInferResponse(error_message=_details(error))
-        except Exception:
-            log.exception("a stream's request failed")
+        except Exception as error:
+            GRPC.stream_out[_status(error).name] += 1
+            if isinstance(error, SpillwayError):
+                return service_pb2.ModelStreamInferResponse(error_message=_details(error))
+            log.error("a stream's request failed", exc_info=error)
             return service_pb2.ModelStreamInferResponse(
                 error_message="internal: internal server error"
             )
+        GRPC.stream_out["OK"] += 1
         return service_pb2.ModelStreamInferResponse(infer_response=response)
 
     async def _infer(self, request: Any, scope: str | None) -> Any:
@@ -336,6 +380,35 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         finally:
             plane.bodies.release(size)
         return encode_response(result.body, result.header_length)
+
+
+class Health(health.aio.HealthServicer):  # type: ignore[misc]
+    """``grpc.health.v1.Health`` for ``HEALTH_SERVICES``: ``SERVING`` while the data plane
+    is ready (``DataPlane.ready``, the rule of ``/v2/health/ready``: not draining, the
+    start-up models loaded, room in the body budget), else ``NOT_SERVING``. ``Check``
+    reads the data plane on each call; ``Watch`` subscribers hear of a change within
+    ``_HEALTH_REFRESH_S``."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        super().__init__()
+        self.plane = plane
+
+    async def refresh(self) -> None:
+        serving = health_pb2.HealthCheckResponse.SERVING
+        status = serving if self.plane.ready() else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in HEALTH_SERVICES:
+            if self._server_status.get(service) != status:
+                await self.set(service, status)
+
+    async def Check(self, request: Any, context: Any) -> Any:
+        await self.refresh()
+        return await super().Check(request, context)
+
+    async def watch_plane(self) -> None:
+        """Keep the statuses current for ``Watch`` (until cancelled)."""
+        while True:
+            await self.refresh()
+            await asyncio.sleep(_HEALTH_REFRESH_S)
 
 
 def _parsed(value: Any, message: Any) -> Any:
@@ -360,10 +433,12 @@ def time_limits(settings: GpuSettings) -> list[tuple[str, int]]:
 
 @dataclass(frozen=True)
 class GrpcServer:
-    """The running gRPC server and the port it listens on."""
+    """The running gRPC server, the port it listens on and its health service."""
 
     server: grpc.aio.Server
     port: int
+    health: Health
+    watcher: asyncio.Task[None]
 
     @classmethod
     async def start(cls, plane: DataPlane) -> GrpcServer:
@@ -381,12 +456,19 @@ class GrpcServer:
             maximum_concurrent_rpcs=settings.max_connections,
         )
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(plane), server)
+        health_service = Health(plane)
+        health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
         host = f"[{settings.host}]" if ":" in settings.host else settings.host
         port = server.add_insecure_port(f"{host}:{settings.grpc_port or 0}")
         await server.start()
         log.info("listening on grpc://%s:%s", settings.host, port)
-        return cls(server, port)
+        return cls(
+            server, port, health_service, asyncio.ensure_future(health_service.watch_plane())
+        )
 
     async def stop(self, grace_s: float) -> None:
-        """Refuse new RPCs; those in flight get up to ``grace_s`` to finish."""
+        """Health says ``NOT_SERVING`` for good; new RPCs are refused; those in flight get
+        up to ``grace_s`` to finish."""
+        self.watcher.cancel()
+        await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)

@@ -7,6 +7,7 @@ one synchronous pass on the event loop: one scrape is one consistent snapshot.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from gpu_service.registry import ModelRegistry
@@ -153,6 +154,45 @@ def _histogram(served: Iterable[ServedVersion]) -> list[str]:
     return lines
 
 
+class RpcCounts:
+    """The gRPC port's calls by method and gRPC status (``OK``, ``NOT_FOUND``, …), and
+    ``ModelStreamInfer``'s messages: requests read and answers sent, by the status each
+    answer stands for. Counted by ``gpu_service.grpc_server`` as each call or message
+    ends; calls gRPC refuses itself (over ``GPU_MAX_CONNECTIONS``, a message over the size
+    limit) never reach it and are not counted."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[tuple[str, str]] = Counter()
+        self.stream_in = 0
+        self.stream_out: Counter[str] = Counter()
+
+    def lines(self) -> list[str]:
+        calls, messages = "spillway_grpc_requests_total", "spillway_grpc_stream_messages_total"
+        lines = [
+            f"# HELP {calls} gRPC calls by method and gRPC status code",
+            f"# TYPE {calls} counter",
+        ]
+        lines += [
+            f'{calls}{{method="{method}",code="{code}"}} {n}'
+            for (method, code), n in sorted(self.calls.items())
+        ]
+        lines += [
+            f"# HELP {messages} ModelStreamInfer messages: requests received, answers sent "
+            "by the gRPC status each stands for",
+            f"# TYPE {messages} counter",
+            f'{messages}{{direction="received",code=""}} {self.stream_in}',
+        ]
+        lines += [
+            f'{messages}{{direction="sent",code="{code}"}} {n}'
+            for code, n in sorted(self.stream_out.items())
+        ]
+        return lines
+
+
+GRPC = RpcCounts()
+"""The process's gRPC counts (one gRPC server a process, as one registry)."""
+
+
 def render(registry: ModelRegistry) -> str:
     """The whole exposition for every loaded version."""
     served = registry.all_versions()
@@ -164,4 +204,5 @@ def render(registry: ModelRegistry) -> str:
     lines += _histogram(served)
     lines += _model_lines(registry)
     lines += registry.ensembles.metric_lines()
+    lines += GRPC.lines()
     return "\n".join(lines) + "\n"

@@ -1,21 +1,27 @@
 """The GPU service's KServe V2 gRPC port with an unmodified ``tritonclient.grpc``: the
-same answers as HTTP, sync, async and streaming, and errors as gRPC statuses."""
+same answers as HTTP, sync, async and streaming, and errors as gRPC statuses; its health
+service, its counts in ``/metrics``, and a drain under an open stream."""
 
 from __future__ import annotations
 
 import queue
+import signal
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpc_client
 import tritonclient.http as http_client
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from spillway_cli import procs
-from tests.support import Service, gpu_service
+from tests.fakes import eventually
+from tests.support import Service, gpu_service, write_slow_model
 
 TOKEN = "grpc-test-token"  # noqa: S105 - a test's own token
 
@@ -190,3 +196,139 @@ def test_the_grpc_server_takes_the_http_sides_time_limits() -> None:
         "grpc.keepalive_timeout_ms": 4000,
         "grpc.max_concurrent_streams": 100,
     }
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def _health(address: str) -> Any:
+    return health_pb2_grpc.HealthStub(grpc.insecure_channel(address))
+
+
+def test_health_service_says_serving_for_the_server_and_the_inference_service(
+    served: tuple[Service, str],
+) -> None:
+    health = _health(served[1])
+    for service in ("", "inference.GRPCInferenceService"):
+        answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+        assert answer.status == SERVING
+    with pytest.raises(grpc.RpcError) as unknown:
+        health.Check(health_pb2.HealthCheckRequest(service="other.Service"), timeout=10)
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def _samples(base: str, prefix: str = "spillway_grpc_") -> dict[str, float]:
+    """The samples of ``/metrics`` whose names start with ``prefix``, by name and labels."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    return {
+        key: float(value)
+        for key, _, value in (line.rpartition(" ") for line in lines)
+        if key.startswith(prefix)
+    }
+
+
+def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+def test_metrics_count_calls_by_method_and_code_and_stream_messages(
+    served: tuple[Service, str], client: grpc_client.InferenceServerClient, serving_repo: Path
+) -> None:
+    images = _images(serving_repo, 4)
+    before = _samples(served[0].base)
+    # GIVEN three answered ModelInfer calls and one for an unknown model
+    for i in range(3):
+        client.infer("digits", [_digits_input(images[i : i + 1])])
+    with pytest.raises(InferenceServerException):
+        client.infer("nope", [_digits_input(images[:1])])
+    # AND a stream of four requests, the third for an unknown model
+    answers: queue.Queue[Any] = queue.Queue()
+    client.start_stream(_collect(answers))
+    for i in range(4):
+        client.async_stream_infer(
+            "nope" if i == 2 else "digits", [_digits_input(images[i : i + 1])]
+        )
+    got = [answers.get(timeout=30) for _ in range(4)]
+    client.stop_stream()
+    assert [error is None for _, error in got] == [True, True, False, True]
+    # THEN /metrics counts each call by method and status, and each stream message
+    calls = "spillway_grpc_requests_total"
+    messages = "spillway_grpc_stream_messages_total"
+    expected = {
+        f'{calls}{{method="ModelInfer",code="OK"}}': 3,
+        f'{calls}{{method="ModelInfer",code="NOT_FOUND"}}': 1,
+        f'{calls}{{method="ModelStreamInfer",code="OK"}}': 1,
+        f'{messages}{{direction="received",code=""}}': 4,
+        f'{messages}{{direction="sent",code="OK"}}': 3,
+        f'{messages}{{direction="sent",code="NOT_FOUND"}}': 1,
+    }
+    eventually(
+        lambda: _delta(before, _samples(served[0].base)) == expected,
+        f"the counts {expected}",
+        timeout_s=20,
+    )
+
+
+def _slow_input(value: float) -> grpc_client.InferInput:
+    tensor = grpc_client.InferInput("x", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[value]], np.float32))
+    return tensor
+
+
+def test_drain_answers_a_streams_requests_in_order_and_refuses_new_rpcs(
+    models_dir: Path, tmp_path: Path
+) -> None:
+    # GIVEN a service with a slow model (one request a run) and a gRPC port
+    write_slow_model(tmp_path / "repo", max_batch_size=1, max_queue_size=8, steps=6)
+    port = procs.free_port()
+    address = f"127.0.0.1:{port}"
+    with gpu_service(
+        tmp_path / "repo",
+        tmp_path / "logs",
+        grpc_port=str(port),
+        drain_timeout_s="60",
+        instance_count="1",
+    ) as svc:
+        client = grpc_client.InferenceServerClient(address)
+        watch = _health(address).Watch(health_pb2.HealthCheckRequest(service=""), timeout=120)
+        assert next(watch).status == SERVING
+        # AND a stream whose five requests the service has taken in (running or queued)
+        answers: queue.Queue[Any] = queue.Queue()
+        client.start_stream(_collect(answers))
+        for i in range(5):
+            client.async_stream_infer("slow", [_slow_input(float(i))], request_id=f"s-{i}")
+        pending = 'nv_inference_pending_request_count{model="slow"'
+        eventually(
+            lambda: sum(_samples(svc.base, pending).values()) == 5,
+            "five stream requests in the service",
+        )
+        # WHEN the service is told to stop (an ECS stop) and has taken it in
+        svc.child.signal(signal.SIGTERM)
+        eventually(
+            lambda: "readiness false" in svc.child.log_path.read_text(errors="replace"),
+            "the service logs that it drains",
+        )
+        # THEN health says NOT_SERVING to its watcher
+        assert next(watch).status == NOT_SERVING
+        watch.cancel()
+        # AND a new RPC is refused with UNAVAILABLE
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("slow", [_slow_input(9.0)])
+        assert refused.value.status() == "StatusCode.UNAVAILABLE"
+        # AND a request sent on the open stream after the drain began is refused in it
+        client.async_stream_infer("slow", [_slow_input(5.0)], request_id="s-5")
+        got = [answers.get(timeout=120) for _ in range(6)]
+        # AND the stream ends cleanly when the client closes it: no more answers, no error
+        client.stop_stream()
+        code = svc.child.proc.wait(90)
+    # THEN every request sent before the drain was answered, in order, with its own value
+    assert [(r.get_response().id, r.as_numpy("y")[0, 0]) for r, _ in got[:5]] == [
+        (f"s-{i}", float(i)) for i in range(5)
+    ]
+    assert all(error is None for _, error in got[:5])
+    assert got[5][0] is None
+    assert str(got[5][1].message()).startswith("unavailable: ")
+    assert answers.empty()
+    assert code == 0
