@@ -161,5 +161,28 @@ def serve_jobs(
     serve_forever(served, host, port)
 
 
+@serve_app.command("websocket")
+def serve_websocket(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8083,
+    handler: Annotated[
+        str, typer.Option(help="The Lambda handler, module.attribute.")
+    ] = "functions.websocket.handler.handler",
+    max_connections: Annotated[int, typer.Option(help="Open connections at most.")] = 1000,
+    workers: Annotated[int, typer.Option(help="Handler invocations running at once.")] = 64,
+) -> None:
+    """The WebSocket API as API Gateway serves it ($connect, $default, $disconnect, each
+    message invoked concurrently) and its @connections management API on the same port;
+    the handler's own variables (WS_*, ROUTER_*) apply. WS_MANAGEMENT_ENDPOINT defaults to
+    this server."""
+    import os
+
+    from spillway_cli.ws_gateway import serve
+
+    _logging(False)
+    os.environ.setdefault("WS_MANAGEMENT_ENDPOINT", f"http://{host}:{port}")
+    serve(handler, host, port, max_connections=max_connections, workers=workers)
+
+
 if __name__ == "__main__":
     app()

@@ -1,0 +1,415 @@
+"""``spillway serve websocket``: an API Gateway WebSocket API on 127.0.0.1.
+
+A Lambda handler (``handler(event, context)``, by default the WebSocket function's) is
+called the way API Gateway calls it for a WebSocket API with ``$connect``,
+``$disconnect`` and ``$default`` routes:
+
+- an upgrade request becomes a ``$connect`` event (headers, query string); an answer
+  whose ``statusCode`` is not 2xx refuses the upgrade with that status;
+- each message becomes a ``$default`` event (a text frame as the body, a binary frame
+  base64-encoded with ``isBase64Encoded``), invoked in a thread pool and concurrently
+  for one connection, as API Gateway invokes the function; a handler that raises, or runs
+  past the 29 s integration timeout, gets the client the frame API Gateway sends;
+- a message over 128 KiB closes the connection with 1009, as API Gateway does;
+- a closed connection becomes a ``$disconnect`` event.
+
+The same port serves the management API (``POST``/``GET``/``DELETE
+/@connections/{id}``) that boto3's ``apigatewaymanagementapi`` client calls with this
+server's URL as its ``endpoint_url``; a request's signature is not checked. An unknown
+connection answers 410 ``GoneException`` as API Gateway does.
+
+Each connection opened and closed is one log line. Locally a client's ``x-api-key``
+header stands for its API key id in ``requestContext.identity`` (as the REST door in
+``spillway_cli.lambda_http`` does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import importlib
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+log = logging.getLogger("spillway.websocket")
+
+Handler = Callable[[dict[str, Any], Any], Any]
+DEFAULT_HANDLER = "functions.websocket.handler.handler"
+MESSAGE_LIMIT = 128 * 1024
+"""API Gateway's WebSocket message limit (and the management API's payload limit)."""
+INTEGRATION_TIMEOUT_S = 29.0
+"""API Gateway's integration timeout: a handler's context counts down from it."""
+IDLE_TIMEOUT_S = 600.0
+"""API Gateway closes a connection idle for 10 minutes."""
+CONNECTION_LIMIT_S = 7200.0
+"""API Gateway closes every connection after 2 hours."""
+STAGE = "local"
+DOMAIN = "127.0.0.1"
+API_ID = "local"
+FUNCTION_NAME = "spillway-local-websocket"
+
+
+def load_handler(dotted: str) -> Handler:
+    """The callable ``module.path.name`` names, imported in this process."""
+    module, _, name = dotted.rpartition(".")
+    if not module:
+        raise ValueError(f"{dotted!r} is not module.attribute")
+    handler: Handler = getattr(importlib.import_module(module), name)
+    return handler
+
+
+def connection_id() -> str:
+    """A new connection id in API Gateway's form (16 base64 characters, ``=`` last),
+    from the URL-safe alphabet so that it travels in a path unchanged."""
+    return base64.urlsafe_b64encode(secrets.token_bytes(11)).decode()
+
+
+class LambdaContext:
+    """The parts of a Lambda context a handler reads; the remaining time counts down
+    from API Gateway's integration timeout."""
+
+    function_name = FUNCTION_NAME
+    function_version = "$LATEST"
+    memory_limit_in_mb = 1024
+    invoked_function_arn = f"arn:aws:lambda:us-east-1:123456789012:function:{FUNCTION_NAME}"
+    log_group_name = f"/aws/lambda/{FUNCTION_NAME}"
+    log_stream_name = "local"
+
+    def __init__(self, timeout_s: float = INTEGRATION_TIMEOUT_S) -> None:
+        self.aws_request_id = str(uuid.uuid4())
+        self._deadline = time.monotonic() + timeout_s
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+@dataclass
+class Connection:
+    """One open WebSocket connection."""
+
+    id: str
+    socket: web.WebSocketResponse
+    source_ip: str
+    user_agent: str
+    api_key: str | None
+    connected_at: float = field(default_factory=time.time)
+    last_active_at: float = field(default_factory=time.time)
+    invocations: set[asyncio.Future[Any]] = field(default_factory=set)
+
+    def identity(self) -> dict[str, Any]:
+        """``requestContext.identity`` of this connection's events."""
+        identity: dict[str, Any] = {"sourceIp": self.source_ip, "userAgent": self.user_agent}
+        if self.api_key:
+            identity.update(apiKey=self.api_key, apiKeyId=self.api_key)
+        return identity
+
+    def described(self) -> dict[str, Any]:
+        """The management API's ``GetConnection`` answer (botocore reads it as
+        ``ConnectedAt``, ``LastActiveAt`` and ``Identity``)."""
+        return {
+            "connectedAt": _iso(self.connected_at),
+            "lastActiveAt": _iso(self.last_active_at),
+            "identity": {"sourceIp": self.source_ip, "userAgent": self.user_agent},
+        }
+
+
+def request_context(
+    connection: Connection, route: str, event_type: str, **extra: Any
+) -> dict[str, Any]:
+    """``requestContext`` of an event as API Gateway builds it for a WebSocket API."""
+    now = time.time()
+    request_id = _short_id()
+    return {
+        "routeKey": route,
+        "eventType": event_type,
+        "extendedRequestId": request_id,
+        "requestTime": datetime.fromtimestamp(now, UTC).strftime("%d/%b/%Y:%H:%M:%S +0000"),
+        "messageDirection": "IN",
+        "stage": STAGE,
+        "connectedAt": int(connection.connected_at * 1000),
+        "requestTimeEpoch": int(now * 1000),
+        "identity": connection.identity(),
+        "requestId": request_id,
+        "domainName": DOMAIN,
+        "connectionId": connection.id,
+        "apiId": API_ID,
+        **extra,
+    }
+
+
+def connect_event(connection: Connection, request: web.Request) -> dict[str, Any]:
+    """The ``$connect`` event of an upgrade request: its headers and query string."""
+    headers: dict[str, str] = {}
+    multi_headers: dict[str, list[str]] = {}
+    for name, value in request.headers.items():
+        headers[name] = value if name not in headers else f"{headers[name]},{value}"
+        multi_headers.setdefault(name, []).append(value)
+    event: dict[str, Any] = {
+        "headers": headers,
+        "multiValueHeaders": multi_headers,
+        "requestContext": request_context(connection, "$connect", "CONNECT"),
+        "isBase64Encoded": False,
+    }
+    if request.query:
+        event["queryStringParameters"] = dict(request.query)
+        multi_query: dict[str, list[str]] = {}
+        for name, value in request.query.items():
+            multi_query.setdefault(name, []).append(value)
+        event["multiValueQueryStringParameters"] = multi_query
+    return event
+
+
+def message_event(connection: Connection, data: str | bytes) -> dict[str, Any]:
+    """The ``$default`` event of one message: text as it is, binary base64-encoded."""
+    binary = isinstance(data, bytes)
+    return {
+        "requestContext": request_context(connection, "$default", "MESSAGE", messageId=_short_id()),
+        "body": base64.b64encode(data).decode() if isinstance(data, bytes) else data,
+        "isBase64Encoded": binary,
+    }
+
+
+def disconnect_event(connection: Connection, code: int, reason: str) -> dict[str, Any]:
+    """The ``$disconnect`` event of a closed connection."""
+    context = request_context(
+        connection,
+        "$disconnect",
+        "DISCONNECT",
+        disconnectStatusCode=code,
+        disconnectReason=reason,
+    )
+    return {"headers": {"Host": DOMAIN}, "requestContext": context, "isBase64Encoded": False}
+
+
+class WebSocketGateway:
+    """The WebSocket API and its management API for one handler, on one port."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        max_connections: int = 1000,
+        workers: int = 64,
+        timeout_s: float = INTEGRATION_TIMEOUT_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ) -> None:
+        if max_connections < 1 or workers < 1:
+            raise ValueError("max_connections and workers must be at least 1")
+        self.handler = handler
+        self.max_connections = max_connections
+        self.timeout_s = timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="ws-invoke")
+        self.connections: dict[str, Connection] = {}
+        self._opening = 0
+
+    def app(self) -> web.Application:
+        """The aiohttp application: the upgrade on ``/``, ``@connections`` beside it."""
+        app = web.Application(client_max_size=MESSAGE_LIMIT + 1)
+        app.router.add_get("/", self._upgrade)
+        management = "/@connections/{connection_id}"
+        app.router.add_post(management, self._post)
+        app.router.add_get(management, self._get)
+        app.router.add_delete(management, self._delete)
+        app.on_shutdown.append(self._shutdown)
+        return app
+
+    async def _invoke(self, event: dict[str, Any]) -> Any:
+        """The handler's answer to one event, run in the pool; ``TimeoutError`` past
+        the integration timeout (the call itself runs on, as Lambda's would)."""
+        context = LambdaContext(self.timeout_s)
+        call = asyncio.get_running_loop().run_in_executor(self.pool, self.handler, event, context)
+        return await asyncio.wait_for(asyncio.shield(call), self.timeout_s)
+
+    async def _upgrade(self, request: web.Request) -> web.StreamResponse:
+        if request.headers.get("Upgrade", "").lower() != "websocket":
+            return web.json_response({"message": "Upgrade Required"}, status=426)
+        if len(self.connections) + self._opening >= self.max_connections:
+            return _error(429, "LimitExceededException", "too many connections")
+        socket = web.WebSocketResponse(max_msg_size=MESSAGE_LIMIT, autoping=True)
+        connection = Connection(
+            connection_id(),
+            socket,
+            request.remote or "127.0.0.1",
+            request.headers.get("User-Agent", ""),
+            request.headers.get("x-api-key"),
+        )
+        self._opening += 1
+        try:
+            refused = await self._connect(connection, request)
+            if refused is not None:
+                return refused
+            await socket.prepare(request)
+            self.connections[connection.id] = connection
+        finally:
+            self._opening -= 1
+        log.info("connection %s opened from %s", connection.id, connection.source_ip)
+        code, reason = int(WSCloseCode.GOING_AWAY), "Going away"
+        try:
+            code, reason = await self._serve(connection)
+        finally:
+            await self._disconnect(connection, code, reason)
+        return socket
+
+    async def _connect(self, connection: Connection, request: web.Request) -> web.Response | None:
+        """Run ``$connect``; the refusal to answer, or ``None`` when accepted."""
+        try:
+            answer = await self._invoke(connect_event(connection, request))
+        except TimeoutError:
+            log.error("$connect of %s: the handler ran past %.0f s", connection.id, self.timeout_s)
+            return _error(504, None, "Endpoint request timed out")
+        except Exception:
+            log.exception("$connect of %s: the handler raised", connection.id)
+            return _error(500, None, "Internal server error")
+        status = int(answer.get("statusCode", 200)) if isinstance(answer, dict) else 200
+        if 200 <= status < 300:
+            return None
+        log.info("connection %s refused by $connect: %d", connection.id, status)
+        body = answer.get("body") if isinstance(answer, dict) else None
+        return web.Response(status=status, text=body if isinstance(body, str) else "")
+
+    async def _serve(self, connection: Connection) -> tuple[int, str]:
+        """Receive until the connection closes; its close code and reason."""
+        socket = connection.socket
+        opened = time.monotonic()
+        while True:
+            idle_left = self.idle_timeout_s - (time.time() - connection.last_active_at)
+            hard_left = CONNECTION_LIMIT_S - (time.monotonic() - opened)
+            try:
+                message = await socket.receive(timeout=max(0.0, min(idle_left, hard_left)))
+            except TimeoutError:
+                if time.time() - connection.last_active_at < self.idle_timeout_s:
+                    continue  # a post to the connection kept it active
+                await socket.close(code=WSCloseCode.GOING_AWAY, message=b"Going away")
+                return WSCloseCode.GOING_AWAY, "Going away"
+            if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                connection.last_active_at = time.time()
+                self._dispatch(connection, message.data)
+                continue
+            if message.type == WSMsgType.ERROR:
+                # aiohttp closed the connection (1009 for a message over the limit)
+                code = socket.close_code or WSCloseCode.MESSAGE_TOO_BIG
+                return code, f"{message.data}"
+            if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                return socket.close_code or WSCloseCode.OK, str(message.extra or "")
+
+    def _dispatch(self, connection: Connection, data: str | bytes) -> None:
+        """Invoke ``$default`` for one message without waiting for it: the next message
+        of the connection is read at once, as API Gateway does."""
+        task = asyncio.ensure_future(self._message(connection, message_event(connection, data)))
+        connection.invocations.add(task)
+        task.add_done_callback(connection.invocations.discard)
+
+    async def _message(self, connection: Connection, event: dict[str, Any]) -> None:
+        request_id = event["requestContext"]["requestId"]
+        try:
+            await self._invoke(event)
+            return
+        except TimeoutError:
+            log.error("$default on %s: the handler ran past %.0f s", connection.id, self.timeout_s)
+            message = "Endpoint request timed out"
+        except Exception:
+            log.exception("$default on %s: the handler raised", connection.id)
+            message = "Internal server error"
+        frame = {"message": message, "connectionId": connection.id, "requestId": request_id}
+        if not connection.socket.closed:
+            with contextlib.suppress(ConnectionError):
+                await connection.socket.send_str(json.dumps(frame))
+
+    async def _disconnect(self, connection: Connection, code: int, reason: str) -> None:
+        self.connections.pop(connection.id, None)
+        log.info("connection %s closed: %d %s", connection.id, code, reason)
+        try:
+            await self._invoke(disconnect_event(connection, code, reason))
+        except Exception:
+            log.exception("$disconnect of %s: the handler failed", connection.id)
+
+    async def _post(self, request: web.Request) -> web.Response:
+        connection = self._connection(request)
+        data = await request.read()
+        if len(data) > MESSAGE_LIMIT:
+            return _error(413, "PayloadTooLargeException", "Request entity too large")
+        try:
+            text: str | None = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        try:
+            if text is not None:
+                await connection.socket.send_str(text)
+            else:
+                await connection.socket.send_bytes(data)
+        except ConnectionError:
+            raise _gone(connection.id) from None
+        connection.last_active_at = time.time()
+        return web.Response(status=200)
+
+    async def _get(self, request: web.Request) -> web.Response:
+        return web.json_response(self._connection(request).described())
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        connection = self._connection(request)
+        await connection.socket.close(code=WSCloseCode.OK, message=b"Connection deleted")
+        return web.Response(status=204)
+
+    def _connection(self, request: web.Request) -> Connection:
+        wanted = request.match_info["connection_id"]
+        connection = self.connections.get(wanted)
+        if connection is None or connection.socket.closed:
+            raise _gone(wanted)
+        return connection
+
+    async def _shutdown(self, _: web.Application) -> None:
+        for connection in list(self.connections.values()):
+            await connection.socket.close(code=WSCloseCode.GOING_AWAY, message=b"Going away")
+
+
+def _error(status: int, error_type: str | None, message: str) -> web.Response:
+    """An error in API Gateway's shape: ``{"message"}`` and the type botocore reads."""
+    headers = {"x-amzn-errortype": error_type} if error_type else {}
+    return web.json_response({"message": message}, status=status, headers=headers)
+
+
+def _gone(connection: str) -> web.HTTPException:
+    return web.HTTPGone(
+        text=json.dumps({"message": f"connection {connection[:32]} is gone"}),
+        content_type="application/json",
+        headers={"x-amzn-errortype": "GoneException"},
+    )
+
+
+def _short_id() -> str:
+    return base64.b64encode(secrets.token_bytes(6)).decode()
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+
+
+def serve(
+    handler: str,
+    host: str,
+    port: int,
+    *,
+    max_connections: int = 1000,
+    workers: int = 64,
+) -> None:
+    """Import ``handler`` and serve it until SIGTERM or Ctrl-C."""
+    gateway = WebSocketGateway(
+        load_handler(handler), max_connections=max_connections, workers=workers
+    )
+    log.info("websocket API on ws://%s:%d (handler %s)", host, port, handler)
+    try:
+        web.run_app(gateway.app(), host=host, port=port, print=None, access_log=None)
+    finally:
+        gateway.pool.shutdown(wait=False, cancel_futures=True)
