@@ -137,7 +137,7 @@ def write(results: dict[str, Any], out: Path) -> str:
     return text
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", default=os.environ.get("SPILLWAY_MODELS_DIR", "models"))
     parser.add_argument("--streams", type=int, default=50)
@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--kill", action="store_true", help="also kill the GPU service")
     parser.add_argument("--router-runtime", default="wsgi")
     parser.add_argument("--out", default=str(ROOT / "docs"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     scenario = Scenario(args.streams, args.frames, args.window)
     work = Path(tempfile.mkdtemp(prefix="spillway-streams-"))
     stack = LocalStack(
@@ -159,6 +159,7 @@ def main() -> None:
     finally:
         stack.stop()
     print(write(results, Path(args.out)))
+    return results
 
 
 if __name__ == "__main__":

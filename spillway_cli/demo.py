@@ -3,8 +3,9 @@
 Scenarios, in order: digits on the GPU tier (accuracy), minilm similarity, a request the
 policy sends to the CPU fallback, an offline batch job over S3, the GPU service killed
 under load (nothing fails: the router falls back), a hot swap under load (nothing fails),
-then a canary that fails on purpose, async requests and a pipeline, a summary per backend
-and a chart of latency and routing over time.
+then a canary that fails on purpose, async requests and a pipeline, 50 concurrent frame
+streams through the WebSocket API and gRPC streams, a summary per backend and a chart of
+latency and routing over time.
 
 Each section ends with its checks (``spillway_cli.console.Check``: a figure against its
 bound). A failed check is printed at once with its name, figure and bound; the run ends
@@ -43,7 +44,9 @@ from spillway_cli.console import Check, CheckFailed, Checks, at_least, at_most, 
 from spillway_cli.demo_async import scenario_async
 from spillway_cli.demo_canary import CanaryReport, scenario_canary
 from spillway_cli.demo_pipelines import scenario_topics
+from spillway_cli.frame_streams import Frames, Scenario
 from spillway_cli.stack import DATA_BUCKET, REGION, LocalStack, offline_missing
+from spillway_cli.stream_drivers import Endpoints, run_door
 
 log = logging.getLogger("spillway.demo")
 
@@ -416,6 +419,24 @@ def scenario_hot_swap(client: Client, stack: LocalStack, models: Path) -> list[C
     ]
 
 
+def scenario_frame_streams(stack: LocalStack, models: Path) -> list[Check]:
+    """50 streams of 20 digits frames, 8 in flight a stream, through the WebSocket API
+    (router) and through gRPC streams (GPU service): every frame answered once, in seq
+    order, with the label ONNX Runtime gives the same frame."""
+    scenario = Scenario(streams=50, frames=20, window=8)
+    frames = Frames.load(models)
+    say(
+        f"\n10. frame streams: {scenario.streams} streams x {scenario.frames} digits frames, "
+        f"{scenario.window} in flight a stream, labels checked against ONNX Runtime"
+    )
+    made: list[Check] = []
+    for door in ("websocket", "grpc"):
+        run = run_door(door, Endpoints.of_stack(stack), scenario, frames)
+        say(f"   {run.line()}")
+        made += run.checks()
+    return made
+
+
 def summary(client: Client) -> str:
     """Requests per backend of sections 1 to 6 (the only ones the client records), with
     their latencies, errors (non-200 answers) and cost."""
@@ -522,6 +543,7 @@ def _scenarios(stack: LocalStack, client: Client, models: Path, out: Path, check
     checks.record("8. async", asynchronous.checks())
     topics = scenario_topics(stack.ports.router, dict(stack.router_headers), say)
     checks.record("9. topics", topics.checks())
+    checks.record("10. frame streams", scenario_frame_streams(stack, models))
     say("\nSummary per backend (sections 1-6):\n" + summary(client))
     checks.record("summary (sections 1-6)", [failed(client.records)])
     say(apart(canary))

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 RESEND_AFTER_S = 0.05
 """How long a frame refused with ``slow_down`` waits before it is sent again."""
+TENANTS = ("frames-a", "frames-b")
+"""The tenants of the WebSocket streams, taken in turn (a connection's tenant is named on
+``$connect``; locally by its ``x-spillway-tenant`` header)."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,9 @@ async def _websocket(run: _Shared, log: StreamLog) -> None:
         raise RuntimeError("this stack serves no WebSocket API (no SPILLWAY_WEBSOCKET_URL)")
     window = asyncio.Semaphore(run.scenario.window)
     resends: set[asyncio.Task[None]] = set()
-    async with run.session.ws_connect(endpoints.websocket_url, headers=endpoints.headers) as ws:
+    tenant = {"x-spillway-tenant": TENANTS[log.stream % len(TENANTS)]}
+    url, headers = endpoints.websocket_url, {**tenant, **endpoints.headers}
+    async with run.session.ws_connect(url, headers=headers) as ws:
 
         async def send(seq: int, after_s: float = 0.0) -> None:
             await asyncio.sleep(after_s)

@@ -1,5 +1,6 @@
 """The demo's checks: the canary section split at the request that rolled the canary back,
-its checks named with their figures and bounds, and its by-design failures kept apart."""
+its checks named with their figures and bounds, and its by-design failures kept apart;
+the frame-stream section's order, duplicate and label counts."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from spillway_cli.demo_canary import (
     until_rollback,
     wait_for_every_router,
 )
+from spillway_cli.frame_streams import DoorRun, Scenario, StreamLog
 
 
 @dataclass
@@ -190,3 +192,37 @@ def test_failed_requests_are_named_by_status() -> None:
     assert not check.passed
     assert check.describe() == "requests that failed: 2 of 5 (503 x1, 599 x1) (bound: = 0 of 5)"
     assert failed(records[:1]).passed
+
+
+def _stream(stream: int, arrivals: list[int], wrong_at: int | None = None) -> StreamLog:
+    """A stream of 4 frames whose answers arrived for ``arrivals`` (seqs), each with
+    label 7 against an expected 7 (``wrong_at``: that seq's answer is labelled 1)."""
+    log = StreamLog(stream, 4, sent_at=dict.fromkeys(range(4), 0.0))
+    for seq in arrivals:
+        log.answered(seq, 1 if seq == wrong_at else 7, "gpu", None, 7)
+    return log
+
+
+def test_a_stream_counts_late_missing_and_duplicated_answers() -> None:
+    # GIVEN answers that arrive 0, 2, 1, 2 on a stream of 4 frames
+    log = _stream(0, [0, 2, 1, 2])
+    # THEN 1 came late, frame 3 is missing, frame 2 was answered twice
+    assert log.order() == (1, 1, 1)
+    assert _stream(1, [0, 1, 2, 3]).order() == (0, 0, 0)
+
+
+def test_the_frame_stream_checks_count_right_labels_duplicates_and_order() -> None:
+    # GIVEN two streams of 4 frames: one perfect, one with a wrong label and a late answer
+    scenario = Scenario(streams=2, frames=4, window=2)
+    good = DoorRun("websocket", scenario, [_stream(0, [0, 1, 2, 3])] * 2, 1.0)
+    bad = DoorRun("grpc", scenario, [_stream(0, [0, 1, 2, 3]), _stream(1, [1, 0, 2, 3], 2)], 1.0)
+    # WHEN the demo checks them
+    # THEN every check of the perfect run passes; the other fails on the label and order
+    assert all(check.passed for check in good.checks())
+    failures = {c.name: c.figure for c in bad.checks() if not c.passed}
+    assert failures == {
+        "gRPC streams (GPU service): frames answered with the right label": "7",
+        "gRPC streams (GPU service): answers out of seq order": "1",
+    }
+    assert bad.summary()["order_kept"] is False
+    assert (bad.summary()["answered"], bad.summary()["wrong_labels"]) == (8, 1)
