@@ -45,6 +45,12 @@ bench-gpu: models
 	$(GPU_VENV)/bin/pip install -q $(if $(WHEELS),--no-index --find-links $(WHEELS)) -r requirements/bench-gpu.txt
 	$(GPU_VENV)/bin/python -m bench.gpu_bench --models $(MODELS) --out docs
 
+# Frame streams (docs/benchmarks.md, "Frame streams"): 50 streams through the WebSocket API,
+# gRPC streams and HTTP on a stack of its own, then the GPU service killed under them.
+.PHONY: bench-streams
+bench-streams: setup models
+	$(BIN)/python -m bench.stream_bench --models $(MODELS) --kill --out docs
+
 clean:
 	rm -rf $(MODELS) .pytest_cache .mypy_cache .ruff_cache .hypothesis
 
