@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +26,7 @@ from spillway.protocol.codec import decode_response
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from spillway_cli.lambda_http import wsgi_app
-from spillway_cli.stack import REGION, LocalStack, offline_missing
+from spillway_cli.stack import REGION, LocalStack
 from spillway_cli.wsgi_server import running
 from tests.fakes import eventually
 
@@ -175,24 +173,6 @@ def _settled(
 ) -> tuple[int, dict[str, str], bytes] | None:
     answer = _call(url, "GET", f"/v1/results/{rid}", None, headers)
     return None if answer[0] == 202 else answer
-
-
-@pytest.fixture
-def offline_stack(models_dir: Path, tmp_path: Path) -> Iterator[LocalStack]:
-    """A second stack whose router runs under serverless-offline (serverless.yml, stage
-    ``local``); the process environment it sets is put back after it stops."""
-    missing = offline_missing()
-    if missing:
-        pytest.skip(f"serverless-offline needs {', '.join(missing)}")
-    saved = dict(os.environ)
-    local = LocalStack(models_dir, tmp_path, router_runtime="serverless-offline")
-    try:
-        local.start()
-        yield local
-    finally:
-        local.stop()
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def test_under_serverless_offline_async_topics_runs_as_an_execution(
