@@ -16,6 +16,7 @@ import logging
 import os
 import shlex
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -40,6 +41,8 @@ from spillway_cli.local_names import STATE_TABLE as STATE_TABLE
 from spillway_cli.local_names import TENANTS_ROOT as TENANTS_ROOT
 
 if TYPE_CHECKING:
+    import subprocess
+
     from spillway_cli.local_states import LocalStepFunctions
 
 log = logging.getLogger("spillway.stack")
@@ -105,6 +108,8 @@ class Ports:
     states: int = 0
     gpu_grpc: int = 0
     """The GPU service's KServe V2 gRPC port."""
+    websocket: int = 0
+    """The WebSocket API (and its ``@connections`` management API)."""
 
     def resolved(self) -> Ports:
         return Ports(
@@ -119,6 +124,7 @@ class Ports:
                     self.dashboard,
                     self.states,
                     self.gpu_grpc,
+                    self.websocket,
                 )
             )
         )
@@ -212,6 +218,7 @@ class LocalStack:
                     self.router_env(),
                     "/v2/health/live",
                 )
+            self._websocket()
             self._dashboard()
             self.write_sam_env()
             stackenv.write_stack_env(self.stack_env_path, self.stack_env())
@@ -267,6 +274,7 @@ class LocalStack:
             "SPILLWAY_CPU_URL": self.url("cpu"),
             "SPILLWAY_JOBS_URL": self.url("jobs"),
             "SPILLWAY_ROUTER_URL": self.url("router"),
+            "SPILLWAY_WEBSOCKET_URL": self.websocket_url,
             "SPILLWAY_DASHBOARD_URL": self.url("dashboard"),
             "SPILLWAY_METRICS_LOG": str(self.metrics_log),
             "SPILLWAY_ROUTER_LOG": str(self.log_dir / "router.log"),
@@ -439,6 +447,45 @@ class LocalStack:
             "ROUTER_METRICS_LOG": str(self.log_dir / "router-metrics.jsonl"),
         }
 
+    @property
+    def websocket_url(self) -> str:
+        """Where WebSocket clients connect."""
+        return f"ws://127.0.0.1:{self.ports.websocket}"
+
+    def websocket_env(self) -> dict[str, str]:
+        """The WebSocket function's variables under ``spillway serve websocket``: the
+        router's (it routes frames with the same router), answers pushed to the local
+        gateway's ``@connections`` API, and, as nothing authenticates a local caller, a
+        connection's tenant named by its ``x-spillway-tenant`` header on ``$connect`` (a
+        local-only setting; the local API key is the ``local`` tenant's)."""
+        return {
+            **self.router_env(),
+            "ROUTER_TRUST_TENANT_HINTS": "true",
+            "ROUTER_IDENTITY_TENANTS": json.dumps({LOCAL_API_KEY: "local"}),
+            "WS_MANAGEMENT_ENDPOINT": self.url("websocket"),
+        }
+
+    def _websocket(self) -> None:
+        """The WebSocket API: under serverless-offline, serverless.yml's ``websocket``
+        function in the router's process (``--websocketPort``); otherwise ``spillway
+        serve websocket`` running the same handler as API Gateway would."""
+        started = time.monotonic()
+        if self.router_runtime == "serverless-offline":
+            child, how = self.children["router"], "serverless-offline"
+        else:
+            argv = [*_spillway(), "serve", "websocket", "--port", str(self.ports.websocket)]
+            child = procs.start(
+                "websocket", argv, self.log_dir, {**self.aws_env(), **self.websocket_env()}
+            )
+            self.children["websocket"] = child
+            how = f"pid {child.pid}"
+        try:
+            _wait_accepting(self.ports.websocket, 180, child.proc)
+        except (RuntimeError, TimeoutError) as exc:
+            raise StackError("websocket", str(exc), child) from exc
+        log.info("websocket is up at %s (%s)", self.websocket_url, how)
+        self._say("websocket", started, self.websocket_url)
+
     def _offline_router(self) -> bool:
         """Start the router under serverless-offline; ``False`` when it did not come up
         and the WSGI router may replace it."""
@@ -508,6 +555,10 @@ class LocalStack:
             f"--param=lambdaEndpointUrl={self.url('cpu')}",
             # serverless.yml's local value is "{}": the local Step Functions endpoint's.
             f"--param=asyncStateMachines={json.dumps(STATE_MACHINES)}",
+            # The websocket function's API on its own port, @connections served there too.
+            "--websocketPort",
+            str(self.ports.websocket),
+            f"--param=wsManagementEndpoint={self.url('websocket')}",
         ]
         venv = Path(sys.executable).parent.parent
         env = {
@@ -550,7 +601,15 @@ class LocalStack:
         lines = [
             f"  {name:<9} {self.url(name)}  (pid {c.pid}, log {c.log_path})"
             for name, c in self.children.items()
+            if name != "websocket"
         ]
+        if "websocket" in self.children:
+            child = self.children["websocket"]
+            lines.append(
+                f"  {'websocket':<9} {self.websocket_url}  (pid {child.pid}, log {child.log_path})"
+            )
+        elif self.router_runtime == "serverless-offline" and "router" in self.children:
+            lines.append(f"  {'websocket':<9} {self.websocket_url}  (serverless-offline)")
         if "gpu" in self.children:  # the GPU service's second door
             lines.append(f"  {'gpu-grpc':<9} 127.0.0.1:{self.ports.gpu_grpc}  (KServe V2 gRPC)")
         if self._states_server is not None:
@@ -594,6 +653,20 @@ class LocalStack:
             f"print(c.infer('digits', [x]{headers}).as_numpy('label'))"
         )
         return f'{_python()} -c "{code}"'
+
+
+def _wait_accepting(port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+    """Wait until ``127.0.0.1:port`` accepts connections (a WebSocket API has no health
+    route); fail early if ``proc`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before port {port} was up")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"port {port} did not accept connections within {timeout_s:.0f} s")
 
 
 def _python() -> str:

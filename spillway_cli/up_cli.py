@@ -34,6 +34,9 @@ def up(
     jobs_port: Annotated[int, typer.Option(help="Jobs API port (0: free).")] = 8082,
     moto_port: Annotated[int, typer.Option(help="Moto (AWS) port (0: free).")] = 5000,
     dashboard_port: Annotated[int, typer.Option(help="Dashboard port (0: free).")] = 8090,
+    websocket_port: Annotated[
+        int, typer.Option(help="WebSocket API port (0: free, the default).")
+    ] = 0,
     router_runtime: Annotated[str, typer.Option(help=RUNTIME_HELP)] = "auto",
     verbose: Annotated[bool, typer.Option(help="Also show log lines in the terminal.")] = False,
 ) -> None:
@@ -49,6 +52,7 @@ def up(
         "jobs": jobs_port,
         "moto": moto_port,
         "dashboard": dashboard_port,
+        "websocket": websocket_port,
     }
     needs = offline_missing() if router_runtime == "serverless-offline" else []
     problems = preflight.problems(models, ports, router_runtime, needs)

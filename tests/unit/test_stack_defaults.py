@@ -152,3 +152,18 @@ def test_cost_report_takes_a_set_variable_over_the_stack_and_says_when_there_is_
     assert refused.output.strip() == (
         "no metrics log: give LOG (or start a local stack with `spillway up`)"
     )
+
+
+def test_the_websocket_door_is_in_the_stack_env_and_answers_through_its_own_port(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a stack whose WebSocket API is on port 8093
+    local = LocalStack(tmp_path / "models", tmp_path / "logs", Ports(websocket=8093))
+    # THEN clients find it in the stack env, and the WebSocket function pushes its answers
+    # to that port's @connections API with the router's own settings, a connection's
+    # tenant named on $connect (nothing authenticates a local caller)
+    assert local.stack_env()["SPILLWAY_WEBSOCKET_URL"] == "ws://127.0.0.1:8093"
+    env = local.websocket_env()
+    assert env["WS_MANAGEMENT_ENDPOINT"] == "http://127.0.0.1:8093"
+    assert env["ROUTER_TRUST_TENANT_HINTS"] == "true"
+    assert {k: v for k, v in env.items() if k in local.router_env()} == local.router_env()
