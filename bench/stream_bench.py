@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.serving_bench import load_average
-from spillway_cli.frame_streams import DOOR_NAMES, DOORS, DoorRun, Frames, Scenario
+from spillway_cli.frame_streams import DOOR_NAMES, DOORS, DoorRun, Frames, Scenario, batch_text
 from spillway_cli.stack import LocalStack
 from spillway_cli.stream_drivers import Endpoints, gpu_killer, restart_gpu, run_door
 
@@ -56,7 +56,7 @@ def measure(stack: LocalStack, scenario: Scenario, doors: list[str], kill: bool)
     killed: list[DoorRun] = []
     for door in [d for d in ("websocket", "grpc") if kill and d in doors]:
         killed.append(run_door(door, endpoints, scenario, frames, gpu_killer(stack)))
-        print(f"GPU service killed: {killed[-1].line()}", flush=True)
+        print(f"GPU service killed under {killed[-1].line()}", flush=True)
         restart_gpu(stack)
     load.append(load_average())
     return {
@@ -90,8 +90,8 @@ def table(results: dict[str, Any]) -> str:
         f"{' -> '.join(results['load_average'])}.",
         "",
         "| door | frames/s | frames/s a stream (median) | p50 ms | p99 ms | right labels "
-        "| in seq order (late/missing/dup) | errors | GPU batch mean | GPU batches (size x runs) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| in seq order (late/missing/dup) | errors | GPU batches |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for run in results["runs"]:
         order = "yes" if run["order_kept"] else "no"
@@ -99,12 +99,11 @@ def table(results: dict[str, Any]) -> str:
             order = "n/a"
         counts = f"{run['out_of_order']}/{run['missing']}/{run['duplicated']}"
         errors = ", ".join(f"{k} x{v}" for k, v in run["errors"].items()) or "none"
-        batches = ", ".join(f"{k}x{v}" for k, v in run["gpu_batches"].items()) or "none"
         lines.append(
             f"| {DOOR_NAMES[run['door']]} | {run['frames_per_s_total']} | "
             f"{run['frames_per_s_per_stream_p50']} | {run['latency_p50_ms']} | "
             f"{run['latency_p99_ms']} | {run['answered_ok']}/{run['frames']} | {order} "
-            f"({counts}) | {errors} | {run['gpu_mean_batch']} | {batches} |"
+            f"({counts}) | {errors} | {batch_text(run)} |"
         )
     if results["killed"]:
         lines += [

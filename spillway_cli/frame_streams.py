@@ -238,6 +238,7 @@ class DoorRun:
             "backends": dict(sorted(Counter(a.backend for a in answers).items())),
             "fallbacks": sum(a.fallback is not None for a in answers),
             "gpu_batches": {str(k): v for k, v in sorted(self.batches.items())},
+            "gpu_max_batch": max(self.batches, default=0),
             "gpu_inferences": self.inferences,
             "gpu_executions": self.executions,
             "gpu_mean_batch": round(self.inferences / self.executions, 2)
@@ -262,19 +263,28 @@ class DoorRun:
         return made
 
     def line(self) -> str:
-        """One line for a terminal."""
+        """Two lines for a terminal: speed, then correctness and the GPU's batches."""
         got = self.summary()
         order = "yes" if got["order_kept"] else "no"
         if self.door == "http":
             order = f"n/a ({got['out_of_order']} answers overtook an earlier frame)"
-        batches = ", ".join(f"{k}x{v}" for k, v in got["gpu_batches"].items()) or "none"
         return (
-            f"{DOOR_NAMES[self.door]:<29} {got['frames_per_s_total']:7.1f} frames/s "
+            f"{DOOR_NAMES[self.door]}: {got['frames_per_s_total']:.1f} frames/s "
             f"({got['frames_per_s_per_stream_p50']:.2f} a stream), p50 "
-            f"{got['latency_p50_ms']:.0f} ms, p99 {got['latency_p99_ms']:.0f} ms, "
-            f"{got['answered_ok']}/{got['frames']} right, in order: {order}; "
-            f"GPU batch mean {got['gpu_mean_batch']} (size x runs: {batches})"
+            f"{got['latency_p50_ms']:.0f} ms, p99 {got['latency_p99_ms']:.0f} ms\n"
+            f"      {got['answered_ok']}/{got['frames']} answered with the right label, "
+            f"in seq order: {order}; GPU batches: {batch_text(got)}"
         )
+
+
+def batch_text(got: dict[str, Any]) -> str:
+    """The GPU service's batches of a run summary: mean, largest, runs."""
+    if not got["gpu_executions"]:
+        return "none read"
+    return (
+        f"mean {got['gpu_mean_batch']}, largest {got['gpu_max_batch']}, "
+        f"{got['gpu_executions']} runs"
+    )
 
 
 # -- the GPU service's batch statistics ----------------------------------------------------
