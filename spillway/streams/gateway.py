@@ -1,0 +1,433 @@
+"""The WebSocket API's events, served: ``$connect``, ``$disconnect`` and ``$default``.
+
+``StreamGateway.handle`` takes one API Gateway WebSocket event (the Lambda handler's, or
+the local gateway's) and answers it:
+
+- ``$connect``: the caller's tenant, as the REST API resolves it; unauthenticated: 401
+  (API Gateway refuses the upgrade); else the connection's item, and 200.
+- ``$disconnect``: the connection's item and held answers deleted; one log line with its
+  accounting, and the same counters to ``on_close`` (the handler's metrics).
+- ``$default``: one frame, exactly one answer pushed. A frame that is refused (not
+  connected, too large, unreadable, over the in-flight bound, a duplicate or out-of-window
+  ``seq``) is answered at once. A frame without ``seq`` is answered when it is done. A
+  frame with ``seq`` has its answer held, and whoever holds the connection's delivery
+  lease pushes held answers from ``next_seq`` upward; after giving the lease back it looks
+  again, so an answer held meanwhile is never stranded.
+
+The router's call never raises out of ``handle``: a ``SpillwayError`` is the frame's
+failure answer with its code, anything else is logged with its traceback and answered
+``internal`` (500).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from spillway.protocol.errors import SpillwayError, UnauthenticatedError, UnavailableError
+from spillway.protocol.wire import Reply, Target, json_bytes
+from spillway.routing.facts import Call
+from spillway.streams.connections import Connection, ConnectionStore
+from spillway.streams.frames import (
+    Answer,
+    Frame,
+    RefusedFrame,
+    frame_bytes,
+    read_frame,
+    routed,
+    too_large,
+)
+from spillway.streams.settings import StreamSettings
+
+log = logging.getLogger("spillway.streams")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:=+/-]{1,128}$")
+
+
+class SlowDownError(SpillwayError):
+    """More frames in flight on the connection than ``WS_MAX_IN_FLIGHT``: the frame is
+    not processed; send it again after some answers arrive."""
+
+    status = 429
+    code = "slow_down"
+
+
+class DuplicateSeqError(SpillwayError):
+    """A ``seq`` already answered, or already held for this connection."""
+
+    status = 409
+    code = "duplicate_seq"
+
+
+class SeqOutOfWindowError(SpillwayError):
+    """A ``seq`` at least ``WS_MAX_IN_FLIGHT`` past the next one to deliver."""
+
+    status = 400
+    code = "seq_out_of_window"
+
+
+class NotConnectedError(UnauthenticatedError):
+    """A frame on a connection with no live state (never connected, closed, expired)."""
+
+    code = "not_connected"
+
+
+class StreamsNotConfiguredError(UnavailableError):
+    """The WebSocket API runs without the state table its connections live in."""
+
+    code = "websocket_not_configured"
+
+
+class ConnectionGone(Exception):  # a state of the connection, not a fault
+    """The connection an answer was posted to no longer exists (410 Gone)."""
+
+
+class Poster(Protocol):
+    """``post_to_connection``: push one text frame to a connection."""
+
+    def post(self, endpoint: str, connection_id: str, data: bytes) -> None:
+        """Push ``data``; ``ConnectionGone`` when the connection is gone."""
+        ...
+
+
+class RouterLike(Protocol):
+    """What the gateway needs of ``spillway.router.dispatch.Router``."""
+
+    def route(self, call: Call, target: Target) -> Reply:
+        """The reply to one call."""
+        ...
+
+
+class TenantOf(Protocol):
+    """``spillway.tenancy.identity.Authenticator``: the tenant of a ``$connect`` event."""
+
+    def tenant(self, event: Mapping[str, object]) -> str | None:
+        """The caller's tenant; ``UnauthenticatedError`` when nothing vouched for it."""
+        ...
+
+
+class ApiGatewayPoster:
+    """``Poster`` over boto3's ``apigatewaymanagementapi``: one client per endpoint."""
+
+    def __init__(self, client_factory: Callable[[str], Any] | None = None) -> None:
+        self._factory = client_factory or _management_client
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def post(self, endpoint: str, connection_id: str, data: bytes) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client(endpoint).post_to_connection(ConnectionId=connection_id, Data=data)
+        except ClientError as exc:
+            error = exc.response.get("Error", {}).get("Code")
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if error == "GoneException" or status == 410:
+                raise ConnectionGone(connection_id) from exc
+            raise
+
+    def _client(self, endpoint: str) -> Any:
+        with self._lock:
+            if endpoint not in self._clients:
+                self._clients[endpoint] = self._factory(endpoint)
+            return self._clients[endpoint]
+
+
+def _management_client(endpoint: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    config = Config(connect_timeout=1, read_timeout=5, retries={"mode": "standard"})
+    return boto3.client("apigatewaymanagementapi", endpoint_url=endpoint, config=config)
+
+
+@dataclass(frozen=True)
+class Event:
+    """What the gateway reads off an API Gateway WebSocket event."""
+
+    route: str
+    connection_id: str
+    endpoint: str
+    request_id: str
+
+    @classmethod
+    def of(cls, event: Mapping[str, Any], configured: str | None) -> Event:
+        """The event's route, connection and the ``@connections`` endpoint to post to."""
+        context = event.get("requestContext") or {}
+        endpoint = configured or f"https://{context.get('domainName')}/{context.get('stage')}"
+        given = context.get("requestId")
+        if not (isinstance(given, str) and _REQUEST_ID.fullmatch(given)):
+            given = os.urandom(16).hex()
+        return cls(
+            route=str(context.get("routeKey") or "$default"),
+            connection_id=str(context.get("connectionId") or ""),
+            endpoint=endpoint,
+            request_id=given,
+        )
+
+
+class StreamGateway:
+    """API Gateway WebSocket events to connections, frames and pushed answers."""
+
+    def __init__(
+        self,
+        router: RouterLike,
+        store: ConnectionStore | None,
+        poster: Poster,
+        settings: StreamSettings,
+        authenticator: TenantOf,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_close: Callable[[Connection], None] | None = None,
+    ) -> None:
+        self.router = router
+        self.store = store
+        self.poster = poster
+        self.settings = settings
+        self.authenticator = authenticator
+        self.clock = clock
+        self.on_close = on_close
+
+    def handle(self, event: Mapping[str, Any], remaining_ms: float | None = None) -> dict[str, Any]:
+        """Serve one event; the answer API Gateway expects of the integration."""
+        where = Event.of(event, self.settings.management_endpoint)
+        if where.route == "$connect":
+            return self._connect(event, where)
+        if self.store is None:
+            return _status(StreamsNotConfiguredError("no state table (ROUTER_STATE_TABLE)"))
+        if where.route == "$disconnect":
+            self._close(self.store, where, "disconnected")
+        else:
+            self._frame(self.store, event, where, remaining_ms)
+        return {"statusCode": 200}
+
+    # --- $connect / $disconnect --------------------------------------------------------
+
+    def _connect(self, event: Mapping[str, Any], where: Event) -> dict[str, Any]:
+        fields = {"connection_id": where.connection_id, "request_id": where.request_id}
+        try:
+            if self.store is None:
+                raise StreamsNotConfiguredError(
+                    "the WebSocket API needs the router's state table (ROUTER_STATE_TABLE)"
+                )
+            tenant = self.authenticator.tenant(event)
+            self.store.open(
+                where.connection_id, tenant, self.clock(), self.settings.connection_ttl_s
+            )
+        except SpillwayError as error:
+            log.info("refused", extra={**fields, "status": error.status, "code": error.code})
+            return _status(error)
+        log.info("connected", extra={**fields, "tenant": tenant})
+        return {"statusCode": 200}
+
+    def _close(self, store: ConnectionStore, where: Event, why: str) -> None:
+        last = store.close(where.connection_id, self.clock(), self.settings.max_in_flight)
+        if last is None:
+            return
+        log.info(
+            "connection closed",
+            extra={"connection_id": where.connection_id, "why": why, "tenant": last.tenant}
+            | last.stats(),
+        )
+        if self.on_close is not None:
+            self.on_close(last)
+
+    # --- $default ----------------------------------------------------------------------
+
+    def _frame(
+        self,
+        store: ConnectionStore,
+        event: Mapping[str, Any],
+        where: Event,
+        remaining_ms: float | None,
+    ) -> None:
+        connection = store.get(where.connection_id, self.clock())
+        if connection is None:
+            self._push(store, where, Answer.failed(NotConnectedError("not connected"), None))
+            return
+        body, binary = event.get("body"), bool(event.get("isBase64Encoded"))
+        size = len(body) if isinstance(body, str) else 0
+        try:
+            data = frame_bytes(body, binary, self.settings.max_message_bytes)
+            size = len(data)
+            frame = read_frame(data, binary)
+        except RefusedFrame as refusal:
+            counts = {"frames_in": 1, "bytes_in": size, "frames_refused": 1}
+            store.count(where.connection_id, counts)
+            self._push(store, where, refusal.answer())
+            return
+        try:
+            self._admit(store, connection, frame, size)
+        except RefusedFrame as refusal:
+            self._push(store, where, refusal.answer())
+            return
+        answer = self._answer(store, frame, connection, where, remaining_ms)
+        store.count(
+            where.connection_id,
+            {"frames_answered" if answer.ok else "frames_failed": 1, "cost_usd": answer.cost_usd},
+            answer.backend,
+        )
+        if frame.seq is None:
+            sent = self._push(store, where, answer)
+            store.count(where.connection_id, {"in_flight": -1, "bytes_out": sent})
+            return
+        now = self.clock()
+        store.hold(where.connection_id, frame.seq, answer.data, now, self.settings.held_ttl_s)
+        self._deliver(store, where)
+
+    def _admit(
+        self, store: ConnectionStore, connection: Connection, frame: Frame, size: int
+    ) -> None:
+        """Count the frame in (``RefusedFrame`` when it may not be served), and reserve
+        its ``seq``."""
+        limit = self.settings.max_in_flight
+        admission = store.admit(connection.id, size, limit, self.clock())
+        if admission is None:
+            raise RefusedFrame(NotConnectedError("not connected"), frame.id, frame.seq)
+        if not admission.admitted:
+            message = (
+                f"too many frames in flight on this connection (limit {limit}): "
+                "wait for answers before sending more"
+            )
+            raise RefusedFrame(
+                SlowDownError(message),
+                frame.id,
+                frame.seq,
+                in_flight=admission.in_flight,
+                limit=limit,
+            )
+        if frame.seq is None:
+            return
+        try:
+            self._reserve(store, connection, frame.seq, limit)
+        except SpillwayError as error:
+            store.count(connection.id, {"in_flight": -1, "frames_refused": 1})
+            raise RefusedFrame(error, frame.id, frame.seq) from None
+
+    def _reserve(
+        self, store: ConnectionStore, connection: Connection, seq: int, window: int
+    ) -> None:
+        if seq >= connection.next_seq + window:
+            raise SeqOutOfWindowError(
+                f"seq {seq} is {window} or more past the next seq to answer "
+                f"({connection.next_seq}): wait for answers before sending it"
+            )
+        duplicate = DuplicateSeqError(f"seq {seq} was already sent on this connection")
+        if seq < connection.next_seq:
+            raise duplicate
+        if not store.reserve(connection.id, seq, self.clock(), self.settings.held_ttl_s):
+            raise duplicate
+        # ``next_seq`` may have passed ``seq`` after it was read (answered and its held
+        # item deleted before this reservation): then the reservation is a duplicate's.
+        now = store.get(connection.id, self.clock())
+        if now is None or seq < now.next_seq:
+            store.unreserve(connection.id, seq)
+            raise duplicate
+
+    def _answer(
+        self,
+        store: ConnectionStore,
+        frame: Frame,
+        connection: Connection,
+        where: Event,
+        remaining_ms: float | None,
+    ) -> Answer:
+        """The frame's answer; never raises."""
+        fields = {"connection_id": connection.id, "request_id": where.request_id, "id": frame.id}
+        try:
+            if frame.action == "stats":
+                now = store.get(connection.id, self.clock())
+                stats = (now or connection).stats()
+                seq = {} if frame.seq is None else {"seq": frame.seq}
+                return Answer({"id": frame.id, **seq, "connection": stats}, True)
+            call, target = routed(frame, where.request_id, remaining_ms, connection.tenant)
+            return Answer.of_reply(frame, self.router.route(call, target))
+        except SpillwayError as error:
+            log.info(
+                "refused",
+                extra={
+                    **fields,
+                    "status": error.status,
+                    "code": error.code,
+                    "reason": error.message,
+                },
+            )
+            return Answer.failed(error, frame.id, frame.seq)
+        except Exception:  # logged with its traceback, answered ``internal``
+            log.exception("unhandled error", extra=fields)
+            return Answer.failed(SpillwayError("internal error"), frame.id, frame.seq)
+
+    def _deliver(self, store: ConnectionStore, where: Event) -> None:
+        """Push held answers from ``next_seq`` upward while this call holds the lease;
+        after giving it back, look again (an answer held meanwhile by a call that found
+        the lease taken is this call's to push)."""
+        owner = os.urandom(12).hex()
+        lease = self.settings.lease_s
+        while store.acquire(where.connection_id, owner, self.clock(), self.clock() + lease):
+            try:
+                self._push_ready(store, where, owner)
+            except ConnectionGone:
+                self._close(store, where, "gone")
+                return
+            except Exception:  # the answer stays held for the next delivery
+                log.exception("push failed", extra={"connection_id": where.connection_id})
+                return
+            finally:
+                store.release(where.connection_id, owner)
+            connection = store.get(where.connection_id, self.clock())
+            if connection is None:
+                return
+            if store.held(where.connection_id, connection.next_seq, self.clock()) is None:
+                return
+
+    def _push_ready(self, store: ConnectionStore, where: Event, owner: str) -> None:
+        connection = store.get(where.connection_id, self.clock())
+        while connection is not None:
+            seq = connection.next_seq
+            data = store.held(where.connection_id, seq, self.clock())
+            if data is None:
+                return
+            sent = self._post(where, data)
+            now = self.clock()
+            if not store.advance(
+                where.connection_id, seq, owner, now, now + self.settings.lease_s, sent
+            ):
+                log.warning(
+                    "delivery lease lost", extra={"connection_id": where.connection_id, "seq": seq}
+                )
+                return
+            connection = store.get(where.connection_id, self.clock())
+
+    def _push(self, store: ConnectionStore, where: Event, answer: Answer) -> int:
+        """Push an answer out of order; the bytes sent. A gone connection is closed; any
+        other failure is logged (the answer is lost: nothing holds it)."""
+        try:
+            return self._post(where, answer.data)
+        except ConnectionGone:
+            self._close(store, where, "gone")
+        except Exception:  # logged with its traceback
+            log.exception("push failed", extra={"connection_id": where.connection_id})
+        return 0
+
+    def _post(self, where: Event, data: bytes) -> int:
+        """Post one answer (one over the message limit is replaced by its 413); the bytes
+        sent."""
+        limit = self.settings.max_message_bytes
+        if len(data) > limit:
+            document = json.loads(data)
+            error = too_large(len(data), limit, "answer")
+            data = Answer.failed(error, document.get("id"), document.get("seq")).data
+        self.poster.post(where.endpoint, where.connection_id, data)
+        return len(data)
+
+
+def _status(error: SpillwayError) -> dict[str, Any]:
+    """A refused event's answer (on ``$connect`` API Gateway refuses the upgrade)."""
+    return {"statusCode": error.status, "body": json_bytes(error.to_body()).decode()}

@@ -1,0 +1,201 @@
+"""In-memory stand-ins for the WebSocket gateway's parts: a connection store with the
+DynamoDB store's conditions (every operation atomic under one lock), a poster that records
+what it pushed, and API Gateway WebSocket events."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from spillway.streams.connections import COUNTERS, Admission, Connection, connection_key
+from spillway.streams.gateway import ConnectionGone
+
+ENDPOINT = "http://127.0.0.1:1"
+
+
+@dataclass
+class _Item:
+    tenant: str | None
+    connected_at: float
+    expires_at: float
+    next_seq: int = 0
+    counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0.0))
+    backends: dict[str, int] = field(default_factory=dict)
+    lease_owner: str | None = None
+    lease_until: float = 0.0
+
+
+class MemoryConnections:
+    """``ConnectionStore`` in memory."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, _Item] = {}
+        self.held_items: dict[tuple[str, int], bytes | None] = {}  # None: reserved
+        self.lock = threading.Lock()
+
+    def _live(self, connection_id: str, now: float) -> _Item | None:
+        item = self.items.get(connection_id)
+        return item if item is not None and item.expires_at > now else None
+
+    def open(self, connection_id: str, tenant: str | None, now: float, ttl_s: float) -> None:
+        connection_key(connection_id)
+        with self.lock:
+            self.items[connection_id] = _Item(tenant, now, now + ttl_s)
+
+    def get(self, connection_id: str, now: float) -> Connection | None:
+        with self.lock:
+            item = self._live(connection_id, now)
+            return None if item is None else _snapshot(connection_id, item)
+
+    def admit(self, connection_id: str, size: int, limit: int, now: float) -> Admission | None:
+        with self.lock:
+            item = self._live(connection_id, now)
+            if item is None:
+                return None
+            item.counters["frames_in"] += 1
+            item.counters["bytes_in"] += size
+            if item.counters["in_flight"] < limit:
+                item.counters["in_flight"] += 1
+                return Admission(True, int(item.counters["in_flight"]))
+            item.counters["frames_refused"] += 1
+            return Admission(False, int(item.counters["in_flight"]))
+
+    def count(
+        self, connection_id: str, deltas: Mapping[str, float], backend: str | None = None
+    ) -> None:
+        with self.lock:
+            item = self.items.get(connection_id)
+            if item is None:
+                return
+            for name, delta in deltas.items():
+                item.counters[name] += delta
+            if backend:
+                item.backends[backend] = item.backends.get(backend, 0) + 1
+
+    def reserve(self, connection_id: str, seq: int, now: float, ttl_s: float) -> bool:
+        with self.lock:
+            if (connection_id, seq) in self.held_items:
+                return False
+            self.held_items[(connection_id, seq)] = None
+            return True
+
+    def unreserve(self, connection_id: str, seq: int) -> None:
+        with self.lock:
+            if self.held_items.get((connection_id, seq), b"") is None:
+                del self.held_items[(connection_id, seq)]
+
+    def hold(self, connection_id: str, seq: int, answer: bytes, now: float, ttl_s: float) -> None:
+        with self.lock:
+            self.held_items[(connection_id, seq)] = answer
+
+    def held(self, connection_id: str, seq: int, now: float) -> bytes | None:
+        with self.lock:
+            return self.held_items.get((connection_id, seq))
+
+    def acquire(self, connection_id: str, owner: str, now: float, until: float) -> bool:
+        with self.lock:
+            item = self._live(connection_id, now)
+            if item is None or (item.lease_owner is not None and item.lease_until > now):
+                return False
+            item.lease_owner, item.lease_until = owner, until
+            return True
+
+    def advance(
+        self, connection_id: str, seq: int, owner: str, now: float, until: float, sent: int
+    ) -> bool:
+        with self.lock:
+            item = self._live(connection_id, now)
+            if item is None or item.next_seq != seq or item.lease_owner != owner:
+                return False
+            item.next_seq, item.lease_until = seq + 1, until
+            item.counters["in_flight"] -= 1
+            item.counters["bytes_out"] += sent
+            self.held_items.pop((connection_id, seq), None)
+            return True
+
+    def release(self, connection_id: str, owner: str) -> None:
+        with self.lock:
+            item = self.items.get(connection_id)
+            if item is not None and item.lease_owner == owner:
+                item.lease_owner, item.lease_until = None, 0.0
+
+    def close(self, connection_id: str, now: float, window: int) -> Connection | None:
+        with self.lock:
+            item = self.items.pop(connection_id, None)
+            first = item.next_seq if item is not None else 0
+            for seq in range(first, first + window):
+                self.held_items.pop((connection_id, seq), None)
+            return None if item is None else _snapshot(connection_id, item)
+
+
+def _snapshot(connection_id: str, item: _Item) -> Connection:
+    return Connection(
+        connection_id,
+        item.tenant,
+        item.connected_at,
+        item.next_seq,
+        dict(item.counters),
+        dict(item.backends),
+    )
+
+
+class MemoryPoster:
+    """Records every pushed answer per connection; a connection in ``gone`` is 410."""
+
+    def __init__(self) -> None:
+        self.pushed: dict[str, list[dict[str, Any]]] = {}
+        self.gone: set[str] = set()
+        self.lock = threading.Lock()
+
+    def post(self, endpoint: str, connection_id: str, data: bytes) -> None:
+        assert endpoint == ENDPOINT
+        with self.lock:
+            if connection_id in self.gone:
+                raise ConnectionGone(connection_id)
+            self.pushed.setdefault(connection_id, []).append(json.loads(data))
+
+    def answers(self, connection_id: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return list(self.pushed.get(connection_id, []))
+
+
+def ws_event(
+    route: str,
+    connection_id: str,
+    body: str | None = None,
+    *,
+    binary: bool = False,
+    headers: dict[str, str] | None = None,
+    api_key_id: str | None = None,
+) -> dict[str, Any]:
+    """An API Gateway WebSocket event (``$connect`` carries headers and identity)."""
+    context: dict[str, Any] = {
+        "routeKey": route,
+        "eventType": {"$connect": "CONNECT", "$disconnect": "DISCONNECT"}.get(route, "MESSAGE"),
+        "connectionId": connection_id,
+        "requestId": f"req-{connection_id}",
+        "domainName": "abc.execute-api.us-east-1.amazonaws.com",
+        "stage": "prod",
+        "identity": {"apiKeyId": api_key_id, "sourceIp": "127.0.0.1"},
+    }
+    event: dict[str, Any] = {"requestContext": context, "isBase64Encoded": binary}
+    if headers is not None:
+        event["headers"] = headers
+    if body is not None:
+        event["body"] = body
+    return event
+
+
+def text(**frame: Any) -> str:
+    """A text frame."""
+    return json.dumps(frame)
+
+
+def binary_frame(header: dict[str, Any], tensors: bytes) -> str:
+    """A binary frame as API Gateway hands it over: base64 of prefix, header, tensors."""
+    raw = json.dumps(header).encode()
+    return base64.b64encode(len(raw).to_bytes(4, "big") + raw + tensors).decode()
