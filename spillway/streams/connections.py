@@ -18,14 +18,19 @@ from __future__ import annotations
 
 import math
 import re
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from spillway.protocol.errors import InvalidInputError
 from spillway.state.dynamo import conditional, plain_item, typed
-from spillway.state.table import KEY, TTL_ATTRIBUTE, StateUnavailableError, ttl_value
+from spillway.state.table import (
+    KEY,
+    TTL_ATTRIBUTE,
+    DynamoStateStore,
+    StateUnavailableError,
+    ttl_value,
+)
 
 CONNECTION_PREFIX = "wsconn#"
 HELD_PREFIX = "wsheld#"
@@ -153,21 +158,17 @@ def held_key(connection_id: str, seq: int) -> str:
 
 
 class DynamoConnections:
-    """``ConnectionStore`` over the state table; the client is made on first use."""
+    """``ConnectionStore`` over the state table, through the router's ``DynamoStateStore``
+    (its client, made on first use, is shared)."""
 
-    def __init__(self, table: str, client_factory: Callable[[], Any]) -> None:
-        self.table = table
-        self._factory = client_factory
-        self._client: Any = None
-        self._lock = threading.Lock()
+    def __init__(self, state: DynamoStateStore) -> None:
+        self.state = state
+        self.table = state.table
 
     @property
     def client(self) -> Any:
-        """The DynamoDB client, made once."""
-        with self._lock:
-            if self._client is None:
-                self._client = self._factory()
-            return self._client
+        """The state table's DynamoDB client."""
+        return self.state.client
 
     def open(self, connection_id: str, tenant: str | None, now: float, ttl_s: float) -> None:
         values: dict[str, Any] = {

@@ -1,0 +1,248 @@
+"""The WebSocket connection store on DynamoDB (a moto server on 127.0.0.1): atomic counters,
+the TTL attribute, seq reservations, one lease holder among 8 threads, closing deletes held
+answers; and the gateway on that store routing digits frames through the real router to
+a real GPU service."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
+from spillway.state.table import DynamoStateStore, StateUnavailableError, create_table
+from spillway.streams.connections import DynamoConnections, held_key
+from spillway.streams.gateway import StreamGateway
+from spillway.streams.settings import StreamSettings
+from spillway.tenancy.identity import Authenticator
+from tests.support import Service, load_engine
+from tests.unit.stream_support import ENDPOINT, MemoryPoster, binary_frame, ws_event
+
+NOW = 1_800_000_000.0
+
+
+def _client() -> Any:
+    import boto3
+
+    return boto3.client("dynamodb")
+
+
+@pytest.fixture
+def table(aws_env: str) -> Iterator[str]:
+    name = f"state-{uuid.uuid4().hex[:8]}"
+    create_table(_client(), name)
+    yield name
+    _client().delete_table(TableName=name)
+
+
+@pytest.fixture
+def store(table: str) -> DynamoConnections:
+    return DynamoConnections(DynamoStateStore(table, _client))
+
+
+def raw_item(table: str, key: str) -> dict[str, Any] | None:
+    found: dict[str, Any] | None = (
+        _client().get_item(TableName=table, Key={"pk": {"S": key}}, ConsistentRead=True).get("Item")
+    )
+    return found
+
+
+def test_open_writes_the_tenant_zero_counters_and_the_ttl_attribute(
+    store: DynamoConnections, table: str
+) -> None:
+    # GIVEN connections of two tenants
+    store.open("c-acme=", "acme", NOW + 0.25, 10_800)
+    store.open("c-globex=", "globex", NOW, 60)
+    # THEN each item has its tenant, its counters at zero and expires_at in whole seconds
+    item = raw_item(table, "wsconn#c-acme=")
+    assert item is not None
+    assert item["expires_at"] == {"N": str(int(NOW) + 10_801)}
+    assert item["tenant"] == {"S": "acme"}
+    acme = store.get("c-acme=", NOW)
+    assert acme is not None
+    assert (acme.tenant, acme.next_seq, acme.in_flight, acme.backends) == ("acme", 0, 0, {})
+    assert acme.stats()["frames_in"] == 0
+    # AND an item past its expiry reads as absent and admits nothing
+    assert store.get("c-globex=", NOW + 60) is None
+    assert store.admit("c-globex=", 10, 4, NOW + 61) is None
+    globex = store.get("c-globex=", NOW)
+    assert globex is not None
+    assert globex.tenant == "globex"
+
+
+def test_admission_is_bounded_and_counters_add_up(store: DynamoConnections) -> None:
+    # GIVEN a connection and a bound of 2
+    store.open("c1", "acme", NOW, 600)
+    # WHEN three frames arrive and one is settled
+    admissions = [store.admit("c1", 100, 2, NOW) for _ in range(3)]
+    store.count("c1", {"in_flight": -1, "frames_answered": 1, "cost_usd": 0.25}, "gpu")
+    store.count("c1", {"frames_failed": 1, "cost_usd": 0.125}, "cpu")
+    store.count("c1", {"frames_answered": 1}, "gpu")
+    # THEN two were admitted, the third refused with 2 in flight
+    assert [(a.admitted, a.in_flight) for a in admissions if a] == [
+        (True, 1),
+        (True, 2),
+        (False, 2),
+    ]
+    # AND the counters say so
+    connection = store.get("c1", NOW)
+    assert connection is not None
+    assert connection.stats() | {"connected_at": 0} == {
+        "connected_at": 0,
+        "in_flight": 1,
+        "frames_in": 3,
+        "frames_answered": 2,
+        "frames_failed": 1,
+        "frames_refused": 1,
+        "bytes_in": 300,
+        "bytes_out": 0,
+        "cost_usd": 0.375,
+        "backends": {"gpu": 2, "cpu": 1},
+    }
+    # AND counting on a connection that is gone creates nothing
+    store.count("gone", {"frames_in": 1})
+    assert store.get("gone", NOW) is None
+
+
+def test_seq_reservations_held_answers_and_advance(store: DynamoConnections, table: str) -> None:
+    store.open("c1", None, NOW, 600)
+    # GIVEN seq 0 reserved: a second reservation fails, and nothing is ready yet
+    assert store.reserve("c1", 0, NOW, 900)
+    assert not store.reserve("c1", 0, NOW, 900)
+    assert store.held("c1", 0, NOW) is None
+    # WHEN its answer is held
+    store.hold("c1", 0, b'{"id":"a"}', NOW, 900)
+    # THEN it is ready, and a pending reservation's undo does not delete a ready answer
+    store.unreserve("c1", 0)
+    assert store.held("c1", 0, NOW) == b'{"id":"a"}'
+    # AND only the lease owner advances, only from next_seq; advancing deletes the answer
+    assert store.acquire("c1", "me", NOW, NOW + 30)
+    assert not store.advance("c1", 0, "other", NOW, NOW + 30, 10)
+    assert not store.advance("c1", 1, "me", NOW, NOW + 30, 10)
+    assert store.advance("c1", 0, "me", NOW, NOW + 30, 10)
+    connection = store.get("c1", NOW)
+    assert connection is not None
+    assert (connection.next_seq, connection.counters["bytes_out"]) == (1, 10)
+    assert raw_item(table, held_key("c1", 0)) is None
+
+
+def test_one_lease_holder_among_eight_threads(store: DynamoConnections) -> None:
+    # GIVEN a connection WHEN eight threads take its lease at once
+    store.open("c1", "acme", NOW, 600)
+    won: list[str] = []
+    start = threading.Barrier(8)
+
+    def take(owner: str) -> None:
+        start.wait()
+        if store.acquire("c1", owner, NOW, NOW + 30):
+            won.append(owner)
+
+    threads = [threading.Thread(target=take, args=(f"o{i}",)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    # THEN exactly one holds it
+    assert len(won) == 1
+    # AND another owner's release leaves it held; it is free once released or expired
+    store.release("c1", "intruder")
+    assert not store.acquire("c1", "late", NOW + 1, NOW + 31)
+    assert store.acquire("c1", "after-expiry", NOW + 30, NOW + 60)
+    store.release("c1", "after-expiry")
+    assert store.acquire("c1", "next", NOW + 31, NOW + 61)
+
+
+def test_close_deletes_the_item_and_every_held_answer(store: DynamoConnections, table: str) -> None:
+    # GIVEN a connection with next_seq 0 and answers held at 1, 5 and 31 (window 32)
+    store.open("c1", "acme", NOW, 600)
+    store.admit("c1", 50, 32, NOW)
+    for seq in (1, 5, 31):
+        store.reserve("c1", seq, NOW, 900)
+        store.hold("c1", seq, b"{}", NOW, 900)
+    # WHEN it closes
+    last = store.close("c1", NOW, 32)
+    # THEN its last counters come back and nothing of it is left
+    assert last is not None
+    assert (last.tenant, last.counters["frames_in"], last.in_flight) == ("acme", 1, 1)
+    assert raw_item(table, "wsconn#c1") is None
+    assert [raw_item(table, held_key("c1", s)) for s in (1, 5, 31)] == [None, None, None]
+    assert store.close("c1", NOW, 32) is None
+
+
+def test_an_unreachable_table_is_state_unavailable(aws_env: str) -> None:
+    store = DynamoConnections(DynamoStateStore("no-such-table", _client))
+    with pytest.raises(StateUnavailableError) as caught:
+        store.get("c1", NOW)
+    assert (caught.value.status, caught.value.code) == (503, "unavailable")
+
+
+def test_digits_frames_through_the_real_router_in_order_per_tenant(
+    table: str, service: Service, serving_repo: Path
+) -> None:
+    # GIVEN the gateway on the moto table, the router built from its settings in front
+    # of a real GPU service, and two connections of two tenants
+    settings = RouterSettings(
+        gpu_url=service.base, state_table=table, metrics_log=Path("/dev/null")
+    )
+    router = create_app(settings).router
+    state = DynamoStateStore(table, _client)
+    poster = MemoryPoster()
+    gateway = StreamGateway(
+        router,
+        DynamoConnections(state),
+        poster,
+        StreamSettings(management_endpoint=ENDPOINT),
+        Authenticator(identity_tenants={"key-a": "acme", "key-g": "globex"}),
+    )
+    for connection, key in (("c-a", "key-a"), ("c-g", "key-g")):
+        assert gateway.handle(ws_event("$connect", connection, api_key_id=key))["statusCode"] == 200
+    images = np.load(serving_repo / "digits" / "samples" / "images.npy")[:6].astype(np.float32)
+    expected = load_engine(serving_repo, "digits").infer({"image": images})["label"]
+
+    def send(connection: str, seq: int) -> None:
+        image = images[seq : seq + 1]
+        header = {
+            "id": f"{connection}-{seq}",
+            "model": "digits",
+            "seq": seq,
+            "inputs": [
+                {
+                    "name": "image",
+                    "shape": list(image.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": image.nbytes},
+                }
+            ],
+        }
+        event = ws_event("$default", connection, binary_frame(header, image.tobytes()), binary=True)
+        gateway.handle(event, 5000.0)
+
+    # WHEN each sends six binary image frames from six threads at once
+    threads = [threading.Thread(target=send, args=(c, s)) for c in ("c-a", "c-g") for s in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    # THEN each connection got its six answers once, in seq order, equal to the engine's
+    for connection in ("c-a", "c-g"):
+        answers = poster.answers(connection)
+        assert [a["seq"] for a in answers] == list(range(6)), answers
+        labels = [next(o for o in a["outputs"] if o["name"] == "label")["data"][0] for a in answers]
+        assert labels == [int(v) for v in np.asarray(expected).reshape(-1)]
+        assert {a["spillway"]["backend"] for a in answers} == {"gpu"}
+    # AND stats and $disconnect report each connection's own accounting
+    gateway.handle(ws_event("$default", "c-a", json.dumps({"id": "s", "action": "stats"})))
+    stats = poster.answers("c-a")[-1]["connection"]
+    # (the stats frame itself is in flight while it is answered)
+    assert (stats["frames_in"], stats["frames_answered"], stats["in_flight"]) == (7, 6, 1)
+    assert stats["backends"] == {"gpu": 6}
+    gateway.handle(ws_event("$disconnect", "c-a"))
+    assert raw_item(table, "wsconn#c-a") is None
+    assert raw_item(table, "wsconn#c-g") is not None
