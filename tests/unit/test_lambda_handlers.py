@@ -1,4 +1,4 @@
-"""The three Lambda handlers in Powertools' shape, each in a fresh interpreter (a cold
+"""The four Lambda handlers in Powertools' shape, each in a fresh interpreter (a cold
 start of its own): the adapter's answer, one log line per event with the Lambda context
 and API Gateway's request id as correlation id, the cold-start metric as one valid EMF
 line, and a warm invocation without metrics that neither fails nor writes one."""
@@ -62,6 +62,14 @@ CASES = {
         404,
         "spillway-cpu-infer",
     ),
+    "websocket": (
+        "functions.websocket.handler",
+        # a $connect to a deployment without a state table: refused before any AWS call
+        _event("websocket/connect.json"),
+        {"ROUTER_GPU_URL": "", "ROUTER_METRICS_LOG": os.devnull},
+        503,
+        "spillway-websocket",
+    ),
 }
 
 
@@ -90,7 +98,8 @@ def run_handler(name: str, tmp_path: Path) -> tuple[dict[str, Any], list[dict[st
         "AWS_DEFAULT_REGION": "us-east-1",
         **{k: v.replace("{empty}", str(empty)) for k, v in variables.items()},
     }
-    for unset in ("POWERTOOLS_METRICS_NAMESPACE", "POWERTOOLS_DEV", "ROUTER_POLICY_PARAMETER"):
+    unsets = ("POWERTOOLS_METRICS_NAMESPACE", "POWERTOOLS_DEV", "ROUTER_POLICY_PARAMETER")
+    for unset in (*unsets, "ROUTER_STATE_TABLE", "WS_TRACING"):
         env.pop(unset, None)
     done = subprocess.run(
         [sys.executable, "-c", _RUNNER, str(out), module, str(event_file)],
@@ -136,3 +145,15 @@ def test_log_lines_carry_the_context_and_the_request_id(tmp_path: Path) -> None:
         assert line["correlation_id"] == CASES["jobs"][1]["requestContext"]["requestId"]
         assert line["function_request_id"] == "6f1c0cd2-5b5a-4b59-9d44-6a6e6f1b8c1e"
         assert (line["status"], line["code"]) == (401, "unauthenticated")
+
+
+def test_websocket_log_lines_carry_the_request_id(tmp_path: Path) -> None:
+    # GIVEN a $connect the WebSocket function refuses WHEN the handler serves it
+    _, lines, _ = run_handler("websocket", tmp_path)
+    # THEN its "refused" lines carry API Gateway's request id and the stable code
+    refused = [line for line in lines if line.get("message") == "refused"]
+    assert len(refused) == 2, lines
+    for line in refused:
+        assert line["correlation_id"] == CASES["websocket"][1]["requestContext"]["requestId"]
+        assert line["connection_id"] == CASES["websocket"][1]["requestContext"]["connectionId"]
+        assert (line["status"], line["code"]) == (503, "websocket_not_configured")
