@@ -265,9 +265,11 @@ class DoorRun:
     def line(self) -> str:
         """Two lines for a terminal: speed, then correctness and the GPU's batches."""
         got = self.summary()
-        order = "yes" if got["order_kept"] else "no"
+        order = "yes" if got["out_of_order"] == got["duplicated"] == 0 else "no"
         if self.door == "http":
             order = f"n/a ({got['out_of_order']} answers overtook an earlier frame)"
+        if got["missing"]:
+            order += f"; {got['missing']} frames unanswered"
         return (
             f"{DOOR_NAMES[self.door]}: {got['frames_per_s_total']:.1f} frames/s "
             f"({got['frames_per_s_per_stream_p50']:.2f} a stream), p50 "
