@@ -16,7 +16,8 @@ the local gateway's) and answers it:
 
 The router's call never raises out of ``handle``: a ``SpillwayError`` is the frame's
 failure answer with its code, anything else is logged with its traceback and answered
-``internal`` (500).
+``internal`` (500). A state table that cannot be reached before the frame is admitted is
+its answer too (503 ``unavailable``, its ``seq`` left open); after, it is logged.
 """
 
 from __future__ import annotations
@@ -248,32 +249,51 @@ class StreamGateway:
         where: Event,
         remaining_ms: float | None,
     ) -> None:
-        connection = store.get(where.connection_id, self.clock())
-        if connection is None:
-            self._push(store, where, Answer.failed(NotConnectedError("not connected"), None))
+        accepted = self._accept(store, event, where)
+        if accepted is None:
             return
+        frame, connection = accepted
+        answer = self._answer(store, frame, connection, where, remaining_ms)
+        try:
+            self._settle(store, frame, answer, where)
+        except SpillwayError as error:  # the table failed after the frame was answered
+            log.warning("settling failed", extra={"id": frame.id, "reason": error.message})
+
+    def _accept(
+        self, store: ConnectionStore, event: Mapping[str, Any], where: Event
+    ) -> tuple[Frame, Connection] | None:
+        """The frame and its connection, admitted; ``None`` when it was answered at once
+        (refused, or the state table could not be reached)."""
         body, binary = event.get("body"), bool(event.get("isBase64Encoded"))
         size = len(body) if isinstance(body, str) else 0
+        frame: Frame | None = None
         try:
-            data = frame_bytes(body, binary, self.settings.max_message_bytes)
-            size = len(data)
-            frame = read_frame(data, binary)
-        except RefusedFrame as refusal:
-            counts = {"frames_in": 1, "bytes_in": size, "frames_refused": 1}
-            store.count(where.connection_id, counts)
-            self._push(store, where, refusal.answer())
-            return
-        try:
+            try:
+                data = frame_bytes(body, binary, self.settings.max_message_bytes)
+                size = len(data)
+                frame = read_frame(data, binary)
+            except RefusedFrame:
+                counts = {"frames_in": 1, "bytes_in": size, "frames_refused": 1}
+                store.count(where.connection_id, counts)
+                raise
+            connection = store.get(where.connection_id, self.clock())
+            if connection is None:
+                raise RefusedFrame(NotConnectedError("not connected"), frame.id, frame.seq)
             self._admit(store, connection, frame, size)
         except RefusedFrame as refusal:
             self._push(store, where, refusal.answer())
-            return
-        answer = self._answer(store, frame, connection, where, remaining_ms)
-        store.count(
-            where.connection_id,
-            {"frames_answered" if answer.ok else "frames_failed": 1, "cost_usd": answer.cost_usd},
-            answer.backend,
-        )
+            return None
+        except SpillwayError as error:  # the state table
+            log.warning("refused", extra={"status": error.status, "code": error.code})
+            ids = (frame.id, frame.seq) if frame is not None else (None, None)
+            self._push(store, where, Answer.failed(error, *ids))
+            return None
+        return frame, connection
+
+    def _settle(self, store: ConnectionStore, frame: Frame, answer: Answer, where: Event) -> None:
+        """Count the answer, and push it: at once without ``seq``, else held for order."""
+        counter = "frames_answered" if answer.ok else "frames_failed"
+        store.count(where.connection_id, {counter: 1, "cost_usd": answer.cost_usd}, answer.backend)
         if frame.seq is None:
             sent = self._push(store, where, answer)
             store.count(where.connection_id, {"in_flight": -1, "bytes_out": sent})

@@ -22,7 +22,8 @@ from spillway.router.backends import BackendRequest, BackendResponse
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from spillway.routing.facts import Call
-from spillway.streams.connections import Connection
+from spillway.state.table import StateUnavailableError
+from spillway.streams.connections import Admission, Connection
 from spillway.streams.gateway import StreamGateway
 from spillway.streams.settings import StreamSettings
 from spillway.tenancy.identity import Authenticator
@@ -151,9 +152,37 @@ def test_connect_stores_the_tenant_and_an_unauthenticated_caller_is_refused(h: H
 
 def test_a_frame_on_an_unknown_connection_is_not_connected(h: Harness) -> None:
     h.frame("c-x", id="f1", model="echo", inputs=INPUTS)
+    h.send("c-x", "not json")
     assert h.answers("c-x") == [
-        {"id": None, "error": "not connected", "code": "not_connected", "status": 401}
+        {"id": "f1", "error": "not connected", "code": "not_connected", "status": 401},
+        {
+            "id": None,
+            "error": "invalid JSON: Expecting value at position 0",
+            "code": "invalid_frame",
+            "status": 400,
+        },
     ]
+    assert h.router.calls == []
+    assert h.store.items == {}
+
+
+class UnreachableAdmit(MemoryConnections):
+    def admit(self, connection_id: str, size: int, limit: int, now: float) -> Admission | None:
+        raise StateUnavailableError("the state table t cannot be reached (EndpointConnectionError)")
+
+
+def test_a_frame_the_state_table_cannot_admit_is_answered_unavailable() -> None:
+    h = harness()
+    h.gateway.store = h.store = UnreachableAdmit()
+    h.connect("c1")
+    h.frame("c1", id="f1", seq=0, model="echo", inputs=INPUTS)
+    (answer,) = h.answers("c1")
+    assert (answer["id"], answer["seq"], answer["code"], answer["status"]) == (
+        "f1",
+        0,
+        "unavailable",
+        503,
+    )
     assert h.router.calls == []
 
 
