@@ -18,6 +18,7 @@ from spillway.async_inference.settings import AsyncSettings
 from spillway.fallback.settings import CpuSettings
 from spillway.protocol.errors import SpillwayError
 from spillway.router.settings import RouterSettings
+from spillway.streams.settings import StreamSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -33,6 +34,7 @@ ERRORS = ROOT / "docs" / "errors.md"
         (CpuSettings, "CPU_"),
         (JobsSettings, "JOBS_"),
         (AsyncSettings, "ASYNC_"),
+        (StreamSettings, "WS_"),
     ],
 )
 def test_every_setting_is_documented(settings: type[BaseModel], prefix: str) -> None:
