@@ -155,6 +155,8 @@ _IDENTITIES: dict[str, Callable[[str, str], Identity]] = {
     ),
     "AWS::ApiGateway::RestApi": lambda name, logical: _rest_api(logical),
     "AWS::Serverless::Api": lambda name, logical: _rest_api(logical),
+    # A WebSocket API's Ref is its ID too; its stages' @connections live under it.
+    "AWS::ApiGatewayV2::Api": lambda name, logical: _rest_api(logical),
     "AWS::Lambda::Function": lambda name, logical: _function(name),
     "AWS::Serverless::Function": lambda name, logical: _function(name),
     # Ref is the ARN; its executions are execution:NAME:EXECUTION.

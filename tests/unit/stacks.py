@@ -4,8 +4,10 @@ The infrastructure stacks take their default names and parameters (the GPU image
 the one given value), the SAM application nests the observability stack with the values
 template.yaml passes it, and the Serverless application is ``serverless.yml`` for stage
 ``prod`` with the resources the framework adds itself (a log group and a function per
-function, named as v3 names them). ``SPILLWAY_SLS_PACKAGED`` adds the CloudFormation that
-``serverless package`` really wrote. Intrinsics resolve through ``infra.checks.cfn_eval``.
+function, and for ``websocket`` events the WebSocket API, its stage and routes, named as
+v3 names them, with ``resources.extensions``' properties on the WebSocket ones).
+``SPILLWAY_SLS_PACKAGED`` adds the CloudFormation that ``serverless package`` really wrote.
+Intrinsics resolve through ``infra.checks.cfn_eval``.
 """
 
 from __future__ import annotations
@@ -63,9 +65,56 @@ def serverless_config(cli: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return config
 
 
+def websocket_route_logical_id(route: str) -> str:
+    """v3's logical ID of a WebSocket route (``$connect`` → ``SconnectWebsocketsRoute``)."""
+    return route.replace("$", "S").replace("/", "Slash").replace("-", "Dash") + "WebsocketsRoute"
+
+
+def _websocket_resources(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The WebSocket API v3 makes for ``websocket`` events: API, stage and routes, each
+    with the properties ``resources.extensions`` adds."""
+    routes = [
+        event["websocket"]["route"]
+        for function in config["functions"].values()
+        for event in function.get("events", [])
+        if "websocket" in event
+    ]
+    if not routes:
+        return {}
+    provider = config["provider"]
+    resources: dict[str, Any] = {
+        "WebsocketsApi": {
+            "Type": "AWS::ApiGatewayV2::Api",
+            "Properties": {
+                "Name": provider["websocketsApiName"],
+                "ProtocolType": "WEBSOCKET",
+                "RouteSelectionExpression": provider["websocketsApiRouteSelectionExpression"],
+            },
+        },
+        "WebsocketsDeploymentStage": {
+            "Type": "AWS::ApiGatewayV2::Stage",
+            "Properties": {"ApiId": {"Ref": "WebsocketsApi"}, "StageName": provider["stage"]},
+        },
+    }
+    for route in routes:
+        resources[websocket_route_logical_id(route)] = {
+            "Type": "AWS::ApiGatewayV2::Route",
+            "Properties": {
+                "ApiId": {"Ref": "WebsocketsApi"},
+                "RouteKey": route,
+                "AuthorizationType": "NONE",
+            },
+        }
+    for logical, extension in config["resources"].get("extensions", {}).items():
+        if logical in resources:
+            resources[logical]["Properties"].update(extension.get("Properties", {}))
+    return resources
+
+
 def serverless_template(config: Mapping[str, Any]) -> dict[str, Any]:
     """The CloudFormation the framework generates, as far as these checks need it: the
-    configuration's resources plus each function's log group and function."""
+    configuration's resources plus each function's log group and function, and the
+    WebSocket API of ``websocket`` events."""
     resources = dict(config["resources"]["Resources"])
     for key, function in config["functions"].items():
         stem = _function_key(key)
@@ -77,6 +126,7 @@ def serverless_template(config: Mapping[str, Any]) -> dict[str, Any]:
             "Type": "AWS::Lambda::Function",
             "Properties": {"FunctionName": function["name"]},
         }
+    resources.update(_websocket_resources(config))
     return {
         "Parameters": config["resources"].get("Parameters", {}),
         "Conditions": config["resources"].get("Conditions", {}),

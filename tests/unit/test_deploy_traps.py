@@ -29,6 +29,7 @@ RESERVED = {
     "RouterFunction": ("RouterReservedConcurrency", "routerReservedConcurrency"),
     "CpuInferFunction": ("CpuReservedConcurrency", "cpuReservedConcurrency"),
     "JobsFunction": ("JobsReservedConcurrency", "jobsReservedConcurrency"),
+    "WebSocketFunction": ("WebSocketReservedConcurrency", "websocketReservedConcurrency"),
 }
 
 
@@ -118,10 +119,15 @@ def translated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_sam_creates_only_the_stage_it_is_given(translated: dict[str, Any]) -> None:
     resources = translated["Resources"].values()
-    stages = [r["Properties"]["StageName"] for r in resources if r["Type"].endswith("::Stage")]
+
+    def stages(kind: str) -> list[Any]:
+        return [r["Properties"]["StageName"] for r in resources if r["Type"] == kind]
+
     deployments = [r["Properties"] for r in resources if r["Type"].endswith("::Deployment")]
-    # THEN one stage, the Stage parameter's; no deployment makes a stage of its own
-    assert stages == [{"Ref": "Stage"}]
+    # THEN one stage per API (REST and WebSocket), the Stage parameter's; no deployment
+    # makes a stage of its own
+    assert stages("AWS::ApiGateway::Stage") == [{"Ref": "Stage"}]
+    assert stages("AWS::ApiGatewayV2::Stage") == [{"Ref": "Stage"}]
     assert deployments
     assert [d for d in deployments if "StageName" in d] == []
 

@@ -152,6 +152,44 @@ def _application(stack: Stack, d: Deployment, cpu_function: str, qualifier: str)
     return needs
 
 
+CONNECTION = "L0SM9cOFvHcCIhw="  # a WebSocket connection id as API Gateway makes them
+
+
+def _websocket(stack: Stack, api: str, log_group: str, stage: str = "prod") -> list[Need]:
+    """The WebSocket function (the router's role): its logs, the connection items in the
+    router's state table, and each @connections call on a real-shaped ARN,
+    ``arn:aws:execute-api:REGION:ACCOUNT:API_ID/STAGE/METHOD/@connections/CONNECTION``."""
+    table = stack.get_att("RouterStateTable", "Arn")
+    connections = arn("execute-api", f"{stack.ref(api)}/{stage}")
+    return [
+        *_writes_logs("RouterRole", stack, log_group, LAMBDA_STREAM),
+        *(
+            Need("RouterRole", f"dynamodb:{action}", table)
+            for action in ("GetItem", "PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem")
+        ),
+        *(
+            Need("RouterRole", "execute-api:ManageConnections",
+                 f"{connections}/{method}/@connections/{CONNECTION}")
+            for method in ("POST", "GET", "DELETE")
+        ),
+    ]  # fmt: skip
+
+
+def test_answers_are_pushed_on_this_apis_stage_only() -> None:
+    # GIVEN the WebSocket function's policy in both forms
+    for stack, api in ((DEPLOYMENT.sam, "WebSocketApi"), (DEPLOYMENT.sls, "WebsocketsApi")):
+        found = statements(stack)
+        push = arn("execute-api", f"{stack.ref(api)}/prod/POST/@connections/{CONNECTION}")
+        # THEN it may post to this API's prod stage, nowhere else
+        assert allowed(found, "RouterRole", "execute-api:ManageConnections", push)
+        for other in (
+            push.replace("/prod/", "/dev/"),
+            arn("execute-api", f"a0b1c2d3e4/prod/POST/@connections/{CONNECTION}"),
+            push.replace("/POST/@connections/", "/POST/infer/"),
+        ):
+            assert not allowed(found, "RouterRole", "execute-api:ManageConnections", other)
+
+
 def _pipeline(stack: Stack, d: Deployment, target: str) -> list[Need]:
     """An async request for the topics pipeline: the router starts an execution of its
     state machine, whose states invoke ``target`` (the CPU function as the router invokes
@@ -235,11 +273,14 @@ def needs(d: Deployment, recorded: bool = True) -> Iterator[tuple[Stack, Need]]:
         ]),
         (d.sam, _application(d.sam, d, "CpuInferFunction", ":live")),
         (d.sls, _application(d.sls, d, "CpuInferLambdaFunction", "")),
+        (d.sam, _websocket(d.sam, "WebSocketApi", "WebSocketLogGroup")),
+        (d.sls, _websocket(d.sls, "WebsocketsApi", "WebsocketLogGroup")),
         (d.sam, _pipeline(d.sam, d, d.sam.get_att("CpuInferFunction", "Arn") + ":live")),
         (d.sls, _pipeline(d.sls, d, d.sls.get_att("CpuInferLambdaFunction", "Arn"))),
     ]  # fmt: skip
     if d.packaged is not None:
         by_stack.append((d.packaged, _application(d.packaged, d, "CpuInferLambdaFunction", "")))
+        by_stack.append((d.packaged, _websocket(d.packaged, "WebsocketsApi", "WebsocketLogGroup")))
     for app_stack, made in async_calls:
         by_stack.append((app_stack, [*made["router"], *made["cpu"]]))
     for stack, calls in by_stack:

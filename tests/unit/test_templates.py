@@ -30,9 +30,10 @@ from spillway.routing.policy import parse_policy
 ROOT = Path(__file__).resolve().parents[2]
 STAGE = "prod"
 # SAM logical id -> Serverless function key
-FUNCTIONS = {"RouterFunction": "router", "CpuInferFunction": "cpuInfer", "JobsFunction": "jobs"}
+FUNCTIONS = {"RouterFunction": "router", "CpuInferFunction": "cpuInfer", "JobsFunction": "jobs",
+             "WebSocketFunction": "websocket"}  # fmt: skip
 SLS_LOGICAL = {"router": "RouterLambdaFunction", "cpuInfer": "CpuInferLambdaFunction",
-               "jobs": "JobsLambdaFunction"}  # fmt: skip
+               "jobs": "JobsLambdaFunction", "websocket": "WebsocketLambdaFunction"}  # fmt: skip
 IAM_TEMPLATES = [
     "template.yaml",
     "infra/network.yaml",
