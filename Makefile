@@ -49,7 +49,7 @@ bench-gpu: models
 # gRPC streams and HTTP on a stack of its own, then the GPU service killed under them.
 .PHONY: bench-streams
 bench-streams: setup models
-	$(BIN)/python -m bench.stream_bench --models $(MODELS) --kill --out docs
+	$(BIN)/python -m bench.stream_bench --models $(MODELS) --window 2 --kill --out docs
 
 clean:
 	rm -rf $(MODELS) .pytest_cache .mypy_cache .ruff_cache .hypothesis

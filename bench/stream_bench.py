@@ -110,16 +110,17 @@ def table(results: dict[str, Any]) -> str:
             "",
             "GPU service killed (SIGKILL) after a third of the frames:",
             "",
-            "| door | frames | answered (right) | by the GPU | by the CPU fallback "
-            "| reported failed, unanswered | not sent | answered twice | in seq order |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| door | frames | answered once | answered twice | unanswered | by the GPU "
+            "| by the CPU fallback | of them reported failed | of them not sent | in seq order |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for run in results["killed"]:
             backends = run["backends"]
+            once = run["answered"] - run["duplicated"]
             lines.append(
-                f"| {DOOR_NAMES[run['door']]} | {run['frames']} | {run['answered']} "
-                f"({run['answered_ok']}) | {backends.get('gpu', 0)} | {backends.get('cpu', 0)} "
-                f"| {run['failed_unanswered']} | {run['not_sent']} | {run['duplicated']} | "
+                f"| {DOOR_NAMES[run['door']]} | {run['frames']} | {once} | {run['duplicated']} "
+                f"| {run['missing']} | {backends.get('gpu', 0)} | {backends.get('cpu', 0)} "
+                f"| {run['failed_unanswered']} | {run['not_sent']} | "
                 f"{'yes' if run['out_of_order'] == 0 else 'no'} |"
             )
     return "\n".join(lines) + "\n"

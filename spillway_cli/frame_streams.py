@@ -146,8 +146,10 @@ class StreamLog:
 
     @property
     def done(self) -> int:
-        """Frames settled: answered, answered with an error, or reported failed."""
-        return len(self.answers) + sum(self.errors.values()) + self.failed_unanswered
+        """Frames settled: answered (a frame answered twice counts once: the stream still
+        waits for every other frame), answered with an error, or reported failed."""
+        answered = len({answer.seq for answer in self.answers})
+        return answered + sum(self.errors.values()) + self.failed_unanswered
 
     def order(self) -> tuple[int, int, int]:
         """(out of order, missing, duplicated) of the answered seqs, in arrival order."""

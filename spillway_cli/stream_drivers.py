@@ -148,6 +148,7 @@ async def _websocket(run: _Shared, log: StreamLog) -> None:
         raise RuntimeError("this stack serves no WebSocket API (no SPILLWAY_WEBSOCKET_URL)")
     window = asyncio.Semaphore(run.scenario.window)
     resends: set[asyncio.Task[None]] = set()
+    answered: set[int] = set()
     tenant = {"x-spillway-tenant": TENANTS[log.stream % len(TENANTS)]}
     url, headers = endpoints.websocket_url, {**tenant, **endpoints.headers}
     async with run.session.ws_connect(url, headers=headers) as ws:
@@ -178,7 +179,7 @@ async def _websocket(run: _Shared, log: StreamLog) -> None:
                     resends.add(task)
                     task.add_done_callback(resends.discard)
                     continue
-                window.release()
+                again = isinstance(seq, int) and seq in answered
                 if "error" in answer or not isinstance(seq, int):
                     log.failed(str(answer.get("code", "no_seq")))
                 else:
@@ -187,7 +188,10 @@ async def _websocket(run: _Shared, log: StreamLog) -> None:
                     label = _label(answer["outputs"])
                     backend = str(meta.get("backend", "?"))
                     log.answered(seq, label, backend, meta.get("fallback"), expected)
-                progress.settle()
+                    answered.add(seq)
+                if not again:  # a second answer to a frame frees no slot and settles nothing
+                    window.release()
+                    progress.settle()
                 if log.done >= log.frames:
                     break
         finally:
