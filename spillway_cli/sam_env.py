@@ -112,6 +112,8 @@ def local_values(stack: StackEndpoints) -> dict[str, str]:
         "ROUTER_JOBS_STAGING": f"s3://{DATA_BUCKET}/staging/router",
         "ROUTER_POLICY_PARAMETER": POLICY_PARAMETER,
         "ROUTER_STATE_TABLE": STATE_TABLE,
+        # The WebSocket function pushes answers to the local gateway's @connections API.
+        "WS_MANAGEMENT_ENDPOINT": stack.url("websocket"),
         "CPU_REPOSITORY": REPOSITORY,
         "JOBS_TABLE": jobs.table,
         "JOBS_JOB_QUEUE": jobs.job_queue,

@@ -10,6 +10,7 @@ and cost) and, with ``WS_TRACING`` on, Tracer around one ``StreamGateway.handle`
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from aws_lambda_powertools.logging import Logger
@@ -71,4 +72,22 @@ gateway = StreamGateway(
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Serve one API Gateway WebSocket event (``$connect``, ``$disconnect``, ``$default``)."""
     remaining = getattr(context, "get_remaining_time_in_millis", None)
-    return gateway.handle(event, float(remaining()) if callable(remaining) else None)
+    return gateway.handle(
+        offline_binary(event), float(remaining()) if callable(remaining) else None
+    )
+
+
+def offline_binary(event: dict[str, Any]) -> dict[str, Any]:
+    """A binary frame as API Gateway hands it over (base64 text, ``isBase64Encoded``).
+
+    serverless-offline passes a binary frame's bytes as Node's JSON form of a Buffer,
+    ``{"type": "Buffer", "data": [byte, ...]}``; API Gateway never sends a body that is
+    not text, so only that local shape is rewritten here (anything else is left for the
+    gateway to judge)."""
+    body = event.get("body")
+    if not (isinstance(body, dict) and body.get("type") == "Buffer"):
+        return event
+    data = body.get("data")
+    if not (isinstance(data, list) and all(type(b) is int and 0 <= b < 256 for b in data)):
+        return event
+    return {**event, "body": base64.b64encode(bytes(data)).decode(), "isBase64Encoded": True}

@@ -32,11 +32,15 @@ TEMPLATE = ROOT / "template.yaml"
 SAM_VENV = ROOT / os.environ.get("SAM_VENV", ".venv-sam")
 # template.yaml's functions and their folders of events
 FUNCTIONS = {"RouterFunction": "router", "CpuInferFunction": "cpu_infer", "JobsFunction": "jobs"}
+# The WebSocket function's events run through its handler without Docker only
+# (test_sam_events.py): its code is the router's, in the same zip and layer.
+EVENT_FUNCTIONS = {**FUNCTIONS, "WebSocketFunction": "websocket"}
 # Events that read what an earlier one wrote, in the order they run: the session the PUT
 # stored, the job submit.json started.
 CHAINS = (
     ("router/session-put-rest-v1.json", "router/session-get-rest-v1.json"),
     ("jobs/submit.json", "jobs/status-of-submit.json", "jobs/status.json", "jobs/nightly.json"),
+    ("websocket/connect.json", "websocket/message-text.json", "websocket/disconnect.json"),
 )
 # uuid5 of submit.json's caller's scope and Idempotency-Key
 SUBMITTED_JOB = "9a510cb6-3ea2-59b9-a4b5-788e356ddd65"
@@ -45,7 +49,7 @@ NIGHTLY_DAY = "2024-06-02"  # nightly.json's time
 
 def event_names(function: str) -> list[str]:
     """The events of a function, as ``<folder>/<file>``, each chain in its order."""
-    folder = FUNCTIONS[function]
+    folder = EVENT_FUNCTIONS[function]
     names = sorted(f"{folder}/{path.name}" for path in (EVENTS / folder).glob("*.json"))
     for chain in CHAINS:
         slots = [i for i, name in enumerate(names) if name in chain]
@@ -241,7 +245,17 @@ EXPECTED: dict[str, Expected] = {
     "jobs/status-of-submit.json": Expected(200, _body({"job_id": SUBMITTED_JOB})),
     "jobs/status.json": Expected(404, _body({"code": "job_not_found"})),
     "jobs/nightly.json": Expected(None, _nightly),
+    # The connection's API key is vouched for; the frame's answer is pushed to the local
+    # gateway, which has no such connection (410): its state is dropped, the event is 200.
+    "websocket/connect.json": Expected(200),
+    "websocket/message-text.json": Expected(200),
+    "websocket/disconnect.json": Expected(200),
 }
+
+
+def under_docker(name: str) -> bool:
+    """Whether ``sam local invoke`` runs the event's function in test_sam_local.py."""
+    return name.split("/", 1)[0] in FUNCTIONS.values()
 
 
 def facts(models_dir: Path) -> Facts:

@@ -16,8 +16,8 @@ import pytest
 from spillway.models.repository import aws_client
 from spillway_cli.stack import LocalStack
 from tests.e2e.sam_local import (
+    EVENT_FUNCTIONS,
     EXPECTED,
-    FUNCTIONS,
     ROOT,
     Answer,
     event_names,
@@ -51,7 +51,7 @@ def answers(
     seed_jobs_input(models_dir, aws_client("s3"))
     load_models(stack.url("gpu"))
     found: dict[str, Answer] = {}
-    for function in FUNCTIONS:
+    for function in EVENT_FUNCTIONS:
         names = event_names(function)
         out = tmp_path_factory.mktemp("answers") / f"{function}.jsonl"
         # The process gets SAM's variables and nothing else of ours, but the interpreter's
@@ -79,7 +79,7 @@ def answers(
 
 
 def test_every_event_has_an_expectation() -> None:
-    names = {n for function in FUNCTIONS for n in event_names(function)}
+    names = {n for function in EVENT_FUNCTIONS for n in event_names(function)}
     assert names == set(EXPECTED)
 
 

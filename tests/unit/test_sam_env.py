@@ -21,7 +21,7 @@ from spillway_cli.sam_env import (
 )
 from spillway_cli.stack import LocalStack, Ports
 
-FUNCTIONS = {"RouterFunction", "CpuInferFunction", "JobsFunction"}
+FUNCTIONS = {"RouterFunction", "CpuInferFunction", "JobsFunction", "WebSocketFunction"}
 
 
 @pytest.fixture
@@ -79,6 +79,9 @@ def test_the_document_points_each_function_at_the_stack(stack: LocalStack) -> No
     assert router["ROUTER_CPU_FUNCTION"] == "spillway-cpu-infer"
     assert document["CpuInferFunction"]["CPU_REPOSITORY"] == "s3://spillway-models/repository"
     assert document["JobsFunction"]["JOBS_TABLE"] == "spillway-jobs"
+    websocket = document["WebSocketFunction"]
+    assert websocket["WS_MANAGEMENT_ENDPOINT"] == stack.url("websocket")
+    assert websocket["ROUTER_STATE_TABLE"] == router["ROUTER_STATE_TABLE"]
 
 
 def test_a_name_the_template_does_not_declare_is_left_out(stack: LocalStack) -> None:
