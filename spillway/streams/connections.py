@@ -106,8 +106,9 @@ class ConnectionStore(Protocol):
         connection is gone."""
         ...
 
-    def reserve(self, connection_id: str, seq: int, now: float, ttl_s: float) -> bool:
-        """Reserve ``seq`` for an admitted frame; ``False`` when it is already held."""
+    def reserve(self, connection_id: str, seq: int, owner: str, now: float, ttl_s: float) -> bool:
+        """Reserve ``seq`` for ``owner``'s admitted frame; ``False`` when another frame
+        holds it (a write retried after it went through is ``owner``'s: ``True``)."""
         ...
 
     def unreserve(self, connection_id: str, seq: int) -> None:
@@ -122,16 +123,17 @@ class ConnectionStore(Protocol):
         """``seq``'s answer when it is ready; ``None`` when absent or still pending."""
         ...
 
-    def acquire(self, connection_id: str, owner: str, now: float, until: float) -> bool:
-        """Take the delivery lease until ``until`` unless another owner holds it."""
+    def claim(self, connection_id: str, seq: int, owner: str, now: float, until: float) -> bool:
+        """Take the delivery lease until ``until`` to push ``seq``: only while ``seq`` is
+        ``next_seq`` and no other owner holds a lease that is still running (``owner``
+        may take its own again, so a retried write is not refused)."""
         ...
 
-    def advance(
-        self, connection_id: str, seq: int, owner: str, now: float, until: float, sent: int
-    ) -> bool:
+    def advance(self, connection_id: str, seq: int, owner: str, now: float, sent: int) -> bool:
         """After ``seq``'s answer was pushed: ``next_seq`` becomes ``seq + 1`` (only from
-        ``seq``, only while ``owner`` holds the lease, renewed to ``until``), ``in_flight``
-        - 1, ``bytes_out`` + ``sent``; then the held answer is deleted."""
+        ``seq``, only while ``owner`` holds the lease), the lease is given back,
+        ``in_flight`` - 1, ``bytes_out`` + ``sent``; then the held answer is deleted.
+        ``False`` when ``seq`` was not ``owner``'s to advance."""
         ...
 
     def release(self, connection_id: str, owner: str) -> None:
@@ -230,16 +232,20 @@ class DynamoConnections:
             ExpressionAttributeValues=_values(**{k[1:]: v for k, v in values.items()}),
         )
 
-    def reserve(self, connection_id: str, seq: int, now: float, ttl_s: float) -> bool:
-        item = {KEY: held_key(connection_id, seq), "state": _PENDING}
-        return (
-            self._call(
-                "put_item",
-                Item={**{k: typed(v) for k, v in item.items()}, **_ttl(now + ttl_s)},
-                ConditionExpression=f"attribute_not_exists({KEY})",
-            )
-            is not None
+    def reserve(self, connection_id: str, seq: int, owner: str, now: float, ttl_s: float) -> bool:
+        key = held_key(connection_id, seq)
+        item = {KEY: key, "state": _PENDING, "owner": owner}
+        placed = self._call(
+            "put_item",
+            Item={**{k: typed(v) for k, v in item.items()}, **_ttl(now + ttl_s)},
+            ConditionExpression=f"attribute_not_exists({KEY})",
         )
+        if placed is not None:
+            return True
+        # botocore retries a write whose answer timed out: the item may be this frame's
+        found = self._call("get_item", Key=_key(key), ConsistentRead=True)
+        values = plain_item((found or {}).get("Item") or {})
+        return values.get("state") == _PENDING and values.get("owner") == owner
 
     def unreserve(self, connection_id: str, seq: int) -> None:
         self._call(
@@ -262,36 +268,42 @@ class DynamoConnections:
         answer = values.get("answer")
         return answer if isinstance(answer, bytes) else None
 
-    def acquire(self, connection_id: str, owner: str, now: float, until: float) -> bool:
+    def claim(self, connection_id: str, seq: int, owner: str, now: float, until: float) -> bool:
         return (
             self._call(
                 "update_item",
                 Key=_key(connection_key(connection_id)),
                 UpdateExpression="SET lease_owner = :owner, lease_until = :until",
                 ConditionExpression=(
-                    f"{_LIVE} AND (attribute_not_exists(lease_until) OR lease_until <= :now)"
+                    f"{_LIVE} AND next_seq = :seq AND (attribute_not_exists(lease_until)"
+                    " OR lease_until <= :now OR lease_owner = :owner)"
                 ),
-                ExpressionAttributeValues=_values(owner=owner, until=until, now=now),
+                ExpressionAttributeValues=_values(owner=owner, until=until, now=now, seq=seq),
             )
             is not None
         )
 
-    def advance(
-        self, connection_id: str, seq: int, owner: str, now: float, until: float, sent: int
-    ) -> bool:
+    def advance(self, connection_id: str, seq: int, owner: str, now: float, sent: int) -> bool:
+        key = _key(connection_key(connection_id))
         moved = self._call(
             "update_item",
-            Key=_key(connection_key(connection_id)),
+            Key=key,
             UpdateExpression=(
-                "SET next_seq = :next, lease_until = :until ADD in_flight :minus, bytes_out :sent"
+                "SET next_seq = :next REMOVE lease_owner, lease_until"
+                " ADD in_flight :minus, bytes_out :sent"
             ),
             ConditionExpression=f"{_LIVE} AND next_seq = :seq AND lease_owner = :owner",
             ExpressionAttributeValues=_values(
-                next=seq + 1, seq=seq, until=until, minus=-1, sent=sent, owner=owner, now=now
+                next=seq + 1, seq=seq, minus=-1, sent=sent, owner=owner, now=now
             ),
         )
         if moved is None:
-            return False
+            # A retried write whose first try went through: ``next_seq`` is past ``seq``
+            # (nobody else may claim ``seq`` while this owner's lease runs).
+            found = self._call("get_item", Key=key, ConsistentRead=True)
+            values = plain_item((found or {}).get("Item") or {})
+            if int(values.get("next_seq", 0)) <= seq:
+                return False
         self._call("delete_item", Key=_key(held_key(connection_id, seq)))
         return True
 

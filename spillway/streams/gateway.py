@@ -115,7 +115,13 @@ class TenantOf(Protocol):
 
 
 class ApiGatewayPoster:
-    """``Poster`` over boto3's ``apigatewaymanagementapi``: one client per endpoint."""
+    """``Poster`` over boto3's ``apigatewaymanagementapi``: one client per endpoint.
+
+    A post is sent again only when it surely did not arrive (no connection made,
+    throttled): botocore's own retries are off, since a post whose answer timed out may
+    have reached the client already, and sending it again would answer a frame twice. A
+    post whose answer timed out counts as pushed (logged): never two answers, at the risk
+    of none where the management API fails after taking the post."""
 
     def __init__(self, client_factory: Callable[[str], Any] | None = None) -> None:
         self._factory = client_factory or _management_client
@@ -123,16 +129,29 @@ class ApiGatewayPoster:
         self._lock = threading.Lock()
 
     def post(self, endpoint: str, connection_id: str, data: bytes) -> None:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import ClientError, ConnectionError, ReadTimeoutError
 
-        try:
-            self._client(endpoint).post_to_connection(ConnectionId=connection_id, Data=data)
-        except ClientError as exc:
-            error = exc.response.get("Error", {}).get("Code")
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            if error == "GoneException" or status == 410:
-                raise ConnectionGone(connection_id) from exc
-            raise
+        client = self._client(endpoint)
+        for attempt in range(_POST_ATTEMPTS):
+            try:
+                client.post_to_connection(ConnectionId=connection_id, Data=data)
+                return
+            except ReadTimeoutError:
+                log.warning(
+                    "post timed out: counted as pushed", extra={"connection_id": connection_id}
+                )
+                return
+            except ConnectionError:  # connecting failed: the post never left
+                if attempt + 1 == _POST_ATTEMPTS:
+                    raise
+            except ClientError as exc:
+                error = exc.response.get("Error", {}).get("Code")
+                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if error == "GoneException" or status == 410:
+                    raise ConnectionGone(connection_id) from exc
+                if status != 429 or attempt + 1 == _POST_ATTEMPTS:
+                    raise
+            time.sleep(0.05 * 2**attempt)
 
     def _client(self, endpoint: str) -> Any:
         with self._lock:
@@ -141,11 +160,19 @@ class ApiGatewayPoster:
             return self._clients[endpoint]
 
 
+_POST_ATTEMPTS = 3
+
+
 def _management_client(endpoint: str) -> Any:
     import boto3
     from botocore.config import Config
 
-    config = Config(connect_timeout=1, read_timeout=5, retries={"mode": "standard"})
+    config = Config(
+        connect_timeout=1,
+        read_timeout=5,
+        retries={"total_max_attempts": 1},
+        max_pool_connections=64,
+    )
     return boto3.client("apigatewaymanagementapi", endpoint_url=endpoint, config=config)
 
 
@@ -342,7 +369,8 @@ class StreamGateway:
         duplicate = DuplicateSeqError(f"seq {seq} was already sent on this connection")
         if seq < connection.next_seq:
             raise duplicate
-        if not store.reserve(connection.id, seq, self.clock(), self.settings.held_ttl_s):
+        owner = os.urandom(12).hex()
+        if not store.reserve(connection.id, seq, owner, self.clock(), self.settings.held_ttl_s):
             raise duplicate
         # ``next_seq`` may have passed ``seq`` after it was read (answered and its held
         # item deleted before this reservation): then the reservation is a duplicate's.
@@ -385,45 +413,37 @@ class StreamGateway:
             return Answer.failed(SpillwayError("internal error"), frame.id, frame.seq)
 
     def _deliver(self, store: ConnectionStore, where: Event) -> None:
-        """Push held answers from ``next_seq`` upward while this call holds the lease;
-        after giving it back, look again (an answer held meanwhile by a call that found
-        the lease taken is this call's to push)."""
+        """Push held answers from ``next_seq`` upward, one claim of the delivery lease per
+        answer taken just before its post (``WS_LEASE_S`` outlasts a post, so no other
+        call can claim the same ``seq`` while it is being pushed), given back by the
+        ``advance`` after it. A call that finds the lease taken leaves; the holder looks
+        again after advancing, so an answer held meanwhile is never stranded."""
         owner = os.urandom(12).hex()
-        lease = self.settings.lease_s
-        while store.acquire(where.connection_id, owner, self.clock(), self.clock() + lease):
+        while True:
+            connection = store.get(where.connection_id, self.clock())
+            if connection is None:
+                return
+            seq = connection.next_seq
+            data = store.held(where.connection_id, seq, self.clock())
+            if data is None:
+                return
+            now = self.clock()
+            if not store.claim(where.connection_id, seq, owner, now, now + self.settings.lease_s):
+                return
             try:
-                self._push_ready(store, where, owner)
+                sent = self._post(where, data)
             except ConnectionGone:
                 self._close(store, where, "gone")
                 return
             except Exception:  # the answer stays held for the next delivery
                 log.exception("push failed", extra={"connection_id": where.connection_id})
-                return
-            finally:
                 store.release(where.connection_id, owner)
-            connection = store.get(where.connection_id, self.clock())
-            if connection is None:
                 return
-            if store.held(where.connection_id, connection.next_seq, self.clock()) is None:
-                return
-
-    def _push_ready(self, store: ConnectionStore, where: Event, owner: str) -> None:
-        connection = store.get(where.connection_id, self.clock())
-        while connection is not None:
-            seq = connection.next_seq
-            data = store.held(where.connection_id, seq, self.clock())
-            if data is None:
-                return
-            sent = self._post(where, data)
-            now = self.clock()
-            if not store.advance(
-                where.connection_id, seq, owner, now, now + self.settings.lease_s, sent
-            ):
+            if not store.advance(where.connection_id, seq, owner, self.clock(), sent):
                 log.warning(
                     "delivery lease lost", extra={"connection_id": where.connection_id, "seq": seq}
                 )
                 return
-            connection = store.get(where.connection_id, self.clock())
 
     def _push(self, store: ConnectionStore, where: Event, answer: Answer) -> int:
         """Push an answer out of order; the bytes sent. A gone connection is closed; any

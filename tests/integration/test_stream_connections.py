@@ -114,23 +114,33 @@ def test_admission_is_bounded_and_counters_add_up(store: DynamoConnections) -> N
 def test_seq_reservations_held_answers_and_advance(store: DynamoConnections, table: str) -> None:
     store.open("c1", None, NOW, 600)
     # GIVEN seq 0 reserved: a second reservation fails, and nothing is ready yet
-    assert store.reserve("c1", 0, NOW, 900)
-    assert not store.reserve("c1", 0, NOW, 900)
+    assert store.reserve("c1", 0, "frame-a", NOW, 900)
+    assert not store.reserve("c1", 0, "frame-b", NOW, 900)
+    assert store.reserve("c1", 0, "frame-a", NOW, 900)  # its own write, retried
     assert store.held("c1", 0, NOW) is None
     # WHEN its answer is held
     store.hold("c1", 0, b'{"id":"a"}', NOW, 900)
     # THEN it is ready, and a pending reservation's undo does not delete a ready answer
     store.unreserve("c1", 0)
     assert store.held("c1", 0, NOW) == b'{"id":"a"}'
-    # AND only the lease owner advances, only from next_seq; advancing deletes the answer
-    assert store.acquire("c1", "me", NOW, NOW + 30)
-    assert not store.advance("c1", 0, "other", NOW, NOW + 30, 10)
-    assert not store.advance("c1", 1, "me", NOW, NOW + 30, 10)
-    assert store.advance("c1", 0, "me", NOW, NOW + 30, 10)
+    # AND the lease is claimed for next_seq only; only its owner advances, only from
+    # next_seq; advancing gives the lease back and deletes the answer
+    assert not store.claim("c1", 1, "me", NOW, NOW + 30)
+    assert store.claim("c1", 0, "me", NOW, NOW + 30)
+    assert not store.advance("c1", 0, "other", NOW, 10)
+    assert not store.advance("c1", 1, "me", NOW, 10)
+    assert store.advance("c1", 0, "me", NOW, 10)
     connection = store.get("c1", NOW)
     assert connection is not None
     assert (connection.next_seq, connection.counters["bytes_out"]) == (1, 10)
     assert raw_item(table, held_key("c1", 0)) is None
+    assert store.claim("c1", 1, "other", NOW, NOW + 30)
+    # AND an advance retried after its first try went through still reports it (once)
+    assert store.advance("c1", 1, "other", NOW, 10)
+    assert store.advance("c1", 1, "other", NOW, 10)
+    connection = store.get("c1", NOW)
+    assert connection is not None
+    assert (connection.next_seq, connection.counters["bytes_out"]) == (2, 20)
 
 
 def test_one_lease_holder_among_eight_threads(store: DynamoConnections) -> None:
@@ -141,7 +151,7 @@ def test_one_lease_holder_among_eight_threads(store: DynamoConnections) -> None:
 
     def take(owner: str) -> None:
         start.wait()
-        if store.acquire("c1", owner, NOW, NOW + 30):
+        if store.claim("c1", 0, owner, NOW, NOW + 30):
             won.append(owner)
 
     threads = [threading.Thread(target=take, args=(f"o{i}",)) for i in range(8)]
@@ -151,12 +161,14 @@ def test_one_lease_holder_among_eight_threads(store: DynamoConnections) -> None:
         thread.join(60)
     # THEN exactly one holds it
     assert len(won) == 1
-    # AND another owner's release leaves it held; it is free once released or expired
+    # AND its holder may claim it again (a retried write); another owner's release leaves
+    # it held; it is free once released or expired
+    assert store.claim("c1", 0, won[0], NOW + 1, NOW + 31)
     store.release("c1", "intruder")
-    assert not store.acquire("c1", "late", NOW + 1, NOW + 31)
-    assert store.acquire("c1", "after-expiry", NOW + 30, NOW + 60)
+    assert not store.claim("c1", 0, "late", NOW + 1, NOW + 31)
+    assert store.claim("c1", 0, "after-expiry", NOW + 31, NOW + 60)
     store.release("c1", "after-expiry")
-    assert store.acquire("c1", "next", NOW + 31, NOW + 61)
+    assert store.claim("c1", 0, "next", NOW + 32, NOW + 61)
 
 
 def test_close_deletes_the_item_and_every_held_answer(store: DynamoConnections, table: str) -> None:
@@ -164,7 +176,7 @@ def test_close_deletes_the_item_and_every_held_answer(store: DynamoConnections, 
     store.open("c1", "acme", NOW, 600)
     store.admit("c1", 50, 32, NOW)
     for seq in (1, 5, 31):
-        store.reserve("c1", seq, NOW, 900)
+        store.reserve("c1", seq, f"frame-{seq}", NOW, 900)
         store.hold("c1", seq, b"{}", NOW, 900)
     # WHEN it closes
     last = store.close("c1", NOW, 32)

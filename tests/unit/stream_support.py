@@ -76,7 +76,7 @@ class MemoryConnections:
             if backend:
                 item.backends[backend] = item.backends.get(backend, 0) + 1
 
-    def reserve(self, connection_id: str, seq: int, now: float, ttl_s: float) -> bool:
+    def reserve(self, connection_id: str, seq: int, owner: str, now: float, ttl_s: float) -> bool:
         with self.lock:
             if (connection_id, seq) in self.held_items:
                 return False
@@ -96,22 +96,22 @@ class MemoryConnections:
         with self.lock:
             return self.held_items.get((connection_id, seq))
 
-    def acquire(self, connection_id: str, owner: str, now: float, until: float) -> bool:
+    def claim(self, connection_id: str, seq: int, owner: str, now: float, until: float) -> bool:
         with self.lock:
             item = self._live(connection_id, now)
-            if item is None or (item.lease_owner is not None and item.lease_until > now):
+            if item is None or item.next_seq != seq:
+                return False
+            if item.lease_owner not in (None, owner) and item.lease_until > now:
                 return False
             item.lease_owner, item.lease_until = owner, until
             return True
 
-    def advance(
-        self, connection_id: str, seq: int, owner: str, now: float, until: float, sent: int
-    ) -> bool:
+    def advance(self, connection_id: str, seq: int, owner: str, now: float, sent: int) -> bool:
         with self.lock:
             item = self._live(connection_id, now)
             if item is None or item.next_seq != seq or item.lease_owner != owner:
                 return False
-            item.next_seq, item.lease_until = seq + 1, until
+            item.next_seq, item.lease_owner, item.lease_until = seq + 1, None, 0.0
             item.counters["in_flight"] -= 1
             item.counters["bytes_out"] += sent
             self.held_items.pop((connection_id, seq), None)

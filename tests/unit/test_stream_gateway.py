@@ -24,7 +24,7 @@ from spillway.router.wiring import create_app
 from spillway.routing.facts import Call
 from spillway.state.table import StateUnavailableError
 from spillway.streams.connections import Admission, Connection
-from spillway.streams.gateway import StreamGateway
+from spillway.streams.gateway import ApiGatewayPoster, StreamGateway
 from spillway.streams.settings import StreamSettings
 from spillway.tenancy.identity import Authenticator
 from tests.unit.router_support import fake_overrides
@@ -98,8 +98,8 @@ class Harness:
         return self.poster.answers(connection_id)
 
 
-def harness(router: Any = None, **settings: Any) -> Harness:
-    store, poster = MemoryConnections(), MemoryPoster()
+def harness(router: Any = None, store: MemoryConnections | None = None, **settings: Any) -> Harness:
+    store, poster = store or MemoryConnections(), MemoryPoster()
     closed: list[Connection] = []
     gateway = StreamGateway(
         router or FakeRouter(),
@@ -412,28 +412,27 @@ def test_many_threads_racing_on_two_connections_get_each_answer_once_in_order() 
         assert (stats.in_flight, stats.counters["frames_answered"]) == (0, 80)
 
 
-class PausingRelease(MemoryConnections):
-    """Its first ``release`` of the lease waits until ``go`` is set."""
+class PausingAdvance(MemoryConnections):
+    """Its first ``advance`` (which gives the lease back) waits until ``go`` is set."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.releasing, self.go = threading.Event(), threading.Event()
+        self.advancing, self.go = threading.Event(), threading.Event()
 
-    def release(self, connection_id: str, owner: str) -> None:
-        if not self.releasing.is_set():
-            self.releasing.set()
+    def advance(self, connection_id: str, seq: int, owner: str, now: float, sent: int) -> bool:
+        if not self.advancing.is_set():
+            self.advancing.set()
             assert self.go.wait(30)
-        super().release(connection_id, owner)
+        return super().advance(connection_id, seq, owner, now, sent)
 
 
 def test_an_answer_held_while_the_lease_is_being_given_back_is_not_stranded() -> None:
     # GIVEN a call that pushed seq 0 and is about to give the delivery lease back
-    h = harness()
-    store = PausingRelease()
-    h.gateway.store = h.store = store
+    store = PausingAdvance()
+    h = harness(store=store)
     h.connect("c1")
     (first,) = in_threads(lambda: h.frame("c1", id="f0", seq=0, model="echo", inputs=INPUTS))
-    assert store.releasing.wait(30)
+    assert store.advancing.wait(30)
     # WHEN seq 1's answer is held meanwhile and its call finds the lease taken
     h.frame("c1", id="f1", seq=1, model="echo", inputs=INPUTS)
     assert [a["seq"] for a in h.answers("c1")] == [0]
@@ -442,6 +441,109 @@ def test_an_answer_held_while_the_lease_is_being_given_back_is_not_stranded() ->
     # THEN the first call, looking again after giving the lease back, pushes seq 1
     assert [a["seq"] for a in h.answers("c1")] == [0, 1]
     assert store.held_items == {}
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SlowRead(MemoryConnections):
+    """Its first read of a held answer stalls (a state table answering late, its call
+    retried) until ``go`` is set, the clock moved past the lease meanwhile."""
+
+    def __init__(self, clock: Clock, lease_s: float) -> None:
+        super().__init__()
+        self.clock, self.lease_s = clock, lease_s
+        self.reading, self.go = threading.Event(), threading.Event()
+
+    def held(self, connection_id: str, seq: int, now: float) -> bytes | None:
+        answer = super().held(connection_id, seq, now)
+        if answer is not None and not self.reading.is_set():
+            self.reading.set()
+            assert self.go.wait(30)
+            self.clock.now += self.lease_s + 1
+        return answer
+
+
+def test_a_delivery_that_stalls_past_the_lease_does_not_push_an_answer_twice() -> None:
+    # GIVEN a call delivering seq 0 that stalls between reading the answer and pushing it
+    clock = Clock()
+    store = SlowRead(clock, 5.0)
+    h = harness(store=store, lease_s=5.0)
+    h.gateway.clock = clock
+    h.connect("c1")
+    (first,) = in_threads(lambda: h.frame("c1", id="f0", seq=0, model="echo", inputs=INPUTS))
+    assert store.reading.wait(30)
+    # WHEN the lease runs out and seq 1's call delivers seq 0 and 1 meanwhile
+    clock.now += 6
+    h.frame("c1", id="f1", seq=1, model="echo", inputs=INPUTS)
+    store.go.set()
+    first.join(30)
+    # THEN each answer was pushed exactly once, in order, and nothing is left in flight
+    assert [a["id"] for a in h.answers("c1")] == ["f0", "f1"]
+    stats = store.get("c1", clock.now)
+    assert stats is not None
+    assert (stats.in_flight, stats.next_seq, store.held_items) == (0, 2, {})
+
+
+class RetriedWrites(MemoryConnections):
+    """Every conditional write applied twice, the second answer returned: botocore
+    retrying a write whose first try went through but whose answer timed out."""
+
+    def reserve(self, connection_id: str, seq: int, owner: str, now: float, ttl_s: float) -> bool:
+        super().reserve(connection_id, seq, owner, now, ttl_s)
+        with self.lock:  # the retry finds the item it placed: the store says it is owner's
+            return self.held_items.get((connection_id, seq), b"") is None
+
+    def claim(self, connection_id: str, seq: int, owner: str, now: float, until: float) -> bool:
+        super().claim(connection_id, seq, owner, now, until)
+        return super().claim(connection_id, seq, owner, now, until)
+
+
+def test_a_retried_lease_claim_still_delivers_every_answer_once() -> None:
+    # GIVEN a state table whose conditional writes are each retried after going through
+    store = RetriedWrites()
+    h = harness(store=store)
+    h.connect("c1")
+    # WHEN frames arrive out of order
+    for seq in (1, 0, 3, 2):
+        h.frame("c1", id=f"f{seq}", seq=seq, model="echo", inputs=INPUTS)
+    # THEN a claim retried by its own owner is not refused: all four pushed once, in order
+    assert [a["seq"] for a in h.answers("c1")] == [0, 1, 2, 3]
+    stats = store.get("c1", 0)
+    assert stats is not None
+    assert (stats.in_flight, stats.next_seq) == (0, 4)
+
+
+class FlakyManagement:
+    """``post_to_connection`` failing with the given errors first, then taking posts."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors, self.posts = list(errors), 0
+
+    def post_to_connection(self, ConnectionId: str, Data: bytes) -> None:
+        self.posts += 1
+        if self.errors:
+            raise self.errors.pop(0)
+
+
+def test_a_post_is_sent_again_only_when_it_surely_did_not_arrive() -> None:
+    from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
+
+    # GIVEN a post whose answer timed out: it may have arrived, so it is not sent again
+    timed_out = FlakyManagement(ReadTimeoutError(endpoint_url=ENDPOINT))
+    ApiGatewayPoster(lambda _: timed_out).post(ENDPOINT, "c1", b"{}")
+    assert timed_out.posts == 1
+    # AND a post that could not connect is sent again
+    unreachable = FlakyManagement(EndpointConnectionError(endpoint_url=ENDPOINT))
+    ApiGatewayPoster(lambda _: unreachable).post(ENDPOINT, "c1", b"{}")
+    assert unreachable.posts == 2
 
 
 def test_a_duplicate_seq_and_one_past_the_window_are_refused_at_once() -> None:
