@@ -73,6 +73,16 @@ def test_the_account_api_gateway_logs_role_is_left_alone_by_default() -> None:
     assert sam.with_parameters(CreateApiGatewayLogsRole="true").included("ApiGatewayAccount")
 
 
+def test_both_apis_stages_wait_for_the_account_logs_role_when_it_is_set() -> None:
+    # GIVEN the stack sets the account's logs role THEN each API names the setting, so
+    # CloudFormation creates the APIs (and their stages with access logs) after it
+    sam = deploy().sam.with_parameters(CreateApiGatewayLogsRole="true")
+    account = sam.properties("ApiGatewayAccount")
+    assert account
+    for api in ("Api", "WebSocketApi"):
+        assert "logs to CloudWatch" in str(sam.properties(api)["Description"]), api
+
+
 def _deletion_protection(stack: Stack) -> str:
     attributes = stack.properties("LoadBalancer")["LoadBalancerAttributes"]
     values = [a["Value"] for a in attributes if a["Key"] == "deletion_protection.enabled"]
