@@ -325,7 +325,9 @@ class LocalStack:
         self._say(name, started, self.url(name))
 
     def _moto(self) -> None:
-        argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.ports.moto)]
+        # moto's server, its DynamoDB item writes atomic (spillway_cli.moto_atomic)
+        argv = [sys.executable, "-m", "spillway_cli.moto_atomic", "-H", "127.0.0.1"]
+        argv += ["-p", str(self.ports.moto)]
         self._start("moto", argv, {}, "/moto-api/")
 
     def _upload_models(self) -> int:

@@ -26,9 +26,13 @@ def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    """A real moto server (HTTP on 127.0.0.1, a free port) for the whole session."""
+    """A real moto server (HTTP on 127.0.0.1, a free port) for the whole session, its
+    DynamoDB item writes atomic as DynamoDB's."""
     from moto.server import ThreadedMotoServer
 
+    from spillway_cli.moto_atomic import atomic_dynamodb
+
+    atomic_dynamodb()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()

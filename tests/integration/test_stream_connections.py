@@ -5,7 +5,9 @@ a real GPU service."""
 
 from __future__ import annotations
 
+import collections
 import json
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -169,6 +171,45 @@ def test_one_lease_holder_among_eight_threads(store: DynamoConnections) -> None:
     assert store.claim("c1", 0, "after-expiry", NOW + 31, NOW + 60)
     store.release("c1", "after-expiry")
     assert store.claim("c1", 0, "next", NOW + 32, NOW + 61)
+
+
+def test_each_seq_is_claimed_and_advanced_by_one_owner_among_16_racing_threads(
+    store: DynamoConnections,
+) -> None:
+    # GIVEN a connection, and thread switches as frequent as the interpreter allows (moto
+    # in this process: a write checked but not yet applied is where a race would land)
+    store.open("c1", "acme", NOW, 600)
+    advanced: collections.Counter[int] = collections.Counter()
+    start = threading.Barrier(16)
+
+    def deliver(owner: str) -> None:
+        start.wait()
+        for _ in range(15):
+            connection = store.get("c1", NOW)
+            assert connection is not None
+            seq = connection.next_seq
+            if store.claim("c1", seq, owner, NOW, NOW + 30) and store.advance(
+                "c1", seq, owner, NOW, 1
+            ):
+                advanced[seq] += 1
+
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=deliver, args=(f"o{i}",)) for i in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        sys.setswitchinterval(switching)
+    # WHEN 16 threads each claim and advance the connection's next seq 15 times
+    # THEN every seq was pushed by exactly one of them, and the counters add up
+    last = store.get("c1", NOW)
+    assert last is not None
+    assert set(advanced.values()) == {1}
+    assert sorted(advanced) == list(range(last.next_seq))
+    assert (last.in_flight, last.counters["bytes_out"]) == (-last.next_seq, last.next_seq)
 
 
 def test_close_deletes_the_item_and_every_held_answer(store: DynamoConnections, table: str) -> None:

@@ -1,0 +1,67 @@
+"""moto's DynamoDB with DynamoDB's atomic item writes, for the local stack and tests.
+
+moto's server handles requests in threads, and its DynamoDB backend checks a write's
+condition and then applies the write without a lock: two conditional writes on one item
+can both pass (two holders of a lease), and two ``ADD``s can lose one. DynamoDB applies
+each item write atomically, and the WebSocket API's delivery lease, the async store's
+claims and every counter rely on it. ``atomic_dynamodb()`` runs moto's DynamoDB
+operations one at a time (a process-wide lock); ``python -m spillway_cli.moto_atomic``
+is ``python -m moto.server`` with it.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from typing import Any
+
+OPERATIONS = (
+    "batch_execute_statement",
+    "batch_get_item",
+    "batch_write_item",
+    "delete_item",
+    "execute_statement",
+    "execute_transaction",
+    "get_item",
+    "put_item",
+    "query",
+    "scan",
+    "transact_get_items",
+    "transact_write_items",
+    "update_item",
+)
+_LOCK = threading.RLock()
+
+
+def atomic_dynamodb() -> None:
+    """Make moto's DynamoDB item operations atomic in this process (once)."""
+    from moto.dynamodb.models import DynamoDBBackend
+
+    for name in OPERATIONS:
+        operation = getattr(DynamoDBBackend, name)
+        if getattr(operation, "_spillway_atomic", False):
+            continue
+        setattr(DynamoDBBackend, name, _serialised(operation))
+
+
+def _serialised(operation: Any) -> Any:
+    @functools.wraps(operation)
+    def one_at_a_time(*args: Any, **kwargs: Any) -> Any:
+        with _LOCK:
+            return operation(*args, **kwargs)
+
+    one_at_a_time._spillway_atomic = True  # type: ignore[attr-defined]
+    return one_at_a_time
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m moto.server``'s arguments, DynamoDB made atomic."""
+    from moto.server import main as moto_main
+
+    atomic_dynamodb()
+    moto_main(argv if argv is not None else sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()
