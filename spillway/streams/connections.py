@@ -1,13 +1,21 @@
 """WebSocket connections' state in the router's state table (key ``pk``, TTL ``expires_at``).
 
 One item per connection, ``wsconn#<connectionId>``: its tenant, when it connected, when it
-expires, the next ``seq`` to deliver, the delivery lease and the counters (``in_flight``,
+expires, the next ``seq`` to deliver, the delivery lease, the counters (``in_flight``,
 ``frames_in``, ``frames_answered``, ``frames_failed``, ``frames_refused``, ``bytes_in``,
 ``bytes_out``, ``cost_usd`` and one ``backend:<name>`` count per backend), every change
-an atomic ``ADD``. One item per answer held for ordering, ``wsheld#<connectionId>#<seq>``:
-reserved (``pending``) when its frame is admitted, ready once it holds the answer, deleted
-when delivered. Every seq held lies in ``[next_seq, next_seq + max_in_flight)``, so closing
-a connection deletes that range without a query (the table has no sort key).
+an atomic ``ADD``, and ``pending``: a map from each ``seq`` in flight to its frame's token
+(or ``held`` once its answer waits for its turn). A frame is admitted by one conditional
+write (the bound, the ``seq`` window, the ``seq`` not already in flight or delivered); an
+answer whose ``seq`` is next is pushed under a claim of the lease and settled by one more
+(``next_seq`` advanced, the lease given back, the counters added), whose result says
+whether the next answer is held. One item per held answer, ``wsheld#<connectionId>#<seq>``,
+deleted once delivered. Every seq held lies in ``[next_seq, next_seq + max_in_flight)``,
+so closing a connection deletes that range without a query (the table has no sort key).
+
+A write botocore sends again after its first try went through (its answer timed out) is
+recognised as the caller's own: an admission by its frame's token, a claim by its owner,
+a finish by ``next_seq`` already past its ``seq``.
 
 API Gateway chooses connection ids (never a tenant), so they are keys as they are, once
 checked to be plain. Reads treat an item past its ``expires_at`` as absent, as the other
@@ -48,8 +56,10 @@ BACKEND_PREFIX = "backend:"
 _CONNECTION_ID = re.compile(r"^[A-Za-z0-9._:=+/-]{1,128}$")
 _LIVE = f"attribute_exists({KEY}) AND {TTL_ATTRIBUTE} > :now"
 _BATCH = 25  # DynamoDB's BatchWriteItem limit
-_PENDING = "pending"
-_READY = "ready"
+HELD = "held"
+"""A ``pending`` entry whose answer is held for its turn (else: its frame's token)."""
+SLOW_DOWN, DUPLICATE, OUT_OF_WINDOW = "slow_down", "duplicate_seq", "seq_out_of_window"
+_ADMIT_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,9 @@ class Connection:
     next_seq: int = 0
     counters: dict[str, float] = field(default_factory=dict)
     backends: dict[str, int] = field(default_factory=dict)
+    pending: dict[int, str] = field(default_factory=dict)
+    lease_owner: str | None = None
+    lease_until: float = 0.0
 
     @property
     def in_flight(self) -> int:
@@ -73,13 +86,44 @@ class Connection:
         counts = {name: _number(self.counters.get(name, 0)) for name in COUNTERS}
         return {"connected_at": self.connected_at, **counts, "backends": dict(self.backends)}
 
+    def next_is_held(self) -> bool:
+        """Whether the answer to ``next_seq`` is held, waiting to be pushed."""
+        return self.pending.get(self.next_seq) == HELD
+
+    def leased(self, owner: str, now: float) -> bool:
+        """Whether another owner's lease is running (that owner looks again when done)."""
+        return self.lease_owner not in (None, owner) and self.lease_until > now
+
+    def refusal(self, seq: int | None, limit: int) -> str | None:
+        """Why a frame of this ``seq`` may not be admitted now; ``None``: it may."""
+        if self.in_flight >= limit:
+            return SLOW_DOWN
+        if seq is None:
+            return None
+        if seq >= self.next_seq + limit:
+            return OUT_OF_WINDOW
+        if seq < self.next_seq or seq in self.pending:
+            return DUPLICATE
+        return None
+
 
 @dataclass(frozen=True)
 class Admission:
-    """Whether a frame was admitted, and the frames in flight (its own included)."""
+    """A frame admitted (``connection``: its item just after) or refused (``refusal``:
+    ``slow_down``, ``duplicate_seq`` or ``seq_out_of_window``)."""
 
-    admitted: bool
-    in_flight: int
+    connection: Connection
+    refusal: str | None = None
+
+    @property
+    def admitted(self) -> bool:
+        """Whether the frame may be served."""
+        return self.refusal is None
+
+    @property
+    def in_flight(self) -> int:
+        """Frames in flight (the admitted frame's own included)."""
+        return self.connection.in_flight
 
 
 class ConnectionStore(Protocol):
@@ -93,10 +137,19 @@ class ConnectionStore(Protocol):
         """The live connection, read consistently; ``None`` when absent or expired."""
         ...
 
-    def admit(self, connection_id: str, size: int, limit: int, now: float) -> Admission | None:
-        """Count a received frame of ``size`` bytes; admit it (``in_flight`` + 1) only
-        while fewer than ``limit`` are in flight, else count it refused. ``None``: no
-        live connection."""
+    def admit(
+        self,
+        connection_id: str,
+        size: int,
+        limit: int,
+        now: float,
+        seq: int | None = None,
+        token: str = "",
+    ) -> Admission | None:
+        """Count a received frame of ``size`` bytes and admit it (``in_flight`` + 1, its
+        ``seq`` pending under ``token``) while fewer than ``limit`` are in flight and its
+        ``seq`` is within ``[next_seq, next_seq + limit)``, neither delivered nor in
+        flight; else count it refused. ``None``: no live connection."""
         ...
 
     def count(
@@ -106,34 +159,44 @@ class ConnectionStore(Protocol):
         connection is gone."""
         ...
 
-    def reserve(self, connection_id: str, seq: int, owner: str, now: float, ttl_s: float) -> bool:
-        """Reserve ``seq`` for ``owner``'s admitted frame; ``False`` when another frame
-        holds it (a write retried after it went through is ``owner``'s: ``True``)."""
-        ...
-
-    def unreserve(self, connection_id: str, seq: int) -> None:
-        """Delete a reservation that is still pending (a duplicate found after it)."""
-        ...
-
-    def hold(self, connection_id: str, seq: int, answer: bytes, now: float, ttl_s: float) -> None:
-        """Store ``seq``'s answer, ready to deliver."""
-        ...
-
-    def held(self, connection_id: str, seq: int, now: float) -> bytes | None:
-        """``seq``'s answer when it is ready; ``None`` when absent or still pending."""
-        ...
-
     def claim(self, connection_id: str, seq: int, owner: str, now: float, until: float) -> bool:
         """Take the delivery lease until ``until`` to push ``seq``: only while ``seq`` is
         ``next_seq`` and no other owner holds a lease that is still running (``owner``
         may take its own again, so a retried write is not refused)."""
         ...
 
-    def advance(self, connection_id: str, seq: int, owner: str, now: float, sent: int) -> bool:
-        """After ``seq``'s answer was pushed: ``next_seq`` becomes ``seq + 1`` (only from
-        ``seq``, only while ``owner`` holds the lease), the lease is given back,
-        ``in_flight`` - 1, ``bytes_out`` + ``sent``; then the held answer is deleted.
-        ``False`` when ``seq`` was not ``owner``'s to advance."""
+    def finish(
+        self,
+        connection_id: str,
+        seq: int,
+        owner: str,
+        now: float,
+        deltas: Mapping[str, float],
+        backend: str | None = None,
+    ) -> Connection | None:
+        """After ``seq``'s answer was pushed, in one write: ``next_seq`` becomes ``seq +
+        1`` (only from ``seq``, only while ``owner`` holds the lease), the lease is given
+        back, ``seq`` leaves ``pending``, ``in_flight`` - 1 and ``deltas`` (and one to
+        ``backend``) are added; a held answer of ``seq`` is deleted. The connection just
+        after; ``None`` when ``seq`` was not ``owner``'s to finish."""
+        ...
+
+    def hold(
+        self,
+        connection_id: str,
+        seq: int,
+        answer: bytes,
+        now: float,
+        ttl_s: float,
+        deltas: Mapping[str, float],
+        backend: str | None = None,
+    ) -> Connection | None:
+        """Store ``seq``'s answer, mark it held in ``pending`` and add ``deltas`` (and one
+        to ``backend``); the connection just after (``None``: it is gone)."""
+        ...
+
+    def held(self, connection_id: str, seq: int, now: float) -> bytes | None:
+        """``seq``'s held answer; ``None`` when absent."""
         ...
 
     def release(self, connection_id: str, owner: str) -> None:
@@ -178,6 +241,7 @@ class DynamoConnections:
             "connected_at": now,
             TTL_ATTRIBUTE: ttl_value(now + ttl_s),
             "next_seq": 0,
+            "pending": {},
             **dict.fromkeys(COUNTERS, 0),
         }
         if tenant is not None:
@@ -188,39 +252,55 @@ class DynamoConnections:
         found = self._call("get_item", Key=_key(connection_key(connection_id)), ConsistentRead=True)
         return _connection(connection_id, found.get("Item"), now) if found else None
 
-    def admit(self, connection_id: str, size: int, limit: int, now: float) -> Admission | None:
+    def admit(
+        self,
+        connection_id: str,
+        size: int,
+        limit: int,
+        now: float,
+        seq: int | None = None,
+        token: str = "",
+    ) -> Admission | None:
         key = _key(connection_key(connection_id))
-        admitted = self._call(
-            "update_item",
-            Key=key,
-            UpdateExpression="ADD in_flight :one, frames_in :one, bytes_in :size",
-            ConditionExpression=f"{_LIVE} AND in_flight < :limit",
-            ExpressionAttributeValues=_values(one=1, size=size, limit=limit, now=now),
-            ReturnValues="UPDATED_NEW",
-        )
-        if admitted is not None:
-            return Admission(True, int(plain_item(admitted["Attributes"])["in_flight"]))
-        refused = self._call(
-            "update_item",
-            Key=key,
-            UpdateExpression="ADD frames_in :one, bytes_in :size, frames_refused :one",
-            ConditionExpression=_LIVE,
-            ExpressionAttributeValues=_values(one=1, size=size, now=now),
-            ReturnValues="ALL_NEW",
-        )
-        if refused is None:
-            return None
-        return Admission(False, int(plain_item(refused["Attributes"])["in_flight"]))
+        condition = f"{_LIVE} AND in_flight < :limit"
+        update = "ADD in_flight :one, frames_in :one, bytes_in :size"
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {"one": 1, "size": size, "limit": limit, "now": now}
+        if seq is not None:
+            update = f"SET #pending.#seq = :token {update}"
+            condition += (
+                " AND next_seq <= :seq AND next_seq > :low AND attribute_not_exists(#pending.#seq)"
+            )
+            names = {"#pending": "pending", "#seq": str(seq)}
+            values.update(token=token, seq=seq, low=seq - limit)
+        for _ in range(_ADMIT_TRIES):
+            admitted = self._call(
+                "update_item",
+                Key=key,
+                UpdateExpression=update,
+                ConditionExpression=condition,
+                ExpressionAttributeValues=_values(**values),
+                ReturnValues="ALL_NEW",
+                **({"ExpressionAttributeNames": names} if names else {}),
+            )
+            if admitted is not None:
+                return Admission(_alive(connection_id, admitted["Attributes"]))
+            connection = self.get(connection_id, now)
+            if connection is None:
+                return None
+            if seq is not None and connection.pending.get(seq) == token:
+                return Admission(connection)  # this frame's own write, retried
+            refusal = connection.refusal(seq, limit)
+            if refusal is not None:
+                refused = {"frames_in": 1, "bytes_in": size, "frames_refused": 1}
+                self.count(connection_id, refused)
+                return Admission(connection, refusal)
+        raise StateUnavailableError("the connection's item keeps changing", retry_after_s=1.0)
 
     def count(
         self, connection_id: str, deltas: Mapping[str, float], backend: str | None = None
     ) -> None:
-        names = {f"#c{i}": name for i, name in enumerate(deltas)}
-        values = {f":c{i}": delta for i, delta in enumerate(deltas.values())}
-        adds = [f"#c{i} :c{i}" for i in range(len(deltas))]
-        if backend:
-            names["#b"], values[":one"] = f"{BACKEND_PREFIX}{backend}", 1
-            adds.append("#b :one")
+        adds, names, values = _adds(deltas, backend)
         if not adds:
             return
         self._call(
@@ -229,44 +309,8 @@ class DynamoConnections:
             UpdateExpression="ADD " + ", ".join(adds),
             ConditionExpression=f"attribute_exists({KEY})",
             ExpressionAttributeNames=names,
-            ExpressionAttributeValues=_values(**{k[1:]: v for k, v in values.items()}),
+            ExpressionAttributeValues=_values(**values),
         )
-
-    def reserve(self, connection_id: str, seq: int, owner: str, now: float, ttl_s: float) -> bool:
-        key = held_key(connection_id, seq)
-        item = {KEY: key, "state": _PENDING, "owner": owner}
-        placed = self._call(
-            "put_item",
-            Item={**{k: typed(v) for k, v in item.items()}, **_ttl(now + ttl_s)},
-            ConditionExpression=f"attribute_not_exists({KEY})",
-        )
-        if placed is not None:
-            return True
-        # botocore retries a write whose answer timed out: the item may be this frame's
-        found = self._call("get_item", Key=_key(key), ConsistentRead=True)
-        values = plain_item((found or {}).get("Item") or {})
-        return values.get("state") == _PENDING and values.get("owner") == owner
-
-    def unreserve(self, connection_id: str, seq: int) -> None:
-        self._call(
-            "delete_item",
-            Key=_key(held_key(connection_id, seq)),
-            ConditionExpression="#s = :pending",
-            ExpressionAttributeNames={"#s": "state"},
-            ExpressionAttributeValues=_values(pending=_PENDING),
-        )
-
-    def hold(self, connection_id: str, seq: int, answer: bytes, now: float, ttl_s: float) -> None:
-        item = {KEY: held_key(connection_id, seq), "state": _READY, "answer": answer}
-        self._call("put_item", Item={**{k: typed(v) for k, v in item.items()}, **_ttl(now + ttl_s)})
-
-    def held(self, connection_id: str, seq: int, now: float) -> bytes | None:
-        found = self._call("get_item", Key=_key(held_key(connection_id, seq)), ConsistentRead=True)
-        values = plain_item(found.get("Item") or {}) if found else {}
-        if values.get("state") != _READY or float(values.get(TTL_ATTRIBUTE, 0)) <= now:
-            return None
-        answer = values.get("answer")
-        return answer if isinstance(answer, bytes) else None
 
     def claim(self, connection_id: str, seq: int, owner: str, now: float, until: float) -> bool:
         return (
@@ -283,29 +327,76 @@ class DynamoConnections:
             is not None
         )
 
-    def advance(self, connection_id: str, seq: int, owner: str, now: float, sent: int) -> bool:
+    def finish(
+        self,
+        connection_id: str,
+        seq: int,
+        owner: str,
+        now: float,
+        deltas: Mapping[str, float],
+        backend: str | None = None,
+    ) -> Connection | None:
         key = _key(connection_key(connection_id))
-        moved = self._call(
+        adds, names, values = _adds({"in_flight": -1, **deltas}, backend)
+        names.update({"#pending": "pending", "#seq": str(seq)})
+        finished = self._call(
             "update_item",
             Key=key,
             UpdateExpression=(
-                "SET next_seq = :next REMOVE lease_owner, lease_until"
-                " ADD in_flight :minus, bytes_out :sent"
+                "SET next_seq = :next REMOVE lease_owner, lease_until, #pending.#seq"
+                " ADD " + ", ".join(adds)
             ),
             ConditionExpression=f"{_LIVE} AND next_seq = :seq AND lease_owner = :owner",
+            ExpressionAttributeNames=names,
             ExpressionAttributeValues=_values(
-                next=seq + 1, seq=seq, minus=-1, sent=sent, owner=owner, now=now
+                **values, next=seq + 1, seq=seq, owner=owner, now=now
             ),
+            ReturnValues="ALL_NEW",
         )
-        if moved is None:
+        if finished is not None:
+            after: Connection | None = _alive(connection_id, finished["Attributes"])
+        else:
             # A retried write whose first try went through: ``next_seq`` is past ``seq``
             # (nobody else may claim ``seq`` while this owner's lease runs).
-            found = self._call("get_item", Key=key, ConsistentRead=True)
-            values = plain_item((found or {}).get("Item") or {})
-            if int(values.get("next_seq", 0)) <= seq:
-                return False
+            after = self.get(connection_id, now)
+            if after is None or after.next_seq <= seq:
+                return None
         self._call("delete_item", Key=_key(held_key(connection_id, seq)))
-        return True
+        return after
+
+    def hold(
+        self,
+        connection_id: str,
+        seq: int,
+        answer: bytes,
+        now: float,
+        ttl_s: float,
+        deltas: Mapping[str, float],
+        backend: str | None = None,
+    ) -> Connection | None:
+        item = {KEY: held_key(connection_id, seq), "answer": answer}
+        self._call("put_item", Item={**{k: typed(v) for k, v in item.items()}, **_ttl(now + ttl_s)})
+        adds, names, values = _adds(deltas, backend)
+        names.update({"#pending": "pending", "#seq": str(seq)})
+        marked = self._call(
+            "update_item",
+            Key=_key(connection_key(connection_id)),
+            UpdateExpression="SET #pending.#seq = :held"
+            + (" ADD " + ", ".join(adds) if adds else ""),
+            ConditionExpression=f"attribute_exists({KEY})",
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=_values(**values, held=HELD),
+            ReturnValues="ALL_NEW",
+        )
+        return None if marked is None else _connection(connection_id, marked["Attributes"], now)
+
+    def held(self, connection_id: str, seq: int, now: float) -> bytes | None:
+        found = self._call("get_item", Key=_key(held_key(connection_id, seq)), ConsistentRead=True)
+        values = plain_item(found.get("Item") or {}) if found else {}
+        if float(values.get(TTL_ATTRIBUTE, 0)) <= now:
+            return None
+        answer = values.get("answer")
+        return answer if isinstance(answer, bytes) else None
 
     def release(self, connection_id: str, owner: str) -> None:
         self._call(
@@ -365,13 +456,36 @@ def _number(value: float) -> float | int:
     return int(value) if float(value).is_integer() else float(value)
 
 
+def _adds(
+    deltas: Mapping[str, float], backend: str | None
+) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    """``ADD`` clauses of counter deltas (and one to ``backend``'s count): the clauses,
+    their names and values."""
+    names = {f"#c{i}": name for i, name in enumerate(deltas)}
+    values: dict[str, Any] = {f"c{i}": delta for i, delta in enumerate(deltas.values())}
+    adds = [f"#c{i} :c{i}" for i in range(len(deltas))]
+    if backend:
+        names["#b"], values["b"] = f"{BACKEND_PREFIX}{backend}", 1
+        adds.append("#b :b")
+    return adds, names, values
+
+
+def _alive(connection_id: str, item: dict[str, Any]) -> Connection:
+    """A connection item a write that required it live returned."""
+    connection = _connection(connection_id, item, -math.inf)
+    if connection is None:
+        raise StateUnavailableError("the state table answered an empty item", retry_after_s=1.0)
+    return connection
+
+
 def _connection(connection_id: str, item: dict[str, Any] | None, now: float) -> Connection | None:
     if not item:
         return None
     values = plain_item(item)
     if float(values.get(TTL_ATTRIBUTE, 0)) <= now:
         return None
-    tenant = values.get("tenant")
+    tenant, owner = values.get("tenant"), values.get("lease_owner")
+    pending = values.get("pending")
     return Connection(
         id=connection_id,
         tenant=tenant if isinstance(tenant, str) else None,
@@ -383,4 +497,7 @@ def _connection(connection_id: str, item: dict[str, Any] | None, now: float) -> 
             for name, value in values.items()
             if name.startswith(BACKEND_PREFIX)
         },
+        pending={int(k): str(v) for k, v in pending.items()} if isinstance(pending, dict) else {},
+        lease_owner=owner if isinstance(owner, str) else None,
+        lease_until=float(values.get("lease_until", 0)),
     )

@@ -35,7 +35,12 @@ from typing import Any, Protocol
 from spillway.protocol.errors import SpillwayError, UnauthenticatedError, UnavailableError
 from spillway.protocol.wire import Reply, Target, json_bytes
 from spillway.routing.facts import Call
-from spillway.streams.connections import Connection, ConnectionStore
+from spillway.streams.connections import (
+    OUT_OF_WINDOW,
+    SLOW_DOWN,
+    Connection,
+    ConnectionStore,
+)
 from spillway.streams.frames import (
     Answer,
     Frame,
@@ -282,7 +287,7 @@ class StreamGateway:
         frame, connection = accepted
         answer = self._answer(store, frame, connection, where, remaining_ms)
         try:
-            self._settle(store, frame, answer, where)
+            self._settle(store, frame, connection, answer, where)
         except SpillwayError as error:  # the table failed after the frame was answered
             log.warning("settling failed", extra={"id": frame.id, "reason": error.message})
 
@@ -303,10 +308,7 @@ class StreamGateway:
                 counts = {"frames_in": 1, "bytes_in": size, "frames_refused": 1}
                 store.count(where.connection_id, counts)
                 raise
-            connection = store.get(where.connection_id, self.clock())
-            if connection is None:
-                raise RefusedFrame(NotConnectedError("not connected"), frame.id, frame.seq)
-            self._admit(store, connection, frame, size)
+            connection = self._admit(store, where.connection_id, frame, size)
         except RefusedFrame as refusal:
             self._push(store, where, refusal.answer())
             return None
@@ -317,28 +319,17 @@ class StreamGateway:
             return None
         return frame, connection
 
-    def _settle(self, store: ConnectionStore, frame: Frame, answer: Answer, where: Event) -> None:
-        """Count the answer, and push it: at once without ``seq``, else held for order."""
-        counter = "frames_answered" if answer.ok else "frames_failed"
-        store.count(where.connection_id, {counter: 1, "cost_usd": answer.cost_usd}, answer.backend)
-        if frame.seq is None:
-            sent = self._push(store, where, answer)
-            store.count(where.connection_id, {"in_flight": -1, "bytes_out": sent})
-            return
-        now = self.clock()
-        store.hold(where.connection_id, frame.seq, answer.data, now, self.settings.held_ttl_s)
-        self._deliver(store, where)
-
     def _admit(
-        self, store: ConnectionStore, connection: Connection, frame: Frame, size: int
-    ) -> None:
-        """Count the frame in (``RefusedFrame`` when it may not be served), and reserve
-        its ``seq``."""
+        self, store: ConnectionStore, connection_id: str, frame: Frame, size: int
+    ) -> Connection:
+        """Count the frame in: its connection as admitted (``RefusedFrame`` when the frame
+        may not be served)."""
         limit = self.settings.max_in_flight
-        admission = store.admit(connection.id, size, limit, self.clock())
+        token = os.urandom(12).hex()
+        admission = store.admit(connection_id, size, limit, self.clock(), frame.seq, token)
         if admission is None:
             raise RefusedFrame(NotConnectedError("not connected"), frame.id, frame.seq)
-        if not admission.admitted:
+        if admission.refusal == SLOW_DOWN:
             message = (
                 f"too many frames in flight on this connection (limit {limit}): "
                 "wait for answers before sending more"
@@ -350,34 +341,70 @@ class StreamGateway:
                 in_flight=admission.in_flight,
                 limit=limit,
             )
-        if frame.seq is None:
-            return
-        try:
-            self._reserve(store, connection, frame.seq, limit)
-        except SpillwayError as error:
-            store.count(connection.id, {"in_flight": -1, "frames_refused": 1})
-            raise RefusedFrame(error, frame.id, frame.seq) from None
-
-    def _reserve(
-        self, store: ConnectionStore, connection: Connection, seq: int, window: int
-    ) -> None:
-        if seq >= connection.next_seq + window:
-            raise SeqOutOfWindowError(
-                f"seq {seq} is {window} or more past the next seq to answer "
-                f"({connection.next_seq}): wait for answers before sending it"
+        next_seq = admission.connection.next_seq
+        if admission.refusal == OUT_OF_WINDOW:
+            error: SpillwayError = SeqOutOfWindowError(
+                f"seq {frame.seq} is {limit} or more past the next seq to answer "
+                f"({next_seq}): wait for answers before sending it"
             )
-        duplicate = DuplicateSeqError(f"seq {seq} was already sent on this connection")
-        if seq < connection.next_seq:
-            raise duplicate
-        owner = os.urandom(12).hex()
-        if not store.reserve(connection.id, seq, owner, self.clock(), self.settings.held_ttl_s):
-            raise duplicate
-        # ``next_seq`` may have passed ``seq`` after it was read (answered and its held
-        # item deleted before this reservation): then the reservation is a duplicate's.
-        now = store.get(connection.id, self.clock())
-        if now is None or seq < now.next_seq:
-            store.unreserve(connection.id, seq)
-            raise duplicate
+            raise RefusedFrame(error, frame.id, frame.seq)
+        if admission.refusal is not None:
+            error = DuplicateSeqError(f"seq {frame.seq} was already sent on this connection")
+            raise RefusedFrame(error, frame.id, frame.seq)
+        return admission.connection
+
+    def _settle(
+        self,
+        store: ConnectionStore,
+        frame: Frame,
+        connection: Connection,
+        answer: Answer,
+        where: Event,
+    ) -> None:
+        """Count the answer and push it: at once without ``seq``; with ``seq``, at once
+        when it is next (the lease claimed: one write fails when it is not), else held
+        for its turn."""
+        counts = {"frames_answered" if answer.ok else "frames_failed": 1.0}
+        counts["cost_usd"] = answer.cost_usd
+        if frame.seq is None:
+            sent = self._push(store, where, answer)
+            counts.update(in_flight=-1, bytes_out=sent)
+            store.count(where.connection_id, counts, answer.backend)
+            return
+        owner, seq = os.urandom(12).hex(), frame.seq
+        now = self.clock()
+        after: Connection | None = None
+        if store.claim(where.connection_id, seq, owner, now, now + self.settings.lease_s):
+            try:
+                sent = self._post(where, answer.data)
+            except ConnectionGone:
+                self._close(store, where, "gone")
+                return
+            except Exception:  # held for the next delivery
+                log.exception("push failed", extra={"connection_id": where.connection_id})
+                self._hold(store, where, seq, answer, counts)
+                store.release(where.connection_id, owner)
+                return
+            counts["bytes_out"] = sent
+            now = self.clock()
+            after = store.finish(where.connection_id, seq, owner, now, counts, answer.backend)
+            if after is None:
+                log.warning("delivery lease lost", extra={"connection_id": where.connection_id})
+                return
+        else:
+            after = self._hold(store, where, seq, answer, counts)
+        self._deliver(store, where, owner, after)
+
+    def _hold(
+        self,
+        store: ConnectionStore,
+        where: Event,
+        seq: int,
+        answer: Answer,
+        counts: dict[str, float],
+    ) -> Connection | None:
+        now, ttl = self.clock(), self.settings.held_ttl_s
+        return store.hold(where.connection_id, seq, answer.data, now, ttl, counts, answer.backend)
 
     def _answer(
         self,
@@ -412,22 +439,23 @@ class StreamGateway:
             log.exception("unhandled error", extra=fields)
             return Answer.failed(SpillwayError("internal error"), frame.id, frame.seq)
 
-    def _deliver(self, store: ConnectionStore, where: Event) -> None:
-        """Push held answers from ``next_seq`` upward, one claim of the delivery lease per
-        answer taken just before its post (``WS_LEASE_S`` outlasts a post, so no other
-        call can claim the same ``seq`` while it is being pushed), given back by the
-        ``advance`` after it. A call that finds the lease taken leaves; the holder looks
-        again after advancing, so an answer held meanwhile is never stranded."""
-        owner = os.urandom(12).hex()
-        while True:
-            connection = store.get(where.connection_id, self.clock())
-            if connection is None:
+    def _deliver(
+        self, store: ConnectionStore, where: Event, owner: str, connection: Connection | None
+    ) -> None:
+        """Push held answers from ``next_seq`` upward, ``connection`` being the item as the
+        last write left it: one claim of the delivery lease per answer, taken just before
+        its post (``WS_LEASE_S`` outlasts a post, so no other call can claim the same
+        ``seq`` while it is being pushed) and given back by the ``finish`` after it, whose
+        result says whether the next answer is held. A call that finds the lease taken
+        leaves: the holder's next ``finish`` shows it the answer held meanwhile, so none is
+        stranded."""
+        while connection is not None and connection.next_is_held():
+            seq, now = connection.next_seq, self.clock()
+            if connection.leased(owner, now):
                 return
-            seq = connection.next_seq
-            data = store.held(where.connection_id, seq, self.clock())
+            data = store.held(where.connection_id, seq, now)
             if data is None:
                 return
-            now = self.clock()
             if not store.claim(where.connection_id, seq, owner, now, now + self.settings.lease_s):
                 return
             try:
@@ -439,11 +467,12 @@ class StreamGateway:
                 log.exception("push failed", extra={"connection_id": where.connection_id})
                 store.release(where.connection_id, owner)
                 return
-            if not store.advance(where.connection_id, seq, owner, self.clock(), sent):
+            now = self.clock()
+            connection = store.finish(where.connection_id, seq, owner, now, {"bytes_out": sent})
+            if connection is None:
                 log.warning(
                     "delivery lease lost", extra={"connection_id": where.connection_id, "seq": seq}
                 )
-                return
 
     def _push(self, store: ConnectionStore, where: Event, answer: Answer) -> int:
         """Push an answer out of order; the bytes sent. A gone connection is closed; any

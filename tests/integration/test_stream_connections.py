@@ -20,7 +20,7 @@ import pytest
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from spillway.state.table import DynamoStateStore, StateUnavailableError, create_table
-from spillway.streams.connections import DynamoConnections, held_key
+from spillway.streams.connections import Admission, DynamoConnections, held_key
 from spillway.streams.gateway import StreamGateway
 from spillway.streams.settings import StreamSettings
 from spillway.tenancy.identity import Authenticator
@@ -83,7 +83,7 @@ def test_admission_is_bounded_and_counters_add_up(store: DynamoConnections) -> N
     # GIVEN a connection and a bound of 2
     store.open("c1", "acme", NOW, 600)
     # WHEN three frames arrive and one is settled
-    admissions = [store.admit("c1", 100, 2, NOW) for _ in range(3)]
+    admissions = [store.admit("c1", 100, 2, NOW, None, f"t{i}") for i in range(3)]
     store.count("c1", {"in_flight": -1, "frames_answered": 1, "cost_usd": 0.25}, "gpu")
     store.count("c1", {"frames_failed": 1, "cost_usd": 0.125}, "cpu")
     store.count("c1", {"frames_answered": 1}, "gpu")
@@ -113,36 +113,53 @@ def test_admission_is_bounded_and_counters_add_up(store: DynamoConnections) -> N
     assert store.get("gone", NOW) is None
 
 
-def test_seq_reservations_held_answers_and_advance(store: DynamoConnections, table: str) -> None:
+def test_seq_admission_window_held_answers_and_finish(store: DynamoConnections, table: str) -> None:
     store.open("c1", None, NOW, 600)
-    # GIVEN seq 0 reserved: a second reservation fails, and nothing is ready yet
-    assert store.reserve("c1", 0, "frame-a", NOW, 900)
-    assert not store.reserve("c1", 0, "frame-b", NOW, 900)
-    assert store.reserve("c1", 0, "frame-a", NOW, 900)  # its own write, retried
-    assert store.held("c1", 0, NOW) is None
-    # WHEN its answer is held
-    store.hold("c1", 0, b'{"id":"a"}', NOW, 900)
-    # THEN it is ready, and a pending reservation's undo does not delete a ready answer
-    store.unreserve("c1", 0)
-    assert store.held("c1", 0, NOW) == b'{"id":"a"}'
-    # AND the lease is claimed for next_seq only; only its owner advances, only from
-    # next_seq; advancing gives the lease back and deletes the answer
+
+    # GIVEN seq 0 and 1 admitted (window 4): the same seq again, one past the window and
+    # one already delivered are refused with their reasons; a retried admission is its own
+    def admit(seq: int, token: str) -> Admission:
+        admission = store.admit("c1", 10, 4, NOW, seq, token)
+        assert admission is not None
+        return admission
+
+    assert [admit(0, "a").refusal, admit(1, "b").refusal] == [None, None]
+    assert admit(0, "a").admitted  # frame a's own write, retried
+    assert [admit(1, "c").refusal, admit(4, "d").refusal] == ["duplicate_seq", "seq_out_of_window"]
+    # WHEN seq 1's answer is held (counted) and seq 0 is claimed, pushed and finished
+    held = store.hold("c1", 1, b'{"id":"b"}', NOW, 900, {"frames_answered": 1}, "cpu")
+    assert held is not None
+    assert held.pending == {0: "a", 1: "held"}
+    assert store.held("c1", 1, NOW) == b'{"id":"b"}'
     assert not store.claim("c1", 1, "me", NOW, NOW + 30)
     assert store.claim("c1", 0, "me", NOW, NOW + 30)
-    assert not store.advance("c1", 0, "other", NOW, 10)
-    assert not store.advance("c1", 1, "me", NOW, 10)
-    assert store.advance("c1", 0, "me", NOW, 10)
-    connection = store.get("c1", NOW)
-    assert connection is not None
-    assert (connection.next_seq, connection.counters["bytes_out"]) == (1, 10)
-    assert raw_item(table, held_key("c1", 0)) is None
+    assert store.finish("c1", 0, "other", NOW, {"bytes_out": 10}) is None
+    after = store.finish("c1", 0, "me", NOW, {"bytes_out": 10, "frames_answered": 1}, "gpu")
+    # THEN the finish says the next answer is held, with the lease given back
+    assert after is not None
+    assert (after.next_seq, after.next_is_held(), after.lease_owner) == (1, True, None)
+    assert admit(0, "e").refusal == "duplicate_seq"
+    # AND finishing a held answer deletes it; a finish retried after its first try went
+    # through still reports it, counted once
     assert store.claim("c1", 1, "other", NOW, NOW + 30)
-    # AND an advance retried after its first try went through still reports it (once)
-    assert store.advance("c1", 1, "other", NOW, 10)
-    assert store.advance("c1", 1, "other", NOW, 10)
-    connection = store.get("c1", NOW)
-    assert connection is not None
-    assert (connection.next_seq, connection.counters["bytes_out"]) == (2, 20)
+    assert store.finish("c1", 1, "other", NOW, {"bytes_out": 10}) is not None
+    assert store.finish("c1", 1, "other", NOW, {"bytes_out": 10}) is not None
+    assert raw_item(table, held_key("c1", 1)) is None
+    last = store.get("c1", NOW)
+    assert last is not None
+    assert (last.next_seq, last.in_flight, last.pending) == (2, 0, {})
+    assert last.stats() | {"connected_at": 0} == {
+        "connected_at": 0,
+        "in_flight": 0,
+        "frames_in": 5,
+        "frames_answered": 2,
+        "frames_failed": 0,
+        "frames_refused": 3,
+        "bytes_in": 50,
+        "bytes_out": 20,
+        "cost_usd": 0,
+        "backends": {"gpu": 1, "cpu": 1},
+    }
 
 
 def test_one_lease_holder_among_eight_threads(store: DynamoConnections) -> None:
@@ -188,8 +205,8 @@ def test_each_seq_is_claimed_and_advanced_by_one_owner_among_16_racing_threads(
             connection = store.get("c1", NOW)
             assert connection is not None
             seq = connection.next_seq
-            if store.claim("c1", seq, owner, NOW, NOW + 30) and store.advance(
-                "c1", seq, owner, NOW, 1
+            if store.claim("c1", seq, owner, NOW, NOW + 30) and store.finish(
+                "c1", seq, owner, NOW, {"bytes_out": 1}
             ):
                 advanced[seq] += 1
 
@@ -215,15 +232,15 @@ def test_each_seq_is_claimed_and_advanced_by_one_owner_among_16_racing_threads(
 def test_close_deletes_the_item_and_every_held_answer(store: DynamoConnections, table: str) -> None:
     # GIVEN a connection with next_seq 0 and answers held at 1, 5 and 31 (window 32)
     store.open("c1", "acme", NOW, 600)
-    store.admit("c1", 50, 32, NOW)
+    store.admit("c1", 50, 32, NOW, None, "t")
     for seq in (1, 5, 31):
-        store.reserve("c1", seq, f"frame-{seq}", NOW, 900)
-        store.hold("c1", seq, b"{}", NOW, 900)
+        store.admit("c1", 50, 32, NOW, seq, f"t{seq}")
+        store.hold("c1", seq, b"{}", NOW, 900, {})
     # WHEN it closes
     last = store.close("c1", NOW, 32)
     # THEN its last counters come back and nothing of it is left
     assert last is not None
-    assert (last.tenant, last.counters["frames_in"], last.in_flight) == ("acme", 1, 1)
+    assert (last.tenant, last.counters["frames_in"], last.in_flight) == ("acme", 4, 4)
     assert raw_item(table, "wsconn#c1") is None
     assert [raw_item(table, held_key("c1", s)) for s in (1, 5, 31)] == [None, None, None]
     assert store.close("c1", NOW, 32) is None

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spillway.streams.connections import COUNTERS, Admission, Connection, connection_key
+from spillway.streams.connections import COUNTERS, HELD, Admission, Connection, connection_key
 from spillway.streams.gateway import ConnectionGone
 
 ENDPOINT = "http://127.0.0.1:1"
@@ -25,8 +25,15 @@ class _Item:
     next_seq: int = 0
     counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0.0))
     backends: dict[str, int] = field(default_factory=dict)
+    pending: dict[int, str] = field(default_factory=dict)
     lease_owner: str | None = None
     lease_until: float = 0.0
+
+    def add(self, deltas: Mapping[str, float], backend: str | None) -> None:
+        for name, delta in deltas.items():
+            self.counters[name] += delta
+        if backend:
+            self.backends[backend] = self.backends.get(backend, 0) + 1
 
 
 class MemoryConnections:
@@ -34,7 +41,7 @@ class MemoryConnections:
 
     def __init__(self) -> None:
         self.items: dict[str, _Item] = {}
-        self.held_items: dict[tuple[str, int], bytes | None] = {}  # None: reserved
+        self.held_items: dict[tuple[str, int], bytes] = {}
         self.lock = threading.Lock()
 
     def _live(self, connection_id: str, now: float) -> _Item | None:
@@ -51,50 +58,39 @@ class MemoryConnections:
             item = self._live(connection_id, now)
             return None if item is None else _snapshot(connection_id, item)
 
-    def admit(self, connection_id: str, size: int, limit: int, now: float) -> Admission | None:
+    def admit(
+        self,
+        connection_id: str,
+        size: int,
+        limit: int,
+        now: float,
+        seq: int | None = None,
+        token: str = "",
+    ) -> Admission | None:
         with self.lock:
             item = self._live(connection_id, now)
             if item is None:
                 return None
+            if seq is not None and item.pending.get(seq) == token:
+                return Admission(_snapshot(connection_id, item))  # its own write, retried
             item.counters["frames_in"] += 1
             item.counters["bytes_in"] += size
-            if item.counters["in_flight"] < limit:
-                item.counters["in_flight"] += 1
-                return Admission(True, int(item.counters["in_flight"]))
-            item.counters["frames_refused"] += 1
-            return Admission(False, int(item.counters["in_flight"]))
+            refusal = _snapshot(connection_id, item).refusal(seq, limit)
+            if refusal is not None:
+                item.counters["frames_refused"] += 1
+                return Admission(_snapshot(connection_id, item), refusal)
+            item.counters["in_flight"] += 1
+            if seq is not None:
+                item.pending[seq] = token
+            return Admission(_snapshot(connection_id, item))
 
     def count(
         self, connection_id: str, deltas: Mapping[str, float], backend: str | None = None
     ) -> None:
         with self.lock:
             item = self.items.get(connection_id)
-            if item is None:
-                return
-            for name, delta in deltas.items():
-                item.counters[name] += delta
-            if backend:
-                item.backends[backend] = item.backends.get(backend, 0) + 1
-
-    def reserve(self, connection_id: str, seq: int, owner: str, now: float, ttl_s: float) -> bool:
-        with self.lock:
-            if (connection_id, seq) in self.held_items:
-                return False
-            self.held_items[(connection_id, seq)] = None
-            return True
-
-    def unreserve(self, connection_id: str, seq: int) -> None:
-        with self.lock:
-            if self.held_items.get((connection_id, seq), b"") is None:
-                del self.held_items[(connection_id, seq)]
-
-    def hold(self, connection_id: str, seq: int, answer: bytes, now: float, ttl_s: float) -> None:
-        with self.lock:
-            self.held_items[(connection_id, seq)] = answer
-
-    def held(self, connection_id: str, seq: int, now: float) -> bytes | None:
-        with self.lock:
-            return self.held_items.get((connection_id, seq))
+            if item is not None:
+                item.add(deltas, backend)
 
     def claim(self, connection_id: str, seq: int, owner: str, now: float, until: float) -> bool:
         with self.lock:
@@ -106,16 +102,51 @@ class MemoryConnections:
             item.lease_owner, item.lease_until = owner, until
             return True
 
-    def advance(self, connection_id: str, seq: int, owner: str, now: float, sent: int) -> bool:
+    def finish(
+        self,
+        connection_id: str,
+        seq: int,
+        owner: str,
+        now: float,
+        deltas: Mapping[str, float],
+        backend: str | None = None,
+    ) -> Connection | None:
         with self.lock:
             item = self._live(connection_id, now)
-            if item is None or item.next_seq != seq or item.lease_owner != owner:
-                return False
+            if item is None:
+                return None
+            if item.next_seq > seq:  # its own write, retried (as the DynamoDB store reads it)
+                return _snapshot(connection_id, item)
+            if item.next_seq != seq or item.lease_owner != owner:
+                return None
             item.next_seq, item.lease_owner, item.lease_until = seq + 1, None, 0.0
-            item.counters["in_flight"] -= 1
-            item.counters["bytes_out"] += sent
+            item.pending.pop(seq, None)
+            item.add({"in_flight": -1, **deltas}, backend)
             self.held_items.pop((connection_id, seq), None)
-            return True
+            return _snapshot(connection_id, item)
+
+    def hold(
+        self,
+        connection_id: str,
+        seq: int,
+        answer: bytes,
+        now: float,
+        ttl_s: float,
+        deltas: Mapping[str, float],
+        backend: str | None = None,
+    ) -> Connection | None:
+        with self.lock:
+            self.held_items[(connection_id, seq)] = answer
+            item = self.items.get(connection_id)
+            if item is None:
+                return None
+            item.pending[seq] = HELD
+            item.add(deltas, backend)
+            return _snapshot(connection_id, item)
+
+    def held(self, connection_id: str, seq: int, now: float) -> bytes | None:
+        with self.lock:
+            return self.held_items.get((connection_id, seq))
 
     def release(self, connection_id: str, owner: str) -> None:
         with self.lock:
@@ -140,6 +171,9 @@ def _snapshot(connection_id: str, item: _Item) -> Connection:
         item.next_seq,
         dict(item.counters),
         dict(item.backends),
+        dict(item.pending),
+        item.lease_owner,
+        item.lease_until,
     )
 
 

@@ -9,7 +9,7 @@ import json
 import logging
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,7 +167,15 @@ def test_a_frame_on_an_unknown_connection_is_not_connected(h: Harness) -> None:
 
 
 class UnreachableAdmit(MemoryConnections):
-    def admit(self, connection_id: str, size: int, limit: int, now: float) -> Admission | None:
+    def admit(
+        self,
+        connection_id: str,
+        size: int,
+        limit: int,
+        now: float,
+        seq: int | None = None,
+        token: str = "",
+    ) -> Admission | None:
         raise StateUnavailableError("the state table t cannot be reached (EndpointConnectionError)")
 
 
@@ -412,23 +420,31 @@ def test_many_threads_racing_on_two_connections_get_each_answer_once_in_order() 
         assert (stats.in_flight, stats.counters["frames_answered"]) == (0, 80)
 
 
-class PausingAdvance(MemoryConnections):
-    """Its first ``advance`` (which gives the lease back) waits until ``go`` is set."""
+class PausingFinish(MemoryConnections):
+    """Its first ``finish`` (which gives the lease back) waits until ``go`` is set."""
 
     def __init__(self) -> None:
         super().__init__()
         self.advancing, self.go = threading.Event(), threading.Event()
 
-    def advance(self, connection_id: str, seq: int, owner: str, now: float, sent: int) -> bool:
+    def finish(
+        self,
+        connection_id: str,
+        seq: int,
+        owner: str,
+        now: float,
+        deltas: Mapping[str, float],
+        backend: str | None = None,
+    ) -> Connection | None:
         if not self.advancing.is_set():
             self.advancing.set()
             assert self.go.wait(30)
-        return super().advance(connection_id, seq, owner, now, sent)
+        return super().finish(connection_id, seq, owner, now, deltas, backend)
 
 
 def test_an_answer_held_while_the_lease_is_being_given_back_is_not_stranded() -> None:
     # GIVEN a call that pushed seq 0 and is about to give the delivery lease back
-    store = PausingAdvance()
+    store = PausingFinish()
     h = harness(store=store)
     h.connect("c1")
     (first,) = in_threads(lambda: h.frame("c1", id="f0", seq=0, model="echo", inputs=INPUTS))
@@ -472,41 +488,62 @@ class SlowRead(MemoryConnections):
 
 
 def test_a_delivery_that_stalls_past_the_lease_does_not_push_an_answer_twice() -> None:
-    # GIVEN a call delivering seq 0 that stalls between reading the answer and pushing it
+    # GIVEN seq 1's answer held, and seq 0's call, which delivers it next, stalling
+    # between reading that answer and pushing it
     clock = Clock()
     store = SlowRead(clock, 5.0)
     h = harness(store=store, lease_s=5.0)
     h.gateway.clock = clock
     h.connect("c1")
+    h.frame("c1", id="f1", seq=1, model="echo", inputs=INPUTS)
     (first,) = in_threads(lambda: h.frame("c1", id="f0", seq=0, model="echo", inputs=INPUTS))
     assert store.reading.wait(30)
-    # WHEN the lease runs out and seq 1's call delivers seq 0 and 1 meanwhile
+    # WHEN the lease runs out and seq 2's call delivers seq 1 and 2 meanwhile
     clock.now += 6
-    h.frame("c1", id="f1", seq=1, model="echo", inputs=INPUTS)
+    h.frame("c1", id="f2", seq=2, model="echo", inputs=INPUTS)
     store.go.set()
     first.join(30)
     # THEN each answer was pushed exactly once, in order, and nothing is left in flight
-    assert [a["id"] for a in h.answers("c1")] == ["f0", "f1"]
+    assert [a["id"] for a in h.answers("c1")] == ["f0", "f1", "f2"]
     stats = store.get("c1", clock.now)
     assert stats is not None
-    assert (stats.in_flight, stats.next_seq, store.held_items) == (0, 2, {})
+    assert (stats.in_flight, stats.next_seq, store.held_items) == (0, 3, {})
 
 
 class RetriedWrites(MemoryConnections):
     """Every conditional write applied twice, the second answer returned: botocore
     retrying a write whose first try went through but whose answer timed out."""
 
-    def reserve(self, connection_id: str, seq: int, owner: str, now: float, ttl_s: float) -> bool:
-        super().reserve(connection_id, seq, owner, now, ttl_s)
-        with self.lock:  # the retry finds the item it placed: the store says it is owner's
-            return self.held_items.get((connection_id, seq), b"") is None
+    def admit(
+        self,
+        connection_id: str,
+        size: int,
+        limit: int,
+        now: float,
+        seq: int | None = None,
+        token: str = "",
+    ) -> Admission | None:
+        super().admit(connection_id, size, limit, now, seq, token)
+        return super().admit(connection_id, size, limit, now, seq, token)
 
     def claim(self, connection_id: str, seq: int, owner: str, now: float, until: float) -> bool:
         super().claim(connection_id, seq, owner, now, until)
         return super().claim(connection_id, seq, owner, now, until)
 
+    def finish(
+        self,
+        connection_id: str,
+        seq: int,
+        owner: str,
+        now: float,
+        deltas: Mapping[str, float],
+        backend: str | None = None,
+    ) -> Connection | None:
+        super().finish(connection_id, seq, owner, now, deltas, backend)
+        return super().finish(connection_id, seq, owner, now, deltas, backend)
 
-def test_a_retried_lease_claim_still_delivers_every_answer_once() -> None:
+
+def test_retried_writes_still_deliver_every_answer_once_and_count_it_once() -> None:
     # GIVEN a state table whose conditional writes are each retried after going through
     store = RetriedWrites()
     h = harness(store=store)
@@ -514,11 +551,12 @@ def test_a_retried_lease_claim_still_delivers_every_answer_once() -> None:
     # WHEN frames arrive out of order
     for seq in (1, 0, 3, 2):
         h.frame("c1", id=f"f{seq}", seq=seq, model="echo", inputs=INPUTS)
-    # THEN a claim retried by its own owner is not refused: all four pushed once, in order
+    # THEN an admission, a claim or a finish retried by its own caller is not refused:
+    # all four pushed once, in order, counted once
     assert [a["seq"] for a in h.answers("c1")] == [0, 1, 2, 3]
     stats = store.get("c1", 0)
     assert stats is not None
-    assert (stats.in_flight, stats.next_seq) == (0, 4)
+    assert (stats.in_flight, stats.next_seq, stats.counters["frames_in"]) == (0, 4, 4)
 
 
 class FlakyManagement:
