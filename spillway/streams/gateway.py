@@ -30,11 +30,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from spillway.protocol.errors import SpillwayError, UnauthenticatedError, UnavailableError
 from spillway.protocol.wire import Reply, Target, json_bytes
 from spillway.routing.facts import Call
+from spillway.state.table import StateUnavailableError
 from spillway.streams.connections import (
     OUT_OF_WINDOW,
     SLOW_DOWN,
@@ -206,8 +207,37 @@ class Event:
         )
 
 
+class _Retrying:
+    """A connection store whose calls are made again, after a pause, while the state table
+    cannot be reached: once a frame is admitted its answer must reach the table (else it
+    is never pushed, and with ``seq`` neither are the answers after it), and every call
+    after admission is safe to repeat (a claim is its owner's again, a finish already done
+    counts as done, a held answer is written again; only a retried hold may count the
+    frame's counters twice)."""
+
+    def __init__(self, store: ConnectionStore, pauses_s: tuple[float, ...]) -> None:
+        self._store, self._pauses_s = store, pauses_s
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        call: Callable[..., Any] = getattr(self._store, name)
+
+        def retried(*args: Any, **kwargs: Any) -> Any:
+            for pause in self._pauses_s:
+                try:
+                    return call(*args, **kwargs)
+                except StateUnavailableError:
+                    log.warning("state table call failed: trying again", extra={"call": name})
+                    time.sleep(pause)
+            return call(*args, **kwargs)
+
+        return retried
+
+
 class StreamGateway:
     """API Gateway WebSocket events to connections, frames and pushed answers."""
+
+    retry_pauses_s: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
+    """Pauses before a state-table call after admission is made again."""
 
     def __init__(
         self,
@@ -286,8 +316,9 @@ class StreamGateway:
             return
         frame, connection = accepted
         answer = self._answer(store, frame, connection, where, remaining_ms)
+        durable = cast(ConnectionStore, _Retrying(store, self.retry_pauses_s))
         try:
-            self._settle(store, frame, connection, answer, where)
+            self._settle(durable, frame, connection, answer, where)
         except SpillwayError as error:  # the table failed after the frame was answered
             log.warning("settling failed", extra={"id": frame.id, "reason": error.message})
 

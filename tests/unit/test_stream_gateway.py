@@ -559,6 +559,60 @@ def test_retried_writes_still_deliver_every_answer_once_and_count_it_once() -> N
     assert (stats.in_flight, stats.next_seq, stats.counters["frames_in"]) == (0, 4, 4)
 
 
+class Unreachable(MemoryConnections):
+    """The state table unreachable for the first call of each settling operation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed: set[str] = set()
+
+    def _once(self, name: str) -> None:
+        if name not in self.failed:
+            self.failed.add(name)
+            raise StateUnavailableError("the state table t cannot be reached (ReadTimeoutError)")
+
+    def claim(self, connection_id: str, seq: int, owner: str, now: float, until: float) -> bool:
+        self._once("claim")
+        return super().claim(connection_id, seq, owner, now, until)
+
+    def hold(
+        self,
+        connection_id: str,
+        seq: int,
+        answer: bytes,
+        now: float,
+        ttl_s: float,
+        deltas: Mapping[str, float],
+        backend: str | None = None,
+    ) -> Connection | None:
+        self._once("hold")
+        return super().hold(connection_id, seq, answer, now, ttl_s, deltas, backend)
+
+    def count(
+        self, connection_id: str, deltas: Mapping[str, float], backend: str | None = None
+    ) -> None:
+        if "frames_answered" in deltas:
+            self._once("count")
+        super().count(connection_id, deltas, backend)
+
+
+def test_a_state_table_failing_after_admission_is_tried_again_and_no_answer_is_lost() -> None:
+    # GIVEN a state table whose first claim, hold and settling count fail
+    store = Unreachable()
+    h = harness(store=store)
+    h.gateway.retry_pauses_s = (0.0, 0.0)
+    h.connect("c1")
+    # WHEN seq 1, seq 0 and a frame without seq are answered
+    for fields in ({"seq": 1}, {"seq": 0}, {}):
+        h.frame("c1", id=f"f{fields.get('seq', 'x')}", model="echo", inputs=INPUTS, **fields)
+    # THEN each was pushed once, the seq frames in order, and the counters add up
+    assert [a["id"] for a in h.answers("c1")] == ["f0", "f1", "fx"]
+    assert store.failed == {"claim", "hold", "count"}
+    stats = store.get("c1", 0)
+    assert stats is not None
+    assert (stats.in_flight, stats.next_seq, stats.counters["frames_answered"]) == (0, 2, 3)
+
+
 class FlakyManagement:
     """``post_to_connection`` failing with the given errors first, then taking posts."""
 
