@@ -173,12 +173,14 @@ class ConnectionStore(Protocol):
         now: float,
         deltas: Mapping[str, float],
         backend: str | None = None,
+        *,
+        held: bool = True,
     ) -> Connection | None:
         """After ``seq``'s answer was pushed, in one write: ``next_seq`` becomes ``seq +
         1`` (only from ``seq``, only while ``owner`` holds the lease), the lease is given
         back, ``seq`` leaves ``pending``, ``in_flight`` - 1 and ``deltas`` (and one to
-        ``backend``) are added; a held answer of ``seq`` is deleted. The connection just
-        after; ``None`` when ``seq`` was not ``owner``'s to finish."""
+        ``backend``) are added; ``seq``'s answer, when it was ``held``, is deleted. The
+        connection just after; ``None`` when ``seq`` was not ``owner``'s to finish."""
         ...
 
     def hold(
@@ -335,6 +337,8 @@ class DynamoConnections:
         now: float,
         deltas: Mapping[str, float],
         backend: str | None = None,
+        *,
+        held: bool = True,
     ) -> Connection | None:
         key = _key(connection_key(connection_id))
         adds, names, values = _adds({"in_flight": -1, **deltas}, backend)
@@ -361,7 +365,8 @@ class DynamoConnections:
             after = self.get(connection_id, now)
             if after is None or after.next_seq <= seq:
                 return None
-        self._call("delete_item", Key=_key(held_key(connection_id, seq)))
+        if held:
+            self._call("delete_item", Key=_key(held_key(connection_id, seq)))
         return after
 
     def hold(

@@ -10,9 +10,10 @@ the local gateway's) and answers it:
 - ``$default``: one frame, exactly one answer pushed. A frame that is refused (not
   connected, too large, unreadable, over the in-flight bound, a duplicate or out-of-window
   ``seq``) is answered at once. A frame without ``seq`` is answered when it is done. A
-  frame with ``seq`` has its answer held, and whoever holds the connection's delivery
-  lease pushes held answers from ``next_seq`` upward; after giving the lease back it looks
-  again, so an answer held meanwhile is never stranded.
+  frame with ``seq`` is pushed at once when it is next (under the connection's delivery
+  lease, claimed for that ``seq``), else its answer is held; whoever finishes ``next_seq``
+  learns from that write whether the next answer is held and pushes it, so an answer held
+  meanwhile is never stranded.
 
 The router's call never raises out of ``handle``: a ``SpillwayError`` is the frame's
 failure answer with its code, anything else is logged with its traceback and answered
@@ -418,7 +419,9 @@ class StreamGateway:
                 return
             counts["bytes_out"] = sent
             now = self.clock()
-            after = store.finish(where.connection_id, seq, owner, now, counts, answer.backend)
+            after = store.finish(
+                where.connection_id, seq, owner, now, counts, answer.backend, held=False
+            )
             if after is None:
                 log.warning("delivery lease lost", extra={"connection_id": where.connection_id})
                 return

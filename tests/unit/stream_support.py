@@ -110,6 +110,8 @@ class MemoryConnections:
         now: float,
         deltas: Mapping[str, float],
         backend: str | None = None,
+        *,
+        held: bool = True,
     ) -> Connection | None:
         with self.lock:
             item = self._live(connection_id, now)

@@ -435,11 +435,13 @@ class PausingFinish(MemoryConnections):
         now: float,
         deltas: Mapping[str, float],
         backend: str | None = None,
+        *,
+        held: bool = True,
     ) -> Connection | None:
         if not self.advancing.is_set():
             self.advancing.set()
             assert self.go.wait(30)
-        return super().finish(connection_id, seq, owner, now, deltas, backend)
+        return super().finish(connection_id, seq, owner, now, deltas, backend, held=held)
 
 
 def test_an_answer_held_while_the_lease_is_being_given_back_is_not_stranded() -> None:
@@ -538,9 +540,11 @@ class RetriedWrites(MemoryConnections):
         now: float,
         deltas: Mapping[str, float],
         backend: str | None = None,
+        *,
+        held: bool = True,
     ) -> Connection | None:
-        super().finish(connection_id, seq, owner, now, deltas, backend)
-        return super().finish(connection_id, seq, owner, now, deltas, backend)
+        super().finish(connection_id, seq, owner, now, deltas, backend, held=held)
+        return super().finish(connection_id, seq, owner, now, deltas, backend, held=held)
 
 
 def test_retried_writes_still_deliver_every_answer_once_and_count_it_once() -> None:
