@@ -426,15 +426,31 @@ def scenario_frame_streams(stack: LocalStack, models: Path) -> list[Check]:
 
     Two in flight a stream, not more: the local WebSocket API answers 10-15 frames/s on a
     loaded 2-core machine (docs/benchmarks.md, "Frame streams"), so 400 frames in flight
-    would wait past API Gateway's 29 s integration timeout; 100 wait about 8 s."""
+    would wait past API Gateway's 29 s integration timeout; 100 wait about 8 s.
+
+    Under serverless-offline the WebSocket streams are 8, one frame in flight each:
+    serverless-offline starts a Python process (and keeps its own state for it) for every
+    invocation that finds none idle; in a run with 50 streams of 2 here, its Node.js
+    process (then 8.6 GB) stopped answering, REST included, as the streams began. The
+    gRPC streams do not pass through it and stay at 50."""
     scenario = Scenario(streams=50, frames=20, window=2)
+    offline = stack.router_runtime == "serverless-offline"
+    doors = {
+        "websocket": Scenario(streams=8, frames=20, window=1) if offline else scenario,
+        "grpc": scenario,
+    }
     frames = Frames.load(models)
     say(
         f"\n10. frame streams: {scenario.streams} streams x {scenario.frames} digits frames, "
         f"{scenario.window} in flight a stream, labels checked against ONNX Runtime"
     )
+    if offline:
+        say(
+            "   (WebSocket: 8 streams, 1 frame in flight each: serverless-offline starts "
+            "a Python process for each concurrent invocation)"
+        )
     made: list[Check] = []
-    for door in ("websocket", "grpc"):
+    for door, scenario in doors.items():
         run = run_door(door, Endpoints.of_stack(stack), scenario, frames)
         say(f"   {run.line()}")
         made += run.checks()
