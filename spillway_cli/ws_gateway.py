@@ -47,6 +47,9 @@ log = logging.getLogger("spillway.websocket")
 Handler = Callable[[dict[str, Any], Any], Any]
 DEFAULT_HANDLER = "functions.websocket.handler.handler"
 MESSAGE_LIMIT = 128 * 1024
+WRITE_TIMEOUT_S = 5.0
+"""How long a push through ``@connections`` may wait on a client that reads nothing;
+then the connection is dropped and the push answered 410 Gone."""
 """API Gateway's WebSocket message limit (and the management API's payload limit)."""
 INTEGRATION_TIMEOUT_S = 29.0
 """API Gateway's integration timeout: a handler's context counts down from it."""
@@ -106,6 +109,9 @@ class Connection:
     connected_at: float = field(default_factory=time.time)
     last_active_at: float = field(default_factory=time.time)
     invocations: set[asyncio.Future[Any]] = field(default_factory=set)
+    transport: asyncio.Transport | None = None
+    """The connection's TCP transport: aborted when a push waits past the write timeout
+    (a frame cut off half-written leaves no stream to close politely)."""
 
     def identity(self) -> dict[str, Any]:
         """``requestContext.identity`` of this connection's events."""
@@ -203,6 +209,7 @@ class WebSocketGateway:
         workers: int = 64,
         timeout_s: float = INTEGRATION_TIMEOUT_S,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
     ) -> None:
         if max_connections < 1 or workers < 1:
             raise ValueError("max_connections and workers must be at least 1")
@@ -210,6 +217,7 @@ class WebSocketGateway:
         self.max_connections = max_connections
         self.timeout_s = timeout_s
         self.idle_timeout_s = idle_timeout_s
+        self.write_timeout_s = write_timeout_s
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="ws-invoke")
         self.connections: dict[str, Connection] = {}
         self._opening = 0
@@ -244,6 +252,7 @@ class WebSocketGateway:
             request.remote or "127.0.0.1",
             request.headers.get("User-Agent", ""),
             request.headers.get("x-api-key"),
+            transport=request.transport,
         )
         self._opening += 1
         try:
@@ -344,12 +353,20 @@ class WebSocketGateway:
             text: str | None = data.decode("utf-8")
         except UnicodeDecodeError:
             text = None
+        socket = connection.socket
+        send = socket.send_str(text) if text is not None else socket.send_bytes(data)
         try:
-            if text is not None:
-                await connection.socket.send_str(text)
-            else:
-                await connection.socket.send_bytes(data)
+            await asyncio.wait_for(send, self.write_timeout_s)
         except ConnectionError:
+            raise _gone(connection.id) from None
+        except TimeoutError:
+            log.warning(
+                "connection %s dropped: it read nothing for %.1f s",
+                connection.id,
+                self.write_timeout_s,
+            )
+            if connection.transport is not None:
+                connection.transport.abort()
             raise _gone(connection.id) from None
         connection.last_active_at = time.time()
         return web.Response(status=200)

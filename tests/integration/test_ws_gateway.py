@@ -16,9 +16,11 @@ from typing import Any
 import aiohttp
 import boto3
 import pytest
+from aiohttp import WSMsgType, web
 from botocore.exceptions import ClientError
 
 from spillway_cli import procs
+from spillway_cli.ws_gateway import WebSocketGateway
 from tests.fakes import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -251,3 +253,50 @@ def test_a_message_over_128_kib_closes_with_1009(gateway: Gateway) -> None:
     size, kind, code = gateway.session(connected)
     assert size == 128 * 1024 - 40  # a message just under the limit is served
     assert (kind, code) == (aiohttp.WSMsgType.CLOSE, 1009)
+
+
+def test_a_push_to_a_client_that_reads_nothing_is_gone_after_the_write_timeout() -> None:
+    # GIVEN a gateway whose pushes may wait 0.5 s on a client, and a client that connects
+    # and then reads nothing
+    opened: list[str] = []
+
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        if event["requestContext"]["routeKey"] == "$connect":
+            opened.append(event["requestContext"]["connectionId"])
+        return {"statusCode": 200}
+
+    async def scenario() -> tuple[list[int], bool]:
+        gateway = WebSocketGateway(handler, workers=2, write_timeout_s=0.5)
+        runner = web.AppRunner(gateway.app())
+        await runner.setup()
+        port = procs.free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        statuses: list[int] = []
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.ws_connect(f"ws://127.0.0.1:{port}/") as ws,
+            ):
+                url = f"http://127.0.0.1:{port}/@connections/{opened[0]}"
+                chunk = b"x" * (120 * 1024)
+                # WHEN pushes go on until the buffers between them are full (at most 60 MB)
+                for _ in range(500):
+                    async with session.post(url, data=chunk) as response:
+                        statuses.append(response.status)
+                    if response.status != 200:
+                        break
+                # AND the client then reads: what was queued, then the end of the stream
+                for _ in range(len(statuses) + 1):
+                    message = await ws.receive(timeout=10)
+                    if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.ERROR):
+                        return statuses, True
+                return statuses, False
+        finally:
+            await runner.cleanup()
+
+    statuses, ended = asyncio.run(asyncio.wait_for(scenario(), 120))
+    # THEN the push that waited is answered 410 Gone, the earlier ones were delivered, and
+    # the connection is dropped
+    assert statuses[-1] == 410, statuses[-5:]
+    assert set(statuses[:-1]) == {200}
+    assert ended
