@@ -78,3 +78,21 @@ def conditional(call: Callable[..., Any], **kwargs: Any) -> dict[str, Any] | Non
             return None
         raise
     return answer
+
+
+def conditional_or_old(
+    call: Callable[..., Any], **kwargs: Any
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """One conditional DynamoDB write that, when its condition does not hold, says why:
+    ``(answer, None)`` when it was written; ``(None, item)`` when not, ``item`` the typed
+    item exactly as the condition saw it (``None``: there was none). Reading the item
+    again after a failed write could see a later state, one the condition never met."""
+    from botocore.exceptions import ClientError
+
+    try:
+        answer: dict[str, Any] = call(ReturnValuesOnConditionCheckFailure="ALL_OLD", **kwargs)
+    except ClientError as exc:
+        if is_condition_failed(exc):
+            return None, exc.response.get("Item")
+        raise
+    return answer, None

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from spillway.protocol.errors import InvalidInputError
-from spillway.state.dynamo import conditional, plain_item, typed
+from spillway.state.dynamo import conditional, conditional_or_old, plain_item, typed
 from spillway.state.table import (
     KEY,
     TTL_ATTRIBUTE,
@@ -60,6 +60,7 @@ HELD = "held"
 """A ``pending`` entry whose answer is held for its turn (else: its frame's token)."""
 SLOW_DOWN, DUPLICATE, OUT_OF_WINDOW = "slow_down", "duplicate_seq", "seq_out_of_window"
 _ADMIT_TRIES = 3
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -276,7 +277,7 @@ class DynamoConnections:
             names = {"#pending": "pending", "#seq": str(seq)}
             values.update(token=token, seq=seq, low=seq - limit)
         for _ in range(_ADMIT_TRIES):
-            admitted = self._call(
+            admitted, seen = self._write_or_old(
                 "update_item",
                 Key=key,
                 UpdateExpression=update,
@@ -287,7 +288,9 @@ class DynamoConnections:
             )
             if admitted is not None:
                 return Admission(_alive(connection_id, admitted["Attributes"]))
-            connection = self.get(connection_id, now)
+            # why the write was refused, from the item its condition saw: a read made now
+            # could find a frame finished since, and another admitted before the next try
+            connection = _connection(connection_id, seen, now) if seen else None
             if connection is None:
                 return None
             if seq is not None and connection.pending.get(seq) == token:
@@ -297,7 +300,9 @@ class DynamoConnections:
                 refused = {"frames_in": 1, "bytes_in": size, "frames_refused": 1}
                 self.count(connection_id, refused)
                 return Admission(connection, refusal)
-        raise StateUnavailableError("the connection's item keeps changing", retry_after_s=1.0)
+        raise StateUnavailableError(
+            "the state table refused the frame's admission without saying why", retry_after_s=1.0
+        )
 
     def count(
         self, connection_id: str, deltas: Mapping[str, float], backend: str | None = None
@@ -432,12 +437,24 @@ class DynamoConnections:
 
     def _call(self, operation: str, **kwargs: Any) -> dict[str, Any] | None:
         """One DynamoDB call on the table; ``None`` when its condition failed."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         if operation != "batch_write_item":
             kwargs["TableName"] = self.table
+        return self._reach(conditional, operation, **kwargs)
+
+    def _write_or_old(
+        self, operation: str, **kwargs: Any
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """One conditional write on the table: ``(answer, None)``, or ``(None, the item its
+        condition failed on)``."""
+        return self._reach(conditional_or_old, operation, TableName=self.table, **kwargs)
+
+    def _reach(self, how: Callable[..., _T], operation: str, **kwargs: Any) -> _T:
+        """``how(client.operation, **kwargs)``, the client's failures raised as
+        ``StateUnavailableError``."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
         try:
-            return conditional(getattr(self.client, operation), **kwargs)
+            return how(getattr(self.client, operation), **kwargs)
         except (BotoCoreError, ClientError) as exc:
             raise StateUnavailableError(
                 f"the state table {self.table} cannot be reached ({type(exc).__name__})",

@@ -113,6 +113,67 @@ def test_admission_is_bounded_and_counters_add_up(store: DynamoConnections) -> N
     assert store.get("gone", NOW) is None
 
 
+class _Churning:
+    """A DynamoDB client on a full connection under a burst, as concurrent invocations
+    make it: each time a write's condition fails, a frame finishes before the caller hears
+    of it; each time the item is read, another frame is admitted just after."""
+
+    def __init__(self, table: str) -> None:
+        self.client = _client()
+        self.table = table
+        self.failed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+    def _in_flight(self, delta: str) -> None:
+        self.client.update_item(
+            TableName=self.table,
+            Key={"pk": {"S": "wsconn#c1"}},
+            UpdateExpression="ADD in_flight :d",
+            ExpressionAttributeValues={":d": {"N": delta}},
+        )
+
+    def update_item(self, **kwargs: Any) -> Any:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.update_item(**kwargs)
+        except ClientError:
+            self.failed += 1
+            self._in_flight("-1")
+            raise
+
+    def get_item(self, **kwargs: Any) -> Any:
+        found = self.client.get_item(**kwargs)
+        self._in_flight("1")
+        return found
+
+
+def test_a_full_connection_refuses_a_frame_while_others_finish_and_arrive(table: str) -> None:
+    # GIVEN acme's connection at its bound of 2, and globex's with room
+    churning = _Churning(table)
+    store = DynamoConnections(DynamoStateStore(table, lambda: churning))
+    store.open("c1", "acme", NOW, 600)
+    store.open("c2", "globex", NOW, 600)
+    assert [store.admit("c1", 10, 2, NOW, None, f"t{i}") for i in range(2)][-1] is not None
+    # WHEN a frame arrives while, each time its write is refused, a frame finishes, and
+    # another is admitted after each read (a read after the refusal finds room that is gone
+    # by the next write)
+    admission = store.admit("c1", 10, 2, NOW, None, "late")
+    # THEN it is told to slow down, from the item its write was refused on, at once
+    assert admission is not None
+    assert (admission.refusal, admission.in_flight) == ("slow_down", 2)
+    assert churning.failed == 1
+    connection = store.get("c1", NOW)
+    assert connection is not None
+    assert connection.stats()["frames_refused"] == 1
+    # AND the other tenant's connection is untouched and admits its frame
+    globex = store.admit("c2", 10, 2, NOW, None, "g0")
+    assert globex is not None
+    assert (globex.refusal, globex.in_flight) == (None, 1)
+
+
 def test_seq_admission_window_held_answers_and_finish(store: DynamoConnections, table: str) -> None:
     store.open("c1", None, NOW, 600)
 
