@@ -34,25 +34,38 @@ from pathlib import Path
 from typing import Any
 
 from bench.serving_bench import load_average
-from spillway_cli.frame_streams import DOOR_NAMES, DOORS, DoorRun, Frames, Scenario, batch_text
+from spillway_cli.frame_streams import (
+    DOOR_NAMES,
+    DOORS,
+    DoorRun,
+    Frames,
+    FrameSet,
+    OcrPages,
+    Scenario,
+    batch_text,
+)
 from spillway_cli.stack import LocalStack
 from spillway_cli.stream_drivers import Endpoints, gpu_killer, restart_gpu, run_door
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def measure(stack: LocalStack, scenario: Scenario, doors: list[str], kill: bool) -> dict[str, Any]:
-    """Every door at ``scenario``'s concurrency (each after a warm-up stream), then the
-    kill runs; the figures, JSON-ready."""
+def measure(
+    stack: LocalStack,
+    scenario: Scenario,
+    doors: list[str],
+    kill: bool,
+    ocr: Scenario | None = None,
+) -> dict[str, Any]:
+    """Every door at ``scenario``'s concurrency with digits frames, then with OCR pages
+    at ``ocr``'s (when given and the repository has the detector), each after a warm-up;
+    then the kill runs (digits); the figures, JSON-ready."""
     frames = Frames.load(stack.models)
     endpoints = Endpoints.of_stack(stack)
-    warm = Scenario(streams=2, frames=scenario.window, window=scenario.window)
     load = [load_average()]
-    runs: list[DoorRun] = []
-    for door in doors:
-        run_door(door, endpoints, warm, frames)
-        runs.append(run_door(door, endpoints, scenario, frames))
-        print(runs[-1].line(), flush=True)
+    runs = _doors(endpoints, scenario, doors, frames)
+    pages = OcrPages.load(stack.models) if ocr is not None and ocr.streams else None
+    ocr_runs = _doors(endpoints, ocr, doors, pages) if ocr is not None and pages else []
     killed: list[DoorRun] = []
     for door in [d for d in ("websocket", "grpc") if kill and d in doors]:
         killed.append(run_door(door, endpoints, scenario, frames, gpu_killer(stack)))
@@ -64,8 +77,23 @@ def measure(stack: LocalStack, scenario: Scenario, doors: list[str], kill: bool)
         "machine": machine(),
         "load_average": load,
         "runs": [r.summary() for r in runs],
+        "ocr_scenario": asdict(ocr) if ocr_runs and ocr is not None else None,
+        "ocr_runs": [r.summary() for r in ocr_runs],
         "killed": [r.summary() for r in killed],
     }
+
+
+def _doors(
+    endpoints: Endpoints, scenario: Scenario, doors: list[str], frames: FrameSet
+) -> list[DoorRun]:
+    """Each door's run of ``scenario``, after a warm-up of 2 streams."""
+    warm = Scenario(streams=2, frames=scenario.window, window=scenario.window)
+    runs: list[DoorRun] = []
+    for door in doors:
+        run_door(door, endpoints, warm, frames)
+        runs.append(run_door(door, endpoints, scenario, frames))
+        print(runs[-1].line(), flush=True)
+    return runs
 
 
 def machine() -> dict[str, Any]:
@@ -89,22 +117,18 @@ def table(results: dict[str, Any]) -> str:
         f"stream; {host['date']}, {host['cpus']} CPUs ({host['cpu']}), load average "
         f"{' -> '.join(results['load_average'])}.",
         "",
-        "| door | frames/s | frames/s a stream (median) | p50 ms | p99 ms | right labels "
-        "| in seq order (late/missing/dup) | errors | GPU batches |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *_door_rows(results["runs"]),
     ]
-    for run in results["runs"]:
-        order = "yes" if run["order_kept"] else "no"
-        if run["door"] == "http":
-            order = "n/a"
-        counts = f"{run['out_of_order']}/{run['missing']}/{run['duplicated']}"
-        errors = ", ".join(f"{k} x{v}" for k, v in run["errors"].items()) or "none"
-        lines.append(
-            f"| {DOOR_NAMES[run['door']]} | {run['frames_per_s_total']} | "
-            f"{run['frames_per_s_per_stream_p50']} | {run['latency_p50_ms']} | "
-            f"{run['latency_p99_ms']} | {run['answered_ok']}/{run['frames']} | {order} "
-            f"({counts}) | {errors} | {batch_text(run)} |"
-        )
+    ocr = results.get("ocr_scenario")
+    if ocr:
+        lines += [
+            "",
+            f"OCR pages (rendered text as PNG, to `ocr-det`; right: a box for each line, "
+            f"where the detector's own code finds them): {ocr['streams']} streams x "
+            f"{ocr['frames']} pages, {ocr['window']} in flight a stream, same stack and run:",
+            "",
+            *_door_rows(results["ocr_runs"]),
+        ]
     if results["killed"]:
         lines += [
             "",
@@ -126,6 +150,28 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _door_rows(runs: list[dict[str, Any]]) -> list[str]:
+    """A markdown table with a row per door's run."""
+    rows = [
+        "| door | frames/s | frames/s a stream (median) | p50 ms | p99 ms | answered right "
+        "| in seq order (late/missing/dup) | errors | GPU batches |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        order = "yes" if run["order_kept"] else "no"
+        if run["door"] == "http":
+            order = "n/a"
+        counts = f"{run['out_of_order']}/{run['missing']}/{run['duplicated']}"
+        errors = ", ".join(f"{k} x{v}" for k, v in run["errors"].items()) or "none"
+        rows.append(
+            f"| {DOOR_NAMES[run['door']]} | {run['frames_per_s_total']} | "
+            f"{run['frames_per_s_per_stream_p50']} | {run['latency_p50_ms']} | "
+            f"{run['latency_p99_ms']} | {run['answered_ok']}/{run['frames']} | {order} "
+            f"({counts}) | {errors} | {batch_text(run)} |"
+        )
+    return rows
+
+
 def write(results: dict[str, Any], out: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench-streams.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -144,6 +190,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--frames", type=int, default=20, help="frames a stream")
     parser.add_argument("--window", type=int, default=8, help="frames in flight a stream")
     parser.add_argument("--doors", default=",".join(DOORS))
+    parser.add_argument("--ocr-streams", type=int, default=20, help="0: no OCR pages")
+    parser.add_argument("--ocr-frames", type=int, default=3, help="OCR pages a stream")
+    parser.add_argument("--ocr-window", type=int, default=1, help="OCR pages in flight")
     parser.add_argument("--kill", action="store_true", help="also kill the GPU service")
     parser.add_argument("--router-runtime", default="wsgi")
     parser.add_argument("--out", default=str(ROOT / "docs"))
@@ -155,7 +204,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     stack.start()
     try:
-        results = measure(stack, scenario, args.doors.split(","), args.kill)
+        ocr = Scenario(args.ocr_streams, args.ocr_frames, args.ocr_window)
+        results = measure(stack, scenario, args.doors.split(","), args.kill, ocr)
     finally:
         stack.stop()
     print(write(results, Path(args.out)))

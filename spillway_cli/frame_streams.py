@@ -1,13 +1,17 @@
-"""The frame-stream scenario: S concurrent streams of F digits frames each, W frames in
-flight per stream, through one door at a time (``spillway_cli.stream_drivers``: the
-WebSocket API and HTTP through the router, gRPC streams straight to the GPU service).
+"""The frame-stream scenario: S concurrent streams of F frames each, W frames in flight
+per stream, through one door at a time (``spillway_cli.stream_drivers``: the WebSocket
+API and HTTP through the router, gRPC streams straight to the GPU service). A frame set
+is digits images (``Frames``) or rendered text pages for the OCR detector (``OcrPages``,
+where the repository has it).
 
-What is counted for each stream: every answer in the order it arrived (its seq, label,
-backend, fallback and send-to-answer latency), errors by code, frames refused with
-``slow_down`` (sent again), frames reported failed without an answer of their own (a
-gRPC stream that ended under them) and frames never sent. Every label is checked against
-ONNX Runtime run directly on the model file over the same frame. The GPU service's batch
-sizes while a door's streams share it come from its statistics before and after.
+What is counted for each stream: every answer in the order it arrived (its seq, whether
+it was right, backend, fallback and send-to-answer latency), errors by code, frames
+refused with ``slow_down`` (sent again), frames reported failed without an answer of
+their own (a gRPC stream that ended under them) and frames never sent. A digits label is
+checked against ONNX Runtime run directly on the model file over the same frame; an OCR
+page's boxes against its line count and the detector's own code run in this process.
+The GPU service's batch sizes while a door's streams share it come from its statistics
+before and after.
 
 ``make demo``'s frame-stream step, ``bench.stream_bench`` and the tests all run
 ``run_door``.
@@ -19,10 +23,10 @@ import json
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnxruntime as ort
@@ -55,6 +59,45 @@ class Scenario:
         return self.streams * self.frames
 
 
+class FrameSet(Protocol):
+    """The frames of one model, and how to tell a right answer from a wrong one."""
+
+    @property
+    def model(self) -> str:
+        """The model every frame is for."""
+        ...
+
+    @property
+    def what(self) -> str:
+        """What a frame is, for a terminal: ``digits frames``, ``OCR pages``."""
+        ...
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The outputs each frame asks for (as JSON where the door lets it choose)."""
+        ...
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """Request parameters each frame sent to the router carries (its routing hints)."""
+        ...
+
+    def tensors(self, stream: int, seq: int, frames: int) -> dict[str, np.ndarray[Any, Any]]:
+        """Frame ``seq`` of ``stream``: its inputs by name."""
+        ...
+
+    def right(
+        self, stream: int, seq: int, frames: int, got: Mapping[str, np.ndarray[Any, Any]]
+    ) -> bool:
+        """Whether ``got`` (the answer's outputs by name) is that frame's right answer."""
+        ...
+
+
+def _pick(stream: int, seq: int, frames: int, count: int) -> int:
+    """Which of ``count`` items is frame ``seq`` of ``stream``."""
+    return (stream * frames + seq) % count
+
+
 @dataclass(frozen=True)
 class Frames:
     """The held-out digits images and the label ONNX Runtime gives each, computed once
@@ -62,6 +105,10 @@ class Frames:
 
     images: np.ndarray[Any, Any]
     labels: np.ndarray[Any, Any]
+    model: str = MODEL
+    what: str = "digits frames"
+    outputs: tuple[str, ...] = ("label",)
+    parameters: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(cls, models: Path) -> Frames:
@@ -76,7 +123,7 @@ class Frames:
 
     def index(self, stream: int, seq: int, frames: int) -> int:
         """Which image is frame ``seq`` of ``stream``."""
-        return (stream * frames + seq) % len(self.images)
+        return _pick(stream, seq, frames, len(self.images))
 
     def image(self, stream: int, seq: int, frames: int) -> np.ndarray[Any, Any]:
         """The frame as the model's input: shape [1, 8, 8], FP32."""
@@ -86,20 +133,120 @@ class Frames:
     def expected(self, stream: int, seq: int, frames: int) -> int:
         return int(self.labels[self.index(stream, seq, frames)])
 
-    def v2_inputs(self, stream: int, seq: int, frames: int) -> dict[str, Any]:
-        """The frame as a V2 JSON request asking for the label only."""
-        image = self.image(stream, seq, frames)
-        return {
-            "inputs": [
-                {
-                    "name": "image",
-                    "shape": list(image.shape),
-                    "datatype": "FP32",
-                    "data": image.ravel().tolist(),
-                }
-            ],
-            "outputs": [{"name": "label"}],
-        }
+    def tensors(self, stream: int, seq: int, frames: int) -> dict[str, np.ndarray[Any, Any]]:
+        return {"image": self.image(stream, seq, frames)}
+
+    def right(
+        self, stream: int, seq: int, frames: int, got: Mapping[str, np.ndarray[Any, Any]]
+    ) -> bool:
+        label = got.get("label")
+        return (
+            label is not None
+            and label.size == 1
+            and int(label.ravel()[0]) == self.expected(stream, seq, frames)
+        )
+
+
+OCR_MODEL = "ocr-det"
+OCR_TEXT = (
+    "frame 12 of the loading dock camera",
+    "two pallets left at gate B after 18:40",
+    "shipment 7731 scanned twice at the door",
+    "the north lane is closed for repairs",
+    "driver badge expires on 30 June 2027",
+    "keep the fire exit clear at all times",
+    "forklift 3 is due for its service today",
+)
+OCR_BUDGET_MS = 20_000
+"""The latency budget a page asks of the router: a page is 0.3-0.7 s of a CPU core, so
+pages queued behind one another pass the router's default deadline (5 s) on a 2-core
+machine long before they would on a GPU."""
+OCR_PAGES = 8
+"""Distinct pages, of 1 to 4 lines each."""
+BOX_TOLERANCE_PX = 2.0
+"""How far a box corner may lie from the reference's: the same model run by another
+execution provider (a GPU's) may move an edge by a pixel."""
+
+
+@dataclass(frozen=True)
+class OcrPages:
+    """Rendered pages of 1 to 4 text lines for the OCR detector (``ocr-det``: a PNG in;
+    boxes, scores and their count out). A right answer finds as many boxes as the page
+    has lines, each within ``BOX_TOLERANCE_PX`` of the boxes the detector's own code (the
+    CPU fallback's, run in this process on the model file) finds on the same page."""
+
+    pages: tuple[bytes, ...]
+    lines: tuple[int, ...]
+    boxes: tuple[np.ndarray[Any, Any], ...]
+    model: str = OCR_MODEL
+    what: str = "OCR pages"
+    outputs: tuple[str, ...] = ("boxes", "box_scores", "counts")
+    parameters: dict[str, Any] = field(default_factory=lambda: {"latency_budget_ms": OCR_BUDGET_MS})
+
+    @classmethod
+    def load(cls, models: Path) -> OcrPages | None:
+        """The pages and their reference boxes; ``None`` when the repository has no
+        OCR detector (``make models`` builds it)."""
+        if not (models / OCR_MODEL / "1" / "model.onnx").is_file():
+            return None
+        from spillway.fallback.service import CpuService
+        from spillway.fallback.settings import CpuSettings
+        from spillway.protocol.codec import decode_response, encode_request
+        from spillway_cli.modelbuild.ocr import render_lines
+
+        detector = CpuService.load(CpuSettings(repository=str(models), models=[OCR_MODEL]))
+        pages, lines, boxes = [], [], []
+        for page in range(OCR_PAGES):
+            text = [OCR_TEXT[(page + k) % len(OCR_TEXT)] for k in range(page % 4 + 1)]
+            png = render_lines(text, size=24, min_side=320)
+            body, length = encode_request(
+                {"image": np.array([png], dtype=np.object_)}, binary=True, outputs=["boxes"]
+            )
+            answer = detector.infer(OCR_MODEL, None, body, length)
+            found = decode_response(answer.body, answer.header_length)[1]["boxes"]
+            pages.append(png)
+            lines.append(len(text))
+            boxes.append(np.asarray(found, dtype=np.float64))
+        return cls(tuple(pages), tuple(lines), tuple(boxes))
+
+    def tensors(self, stream: int, seq: int, frames: int) -> dict[str, np.ndarray[Any, Any]]:
+        page = self.pages[_pick(stream, seq, frames, len(self.pages))]
+        return {"image": np.array([page], dtype=np.object_)}
+
+    def right(
+        self, stream: int, seq: int, frames: int, got: Mapping[str, np.ndarray[Any, Any]]
+    ) -> bool:
+        page = _pick(stream, seq, frames, len(self.pages))
+        counts, boxes = got.get("counts"), got.get("boxes")
+        if counts is None or boxes is None or counts.size != 1:
+            return False
+        want = self.boxes[page]
+        return (
+            int(counts.ravel()[0]) == self.lines[page] == len(want)
+            and boxes.shape == want.shape
+            and bool(np.allclose(boxes, want, atol=BOX_TOLERANCE_PX))
+        )
+
+
+def frame_sets(models: Path) -> list[FrameSet]:
+    """The digits frames, and the OCR pages where the repository has the detector."""
+    sets: list[FrameSet] = [Frames.load(models)]
+    ocr = OcrPages.load(models)
+    if ocr is not None:
+        sets.append(ocr)
+    return sets
+
+
+def json_outputs(outputs: object) -> dict[str, np.ndarray[Any, Any]]:
+    """A V2 JSON answer's ``outputs`` as arrays by name (an output that is not a plain
+    JSON tensor is left out, so the answer counts as wrong)."""
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    for output in outputs if isinstance(outputs, list) else []:
+        try:
+            arrays[str(output["name"])] = np.asarray(output["data"]).reshape(output["shape"])
+        except (KeyError, TypeError, ValueError):
+            continue
+    return arrays
 
 
 @dataclass(frozen=True)
@@ -107,7 +254,8 @@ class Answer:
     """One frame's answer as the client saw it, in arrival order."""
 
     seq: int
-    label: int
+    right: bool
+    """Whether it was the frame's right answer (``FrameSet.right``)."""
     backend: str
     fallback: str | None
     latency_s: float
@@ -131,14 +279,15 @@ class StreamLog:
     not_sent: int = 0
     """Frames never sent (the stream had ended)."""
     wrong: int = 0
-    """Answers whose label differs from ONNX Runtime's on the same frame."""
+    """Answers that are not their frame's right answer (for digits: a label other than
+    ONNX Runtime's on the same frame)."""
     last_at: float = 0.0
 
-    def answered(self, seq: int, label: int, backend: str, fallback: str | None, exp: int) -> None:
+    def answered(self, seq: int, right: bool, backend: str, fallback: str | None) -> None:
         now = time.monotonic()
         self.last_at = now
-        self.wrong += label != exp
-        self.answers.append(Answer(seq, label, backend, fallback, now - self.sent_at[seq]))
+        self.wrong += not right
+        self.answers.append(Answer(seq, right, backend, fallback, now - self.sent_at[seq]))
 
     def failed(self, code: str) -> None:
         self.last_at = time.monotonic()
@@ -203,6 +352,9 @@ class DoorRun:
     executions: int = 0
     killed_after: int | None = None
     """Frames settled when the GPU service was killed (``None``: not killed)."""
+    model: str = MODEL
+    what: str = "digits frames"
+    """The frame set's ``what``."""
 
     def summary(self) -> dict[str, Any]:
         """Every figure of the run, JSON-ready."""
@@ -215,13 +367,14 @@ class DoorRun:
         total = self.scenario.total
         return {
             "door": self.door,
+            "model": self.model,
             "streams": self.scenario.streams,
             "frames_per_stream": self.scenario.frames,
             "window": self.scenario.window,
             "frames": total,
             "answered": len(answers),
             "answered_ok": sum(len(s.answers) - s.wrong for s in self.streams),
-            "wrong_labels": sum(s.wrong for s in self.streams),
+            "wrong_answers": sum(s.wrong for s in self.streams),
             "errors": dict(sorted(errors.items())),
             "refused_slow_down": sum(s.refused for s in self.streams),
             "failed_unanswered": sum(s.failed_unanswered for s in self.streams),
@@ -250,15 +403,13 @@ class DoorRun:
         }
 
     def checks(self, *, in_order: bool = True) -> list[Check]:
-        """Every frame answered once, with ONNX Runtime's label, in seq order when the
+        """Every frame answered once, rightly (``FrameSet.right``), in seq order when the
         door orders its answers."""
         got = self.summary()
-        name = DOOR_NAMES[self.door]
+        name = f"{DOOR_NAMES[self.door]}, {self.what}"
         made = [
-            equal(
-                f"{name}: frames answered with the right label", got["answered_ok"], got["frames"]
-            ),
-            equal(f"{name}: frames answered twice", got["duplicated"], 0),
+            equal(f"{name}: answered right", got["answered_ok"], got["frames"]),
+            equal(f"{name}: answered twice", got["duplicated"], 0),
         ]
         if in_order:
             made.append(equal(f"{name}: answers out of seq order", got["out_of_order"], 0))
@@ -273,10 +424,10 @@ class DoorRun:
         if got["missing"]:
             order += f"; {got['missing']} frames unanswered"
         return (
-            f"{DOOR_NAMES[self.door]}: {got['frames_per_s_total']:.1f} frames/s "
+            f"{DOOR_NAMES[self.door]}, {self.what}: {got['frames_per_s_total']:.1f} frames/s "
             f"({got['frames_per_s_per_stream_p50']:.2f} a stream), p50 "
             f"{got['latency_p50_ms']:.0f} ms, p99 {got['latency_p99_ms']:.0f} ms\n"
-            f"      {got['answered_ok']}/{got['frames']} answered with the right label, "
+            f"      {got['answered_ok']}/{got['frames']} answered right, "
             f"in seq order: {order}; GPU batches: {batch_text(got)}"
         )
 

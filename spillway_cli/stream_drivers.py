@@ -15,24 +15,27 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import struct
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import numpy as np
 import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from spillway.protocol.codec import encode_request
 from spillway_cli.frame_streams import (
-    MODEL,
     DoorRun,
-    Frames,
+    FrameSet,
     Progress,
     Scenario,
     StreamLog,
     batch_delta,
     gpu_stats,
+    json_outputs,
 )
 
 if TYPE_CHECKING:
@@ -82,7 +85,7 @@ def run_door(
     door: str,
     endpoints: Endpoints,
     scenario: Scenario,
-    frames: Frames,
+    frames: FrameSet,
     kill: Callable[[], None] | None = None,
     kill_share: float = 1 / 3,
 ) -> DoorRun:
@@ -91,14 +94,48 @@ def run_door(
     drivers = {"websocket": _websocket, "grpc": _grpc, "http": _http}
     logs = [StreamLog(s, scenario.frames) for s in range(scenario.streams)]
     progress = Progress(max(1, int(scenario.total * kill_share)), kill)
-    before = gpu_stats(endpoints.gpu_url)
+    before = gpu_stats(endpoints.gpu_url, frames.model)
     started = time.monotonic()
     asyncio.run(_all(drivers[door], endpoints, scenario, frames, logs, progress))
     seconds = time.monotonic() - started
-    batches, inferences, executions = batch_delta(before, gpu_stats(endpoints.gpu_url))
+    after = gpu_stats(endpoints.gpu_url, frames.model)
+    batches, inferences, executions = batch_delta(before, after)
     run = DoorRun(door, scenario, logs, seconds, batches, inferences, executions)
-    run.killed_after = progress.fired_at
+    run.killed_after, run.model, run.what = progress.fired_at, frames.model, frames.what
     return run
+
+
+def _binary(tensors: dict[str, np.ndarray[Any, Any]]) -> bool:
+    """Whether a frame must travel as binary data: a BYTES tensor (an image file) cannot
+    be a V2 JSON string."""
+    return any(tensor.dtype == np.object_ for tensor in tensors.values())
+
+
+def _request(frames: FrameSet, log: StreamLog, seq: int) -> tuple[bytes, int | None]:
+    """Frame ``seq`` as a V2 infer request body to the router (binary where it must be)
+    asking for the frame set's outputs as JSON, with its parameters, and its header length
+    (``None``: all JSON)."""
+    tensors = frames.tensors(log.stream, seq, log.frames)
+    return encode_request(
+        tensors,
+        binary=_binary(tensors),
+        outputs=list(frames.outputs),
+        parameters=frames.parameters or None,
+    )
+
+
+def _websocket_message(frames: FrameSet, log: StreamLog, seq: int) -> str | bytes:
+    """Frame ``seq`` as a WebSocket message: the V2 request with the frame's id, model
+    and seq; a binary frame (4-byte header length, JSON header, tensor bytes) when the
+    request has binary data."""
+    body, length = _request(frames, log, seq)
+    frame = {"id": f"s{log.stream}-f{seq}", "model": frames.model, "seq": seq}
+    header = json.loads(body[:length] if length is not None else body)
+    header.update(frame)
+    if length is None:
+        return json.dumps(header)
+    raw = json.dumps(header).encode()
+    return struct.pack(">I", len(raw)) + raw + body[length:]
 
 
 @dataclass(frozen=True)
@@ -107,7 +144,7 @@ class _Shared:
 
     endpoints: Endpoints
     scenario: Scenario
-    frames: Frames
+    frames: FrameSet
     progress: Progress
     session: aiohttp.ClientSession
 
@@ -119,7 +156,7 @@ async def _all(
     driver: Driver,
     endpoints: Endpoints,
     scenario: Scenario,
-    frames: Frames,
+    frames: FrameSet,
     logs: list[StreamLog],
     progress: Progress,
 ) -> None:
@@ -138,10 +175,6 @@ async def _all(
             task.result()
 
 
-def _label(outputs: list[dict[str, Any]]) -> int:
-    return int(next(o for o in outputs if o["name"] == "label")["data"][0])
-
-
 async def _websocket(run: _Shared, log: StreamLog) -> None:
     endpoints, frames, progress = run.endpoints, run.frames, run.progress
     if endpoints.websocket_url is None:
@@ -156,10 +189,11 @@ async def _websocket(run: _Shared, log: StreamLog) -> None:
         async def send(seq: int, after_s: float = 0.0) -> None:
             await asyncio.sleep(after_s)
             log.sent_at.setdefault(seq, time.monotonic())
-            frame = {"id": f"s{log.stream}-f{seq}", "model": MODEL, "seq": seq}
-            await ws.send_str(
-                json.dumps({**frame, **frames.v2_inputs(log.stream, seq, log.frames)})
-            )
+            message = _websocket_message(frames, log, seq)
+            if isinstance(message, bytes):
+                await ws.send_bytes(message)
+            else:
+                await ws.send_str(message)
 
         async def sender() -> None:
             for seq in range(log.frames):
@@ -184,10 +218,10 @@ async def _websocket(run: _Shared, log: StreamLog) -> None:
                     log.failed(str(answer.get("code", "no_seq")))
                 else:
                     meta = answer.get("spillway") or {}
-                    expected = frames.expected(log.stream, seq, log.frames)
-                    label = _label(answer["outputs"])
+                    got = json_outputs(answer.get("outputs"))
+                    right = frames.right(log.stream, seq, log.frames, got)
                     backend = str(meta.get("backend", "?"))
-                    log.answered(seq, label, backend, meta.get("fallback"), expected)
+                    log.answered(seq, right, backend, meta.get("fallback"))
                     answered.add(seq)
                 if not again:  # a second answer to a frame frees no slot and settles nothing
                     window.release()
@@ -202,15 +236,19 @@ async def _websocket(run: _Shared, log: StreamLog) -> None:
 
 async def _http(run: _Shared, log: StreamLog) -> None:
     endpoints, frames, progress = run.endpoints, run.frames, run.progress
-    url = f"{endpoints.router_url}/v2/models/{MODEL}/infer"
+    url = f"{endpoints.router_url}/v2/models/{frames.model}/infer"
     seqs = iter(range(log.frames))  # shared by the stream's W workers
 
     async def worker() -> None:
         for seq in seqs:
             log.sent_at[seq] = time.monotonic()
-            body = frames.v2_inputs(log.stream, seq, log.frames)
+            body, length = _request(frames, log, seq)
+            headers = {"Content-Type": "application/json", **endpoints.headers}
+            if length is not None:
+                headers["Content-Type"] = "application/octet-stream"
+                headers["Inference-Header-Content-Length"] = str(length)
             try:
-                async with run.session.post(url, json=body, headers=endpoints.headers) as response:
+                async with run.session.post(url, data=body, headers=headers) as response:
                     raw = await response.read()
                     backend = response.headers.get("x-spillway-backend", "?")
                     fallback = response.headers.get("x-spillway-fallback")
@@ -219,9 +257,9 @@ async def _http(run: _Shared, log: StreamLog) -> None:
                 log.failed(type(exc).__name__)
             else:
                 if status == 200:
-                    label = _label(json.loads(raw)["outputs"])
-                    expected = frames.expected(log.stream, seq, log.frames)
-                    log.answered(seq, label, backend, fallback, expected)
+                    got = json_outputs(json.loads(raw).get("outputs"))
+                    right = frames.right(log.stream, seq, log.frames, got)
+                    log.answered(seq, right, backend, fallback)
                 else:
                     log.failed(_error_code(raw, status))
             progress.settle()
@@ -265,7 +303,7 @@ class _GrpcStream:
     """One gRPC stream's frames in flight; answers come in request order."""
 
     log: StreamLog
-    frames: Frames
+    frames: FrameSet
     progress: Progress
     window: asyncio.Semaphore
     outstanding: list[int] = field(default_factory=list)
@@ -275,14 +313,19 @@ class _GrpcStream:
 
     def send(self, client: grpcclient.InferenceServerClient, seq: int) -> bool:
         """Queue frame ``seq`` on the stream; ``False`` when the stream has ended."""
-        image = self.frames.image(self.log.stream, seq, self.log.frames)
-        tensor = grpcclient.InferInput("image", list(image.shape), "FP32")
-        tensor.set_data_from_numpy(image)
-        wanted = [grpcclient.InferRequestedOutput("label")]
+        inputs = []
+        for name, array in self.frames.tensors(self.log.stream, seq, self.log.frames).items():
+            tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        wanted = [grpcclient.InferRequestedOutput(name) for name in self.frames.outputs]
         self.log.sent_at[seq] = time.monotonic()
         try:
             client.async_stream_infer(
-                MODEL, [tensor], request_id=f"s{self.log.stream}-f{seq}", outputs=wanted
+                self.frames.model,
+                inputs,
+                request_id=f"s{self.log.stream}-f{seq}",
+                outputs=wanted,
             )
         except InferenceServerException:
             del self.log.sent_at[seq]
@@ -304,9 +347,10 @@ class _GrpcStream:
         elif result is not None:
             seq = int(str(result.get_response().id).rsplit("-f", 1)[1])
             self.outstanding.remove(seq)
-            label = int(result.as_numpy("label").ravel()[0])
-            expected = self.frames.expected(self.log.stream, seq, self.log.frames)
-            self.log.answered(seq, label, "gpu", None, expected)
+            got = {name: result.as_numpy(name) for name in self.frames.outputs}
+            arrays = {name: array for name, array in got.items() if array is not None}
+            right = self.frames.right(self.log.stream, seq, self.log.frames, arrays)
+            self.log.answered(seq, right, "gpu", None)
             self._settle_one()
         elif self.outstanding:  # a frame's own error: answers come in order
             self.outstanding.pop(0)

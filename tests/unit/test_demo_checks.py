@@ -195,11 +195,11 @@ def test_failed_requests_are_named_by_status() -> None:
 
 
 def _stream(stream: int, arrivals: list[int], wrong_at: int | None = None) -> StreamLog:
-    """A stream of 4 frames whose answers arrived for ``arrivals`` (seqs), each with
-    label 7 against an expected 7 (``wrong_at``: that seq's answer is labelled 1)."""
+    """A stream of 4 frames whose answers arrived for ``arrivals`` (seqs), each right
+    (``wrong_at``: that seq's answer is wrong)."""
     log = StreamLog(stream, 4, sent_at=dict.fromkeys(range(4), 0.0))
     for seq in arrivals:
-        log.answered(seq, 1 if seq == wrong_at else 7, "gpu", None, 7)
+        log.answered(seq, seq != wrong_at, "gpu", None)
     return log
 
 
@@ -221,8 +221,8 @@ def test_the_frame_stream_checks_count_right_labels_duplicates_and_order() -> No
     assert all(check.passed for check in good.checks())
     failures = {c.name: c.figure for c in bad.checks() if not c.passed}
     assert failures == {
-        "gRPC streams (GPU service): frames answered with the right label": "7",
-        "gRPC streams (GPU service): answers out of seq order": "1",
+        "gRPC streams (GPU service), digits frames: answered right": "7",
+        "gRPC streams (GPU service), digits frames: answers out of seq order": "1",
     }
     assert bad.summary()["order_kept"] is False
-    assert (bad.summary()["answered"], bad.summary()["wrong_labels"]) == (8, 1)
+    assert (bad.summary()["answered"], bad.summary()["wrong_answers"]) == (8, 1)
