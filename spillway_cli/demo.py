@@ -25,6 +25,7 @@ import http.client
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -526,6 +527,10 @@ def chart(client: Client, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _interrupted(signum: int, _: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_demo(
     models: Path, out: Path, router_runtime: str = "wsgi", router_fallback: bool = False
 ) -> None:
@@ -536,8 +541,9 @@ def run_demo(
     stack = LocalStack(
         models, out / "stack", router_runtime=router_runtime, router_fallback=router_fallback
     )
-    stack.start()
+    signal.signal(signal.SIGTERM, _interrupted)  # the stack's processes stop with the demo
     try:
+        stack.start()
         say("Spillway is up:\n" + stack.summary() + "\n")
         missing = offline_missing() if stack.router_runtime == "wsgi" else []
         why = f" (serverless-offline needs {', '.join(missing)})" if missing else ""

@@ -124,11 +124,13 @@ class TenantOf(Protocol):
 class ApiGatewayPoster:
     """``Poster`` over boto3's ``apigatewaymanagementapi``: one client per endpoint.
 
-    A post is sent again only when it surely did not arrive (no connection made,
-    throttled): botocore's own retries are off, since a post whose answer timed out may
-    have reached the client already, and sending it again would answer a frame twice. A
-    post whose answer timed out counts as pushed (logged): never two answers, at the risk
-    of none where the management API fails after taking the post."""
+    A post is sent again only when it did not arrive: no connection made, throttled, or
+    the connection closed before any answer came (a kept-alive connection the endpoint
+    had just closed as idle: it reads no request from it). botocore's own retries are
+    off, since a post whose answer timed out may have reached the client already, and
+    sending it again would answer a frame twice. A post whose answer timed out counts as
+    pushed (logged): never two answers, at the risk of none where the management API
+    fails after taking the post."""
 
     def __init__(self, client_factory: Callable[[str], Any] | None = None) -> None:
         self._factory = client_factory or _management_client
@@ -136,7 +138,12 @@ class ApiGatewayPoster:
         self._lock = threading.Lock()
 
     def post(self, endpoint: str, connection_id: str, data: bytes) -> None:
-        from botocore.exceptions import ClientError, ConnectionError, ReadTimeoutError
+        from botocore.exceptions import (
+            ClientError,
+            ConnectionClosedError,
+            ConnectionError,
+            ReadTimeoutError,
+        )
 
         client = self._client(endpoint)
         for attempt in range(_POST_ATTEMPTS):
@@ -148,7 +155,7 @@ class ApiGatewayPoster:
                     "post timed out: counted as pushed", extra={"connection_id": connection_id}
                 )
                 return
-            except ConnectionError:  # connecting failed: the post never left
+            except (ConnectionError, ConnectionClosedError):  # the post was not taken
                 if attempt + 1 == _POST_ATTEMPTS:
                     raise
             except ClientError as exc:
@@ -412,10 +419,11 @@ class StreamGateway:
             except ConnectionGone:
                 self._close(store, where, "gone")
                 return
-            except Exception:  # held for the next delivery
+            except Exception:  # held, and delivered again after a pause
                 log.exception("push failed", extra={"connection_id": where.connection_id})
                 self._hold(store, where, seq, answer, counts)
                 store.release(where.connection_id, owner)
+                self._deliver_again(store, where, owner)
                 return
             counts["bytes_out"] = sent
             now = self.clock()
@@ -427,7 +435,8 @@ class StreamGateway:
                 return
         else:
             after = self._hold(store, where, seq, answer, counts)
-        self._deliver(store, where, owner, after)
+        if not self._deliver(store, where, owner, after):
+            self._deliver_again(store, where, owner)
 
     def _hold(
         self,
@@ -475,38 +484,53 @@ class StreamGateway:
 
     def _deliver(
         self, store: ConnectionStore, where: Event, owner: str, connection: Connection | None
-    ) -> None:
+    ) -> bool:
         """Push held answers from ``next_seq`` upward, ``connection`` being the item as the
         last write left it: one claim of the delivery lease per answer, taken just before
         its post (``WS_LEASE_S`` outlasts a post, so no other call can claim the same
         ``seq`` while it is being pushed) and given back by the ``finish`` after it, whose
         result says whether the next answer is held. A call that finds the lease taken
         leaves: the holder's next ``finish`` shows it the answer held meanwhile, so none is
-        stranded."""
+        stranded. ``False`` when a post failed (its answer stays held)."""
         while connection is not None and connection.next_is_held():
             seq, now = connection.next_seq, self.clock()
             if connection.leased(owner, now):
-                return
+                return True
             data = store.held(where.connection_id, seq, now)
             if data is None:
-                return
+                return True
             if not store.claim(where.connection_id, seq, owner, now, now + self.settings.lease_s):
-                return
+                return True
             try:
                 sent = self._post(where, data)
             except ConnectionGone:
                 self._close(store, where, "gone")
-                return
-            except Exception:  # the answer stays held for the next delivery
+                return True
+            except Exception:  # the answer stays held
                 log.exception("push failed", extra={"connection_id": where.connection_id})
                 store.release(where.connection_id, owner)
-                return
+                return False
             now = self.clock()
             connection = store.finish(where.connection_id, seq, owner, now, {"bytes_out": sent})
             if connection is None:
                 log.warning(
                     "delivery lease lost", extra={"connection_id": where.connection_id, "seq": seq}
                 )
+        return True
+
+    def _deliver_again(self, store: ConnectionStore, where: Event, owner: str) -> None:
+        """After a post failed: the held answers delivered again, after pauses, while one
+        is next. Left held (for the next frame's invocation) when every try fails: a
+        client that waits for that answer before sending more would otherwise wait for
+        good."""
+        for pause in self.retry_pauses_s:
+            time.sleep(pause)
+            if self._deliver(store, where, owner, store.get(where.connection_id, self.clock())):
+                return
+        log.error(
+            "answer left held: its pushes failed",
+            extra={"connection_id": where.connection_id},
+        )
 
     def _push(self, store: ConnectionStore, where: Event, answer: Answer) -> int:
         """Push an answer out of order; the bytes sent. A gone connection is closed; any

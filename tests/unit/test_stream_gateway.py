@@ -630,7 +630,11 @@ class FlakyManagement:
 
 
 def test_a_post_is_sent_again_only_when_it_surely_did_not_arrive() -> None:
-    from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
+    from botocore.exceptions import (
+        ConnectionClosedError,
+        EndpointConnectionError,
+        ReadTimeoutError,
+    )
 
     # GIVEN a post whose answer timed out: it may have arrived, so it is not sent again
     timed_out = FlakyManagement(ReadTimeoutError(endpoint_url=ENDPOINT))
@@ -640,6 +644,48 @@ def test_a_post_is_sent_again_only_when_it_surely_did_not_arrive() -> None:
     unreachable = FlakyManagement(EndpointConnectionError(endpoint_url=ENDPOINT))
     ApiGatewayPoster(lambda _: unreachable).post(ENDPOINT, "c1", b"{}")
     assert unreachable.posts == 2
+    # AND so is one whose connection closed before any answer (an idle kept-alive one)
+    closed = FlakyManagement(ConnectionClosedError(endpoint_url=ENDPOINT))
+    ApiGatewayPoster(lambda _: closed).post(ENDPOINT, "c1", b"{}")
+    assert closed.posts == 2
+
+
+class FailingPoster(MemoryPoster):
+    """Fails its first ``failures`` posts with an error the poster does not retry."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def post(self, endpoint: str, connection_id: str, data: bytes) -> None:
+        with self.lock:
+            if self.failures:
+                self.failures -= 1
+                raise RuntimeError("the management API answered 500")
+        super().post(endpoint, connection_id, data)
+
+
+@pytest.mark.parametrize("failures", [1, 2], ids=["its own push", "and the first retry"])
+def test_an_answer_whose_push_failed_is_delivered_again_without_another_frame(
+    failures: int,
+) -> None:
+    # GIVEN two tenants' connections, each client waiting for an answer before it sends more
+    h = harness()
+    h.gateway.retry_pauses_s = (0.0, 0.0, 0.0)
+    failing = FailingPoster(failures)
+    h.gateway.poster = failing
+    h.connect("c1")
+    h.connect("c2", "key-globex")
+    # WHEN acme's seq 0 is answered but its push fails (and the first retry, too)
+    h.frame("c1", id="a0", seq=0, model="echo", inputs=INPUTS)
+    # THEN the same invocation pushed it again: once, in its place, nothing left held
+    assert [(a["id"], a["seq"]) for a in failing.answers("c1")] == [("a0", 0)]
+    stats = h.store.get("c1", 0)
+    assert stats is not None
+    assert (stats.next_seq, stats.in_flight, stats.pending) == (1, 0, {})
+    # AND the other tenant's stream is untouched
+    h.frame("c2", id="g0", seq=0, model="echo", inputs=INPUTS)
+    assert [a["id"] for a in failing.answers("c2")] == ["g0"]
 
 
 def test_a_duplicate_seq_and_one_past_the_window_are_refused_at_once() -> None:
