@@ -16,7 +16,7 @@ from typing import Any
 from aws_lambda_powertools.logging import Logger
 from aws_lambda_powertools.metrics import Metrics, MetricUnit
 
-from spillway.powertools import API_GATEWAY_REQUEST_ID, NAMESPACE, traced
+from spillway.powertools import API_GATEWAY_REQUEST_ID, NAMESPACE, remaining_ms, traced
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import Overrides, create_app, state_store
 from spillway.state.table import DynamoStateStore
@@ -71,10 +71,7 @@ gateway = StreamGateway(
 @logger.inject_lambda_context(correlation_id_path=API_GATEWAY_REQUEST_ID)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Serve one API Gateway WebSocket event (``$connect``, ``$disconnect``, ``$default``)."""
-    remaining = getattr(context, "get_remaining_time_in_millis", None)
-    return gateway.handle(
-        offline_binary(event), float(remaining()) if callable(remaining) else None
-    )
+    return gateway.handle(offline_binary(event), remaining_ms(context))
 
 
 def offline_binary(event: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from spillway import __version__
+from spillway.powertools import remaining_ms
 from spillway.protocol.errors import RouteNotFoundError
 from spillway.protocol.wire import (
     JSON_CONTENT_TYPE,
@@ -107,14 +108,12 @@ class RouterApp:
         raise no_route(path)
 
     def _call(self, method: str, environ: dict[str, Any], request_id: str) -> Call:
-        context = environ.get("serverless.context")
-        remaining = getattr(context, "get_remaining_time_in_millis", None)
         return Call(
             method=method,
             headers=_headers(environ),
             body=self._body(environ) if method == "POST" else b"",
             request_id=request_id,
-            remaining_ms=float(remaining()) if callable(remaining) else None,
+            remaining_ms=remaining_ms(environ.get("serverless.context")),
             trusted_tenant=self._tenant(environ),
         )
 

@@ -533,14 +533,19 @@ class StreamGateway:
         )
 
     def _push(self, store: ConnectionStore, where: Event, answer: Answer) -> int:
-        """Push an answer out of order; the bytes sent. A gone connection is closed; any
-        other failure is logged (the answer is lost: nothing holds it)."""
-        try:
-            return self._post(where, answer.data)
-        except ConnectionGone:
-            self._close(store, where, "gone")
-        except Exception:  # logged with its traceback
-            log.exception("push failed", extra={"connection_id": where.connection_id})
+        """Push an answer out of order; the bytes sent. A gone connection is closed; a
+        push that failed otherwise is made again after pauses, and logged as lost when
+        every try failed (nothing holds an answer without ``seq``)."""
+        for pause in (0.0, *self.retry_pauses_s):
+            time.sleep(pause)
+            try:
+                return self._post(where, answer.data)
+            except ConnectionGone:
+                self._close(store, where, "gone")
+                return 0
+            except Exception:  # logged with its traceback
+                log.exception("push failed", extra={"connection_id": where.connection_id})
+        log.error("answer lost: its pushes failed", extra={"connection_id": where.connection_id})
         return 0
 
     def _post(self, where: Event, data: bytes) -> int:

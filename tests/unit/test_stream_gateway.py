@@ -683,9 +683,12 @@ def test_an_answer_whose_push_failed_is_delivered_again_without_another_frame(
     stats = h.store.get("c1", 0)
     assert stats is not None
     assert (stats.next_seq, stats.in_flight, stats.pending) == (1, 0, {})
-    # AND the other tenant's stream is untouched
-    h.frame("c2", id="g0", seq=0, model="echo", inputs=INPUTS)
+    # AND the other tenant's stream is untouched; its frame without seq, whose push fails
+    # as often, is pushed again too
+    failing.failures = failures
+    h.frame("c2", id="g0", model="echo", inputs=INPUTS)
     assert [a["id"] for a in failing.answers("c2")] == ["g0"]
+    assert [a["id"] for a in failing.answers("c1")] == ["a0"]
 
 
 def test_a_duplicate_seq_and_one_past_the_window_are_refused_at_once() -> None:

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from infra.checks.cfn_eval import load_cfn
+from spillway.powertools import API_GATEWAY_TIMEOUT_S
 from spillway.routing.policy import parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,6 +198,16 @@ def test_function_parity(
     assert reserved(sam_reserved) == reserved(fn.get("reservedConcurrency"))
     assert sam_provisioned(sam, sam_name) == int(fn.get("provisionedConcurrency", 0))
     assert props["FunctionName"]["Fn::Sub"].endswith(fn["name"].split(f"-{STAGE}", 1)[1])
+
+
+@pytest.mark.parametrize("sam_name", ["RouterFunction", "WebSocketFunction"])
+def test_the_functions_behind_api_gateway_time_out_with_it(
+    sam: dict[str, Any], sls: dict[str, Any], sam_name: str
+) -> None:
+    # the timeout spillway.powertools.remaining_ms puts in place of serverless-offline's 6 s
+    fn = sls["functions"][FUNCTIONS[sam_name]]
+    timeout = int(sam_function(sam, sam_name)["Timeout"])
+    assert timeout == int(fn["timeout"]) == API_GATEWAY_TIMEOUT_S
 
 
 def dockerfile_bases(text: str) -> list[str]:
