@@ -421,8 +421,13 @@ class DoorRun:
         order = "yes" if got["out_of_order"] == got["duplicated"] == 0 else "no"
         if self.door == "http":
             order = f"n/a ({got['out_of_order']} answers overtook an earlier frame)"
-        if got["missing"]:
-            order += f"; {got['missing']} frames unanswered"
+        failed = sum(got["errors"].values())
+        if got["missing"] > failed:
+            order += f"; {got['missing'] - failed} frames unanswered"
+        if failed:
+            order += "; answered with an error: " + ", ".join(
+                f"{code} x{count}" for code, count in got["errors"].items()
+            )
         return (
             f"{DOOR_NAMES[self.door]}, {self.what}: {got['frames_per_s_total']:.1f} frames/s "
             f"({got['frames_per_s_per_stream_p50']:.2f} a stream), p50 "

@@ -226,3 +226,14 @@ def test_the_frame_stream_checks_count_right_labels_duplicates_and_order() -> No
     }
     assert bad.summary()["order_kept"] is False
     assert (bad.summary()["answered"], bad.summary()["wrong_answers"]) == (8, 1)
+
+
+def test_a_door_s_line_tells_frames_answered_with_an_error_from_unanswered_ones() -> None:
+    # GIVEN a stream of 4 frames: 0 and 1 answered, 2 answered deadline_exceeded, 3 never
+    log = _stream(0, [0, 1])
+    log.failed("deadline_exceeded")
+    run = DoorRun("websocket", Scenario(streams=1, frames=4, window=1), [log], 1.0)
+    # THEN the line counts one unanswered and names the error
+    line = run.line()
+    assert "2/4 answered right" in line
+    assert "1 frames unanswered; answered with an error: deadline_exceeded x1" in line
