@@ -19,7 +19,8 @@ Limits, so that no slow or greedy client holds the service (each closes the conn
 * size: a body past its exchange's limit is a 413; request line and headers past
   ``MAX_HEAD_BYTES`` a 431; connections past ``GPU_MAX_CONNECTIONS`` a 503; a
   malformed request a 400.
-* time (checked by one sweep a second, no timer per request): the head must arrive
+* time (checked by one sweep a second, no timer per request; arrival times are read as
+  bytes come, not from the sweep's cached time): the head must arrive
   within ``GPU_HEADER_TIMEOUT_S`` of its first byte (of the connection's opening, for
   its first request), and a body may pause at most ``GPU_BODY_TIMEOUT_S`` and must keep
   an average of ``GPU_BODY_MIN_BYTES_PER_S`` after that, else 408; an idle connection
@@ -209,7 +210,10 @@ class _Connection(asyncio.Protocol):
         self.slots.clear()
 
     def data_received(self, data: bytes) -> None:
-        self.last_active = self.server.now
+        # Arrival times are read now, not from the sweep's cached time: bytes that come
+        # just before a late sweep (a busy loop) would count as a second old, and a
+        # request whose head and body arrive apart could be cut as slow.
+        self.last_active = self.server.read_clock()
         if self.broken:
             return
         try:
@@ -229,7 +233,7 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
-        self.write_at = self.server.now
+        self.write_at = self.server.read_clock()
         self.drained = self._drained()
         self._pause_reading()
 
@@ -581,6 +585,11 @@ class HttpServer:
         )
         self._tick()
         return listener
+
+    def read_clock(self) -> float:
+        """The clock read now (and cached for what follows in this turn of the loop)."""
+        self.now = self.clock()
+        return self.now
 
     def _tick(self) -> None:
         self.sweep()

@@ -700,6 +700,29 @@ def test_a_body_that_stalls_gets_408_and_its_bytes_are_given_back(tmp_path: Path
     on_service(tmp_path, main)
 
 
+def test_bytes_that_come_just_before_a_late_sweep_are_not_counted_late() -> None:
+    app = TestApp()
+
+    async def main(harness: Harness, client: Client) -> None:
+        # GIVEN a loop busy past its once-a-second sweep: the clock moves 10.5 s (past
+        # the body timeout) and no sweep runs
+        harness.clock.now += 10.5
+        # WHEN a request's head arrives then, its body in a later packet (as http.client
+        # sends them), and the late sweep runs between the two
+        message = request("POST", "/a", b"{}")
+        client.send(message[:-2])
+        harness.advance(0.0)
+        # THEN the head counts as just arrived: no 408; the body completes the request
+        assert client.written == b""
+        assert client.open
+        client.send(message[-2:])
+        await client.settle()
+        assert [status for status, _, _ in client.answers()] == [200]
+        assert client.open
+
+    on_app(app, main)
+
+
 def test_expect_continue_then_silence_gets_408_at_the_body_timeout() -> None:
     app = TestApp()
 
