@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import struct
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from spillway.protocol.codec import encode_request
+from spillway.streams.frames import binary_frame
 from spillway_cli.frame_streams import (
     DoorRun,
     FrameSet,
@@ -132,10 +132,7 @@ def _websocket_message(frames: FrameSet, log: StreamLog, seq: int) -> str | byte
     frame = {"id": f"s{log.stream}-f{seq}", "model": frames.model, "seq": seq}
     header = json.loads(body[:length] if length is not None else body)
     header.update(frame)
-    if length is None:
-        return json.dumps(header)
-    raw = json.dumps(header).encode()
-    return struct.pack(">I", len(raw)) + raw + body[length:]
+    return json.dumps(header) if length is None else binary_frame(header, body[length:])
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import base64
 import binascii
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,6 +131,13 @@ def too_large(size: int, limit: int, what: str = "frame") -> MessageTooLargeErro
         f"{what} of {size} bytes exceeds the WebSocket message limit of {limit} bytes; "
         "send larger inputs through the REST API"
     )
+
+
+def binary_frame(header: Mapping[str, Any], tensors: bytes) -> bytes:
+    """A binary frame as a client sends it (what ``read_frame`` reads): the 4-byte
+    big-endian length of the JSON header, the header, then the tensor bytes."""
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(PREFIX_BYTES, "big") + raw + tensors
 
 
 def read_frame(data: bytes, binary: bool) -> Frame:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ import aiohttp
 import numpy as np
 import onnxruntime as ort
 
+from spillway.streams.frames import binary_frame as encode_binary_frame
 from spillway_cli.stack import LocalStack
 
 FRAMES = 40
@@ -95,8 +95,7 @@ def binary_frame(frame_id: str, image: np.ndarray, seq: int) -> bytes:
             }
         ],
     }
-    encoded = json.dumps(header).encode()
-    return struct.pack(">I", len(encoded)) + encoded + raw
+    return encode_binary_frame(header, raw)
 
 
 async def _send(ws: aiohttp.ClientWebSocketResponse, frame: str | bytes) -> None:

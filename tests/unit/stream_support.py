@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spillway.streams.connections import COUNTERS, HELD, Admission, Connection, connection_key
+from spillway.streams.frames import binary_frame as encode_binary_frame
 from spillway.streams.gateway import ConnectionGone
 
 ENDPOINT = "http://127.0.0.1:1"
@@ -233,5 +234,4 @@ def text(**frame: Any) -> str:
 
 def binary_frame(header: dict[str, Any], tensors: bytes) -> str:
     """A binary frame as API Gateway hands it over: base64 of prefix, header, tensors."""
-    raw = json.dumps(header).encode()
-    return base64.b64encode(len(raw).to_bytes(4, "big") + raw + tensors).decode()
+    return base64.b64encode(encode_binary_frame(header, tensors)).decode()
