@@ -24,6 +24,11 @@ from spillway_cli.main import app
 from tests import graphs
 from tests.support import gpu_service
 
+# A p99 target every profile on a loaded 2-core runner meets up to batch 32, for the tests
+# whose point is not the choice: with the 50 ms default a stall in batch 1's 20 timed runs
+# chose max_batch_size 1 (CI), and a batch of 2 was then refused. The choice itself is
+# tested on given tables in tests/unit/test_onboarding.py.
+ROOMY_P99 = ("--p99-ms", "5000")
 WORDS = ["[PAD]", "[UNK]", "spillway", "serves", "your", "own", "model", "fast"]
 
 
@@ -57,12 +62,12 @@ def test_a_dynamic_batch_model_is_proven_profiled_and_served(tmp_path: Path) -> 
     # GIVEN a dense layer with a dynamic batch dimension
     model = graphs.dense(tmp_path / "dense.onnx")
     # WHEN it is added with a p99 target
-    code, output = add(tmp_path, model, "dense", "--p99-ms", "500")
+    code, output = add(tmp_path, model, "dense", *ROOMY_P99)
     # THEN the proof, the profile table and the choice are printed
     assert code == 0, output
     assert "batch-safe: a batch of 8 equals its 8 single-row runs" in output
     assert "batch    p50 ms    p99 ms     rows/s" in output
-    assert "chosen: max_batch_size 32" in output  # a tiny graph fits batch 32 in 500 ms
+    assert "chosen: max_batch_size 32" in output  # a tiny graph fits batch 32 in 5 s
     # AND the configuration batches up to the choice, dims without the batch dimension
     document = config_json(tmp_path, "dense")
     assert document["max_batch_size"] == 32
@@ -125,7 +130,7 @@ def test_a_model_that_mixes_rows_is_never_batched(tmp_path: Path) -> None:
 def test_two_int64_inputs_answer_exactly(tmp_path: Path) -> None:
     # GIVEN a two-input int64 model WHEN added
     model = graphs.two_int_inputs(tmp_path / "ints.onnx")
-    code, output = add(tmp_path, model, "ints")
+    code, output = add(tmp_path, model, "ints", *ROOMY_P99)
     assert code == 0, output
     # THEN both inputs and outputs are INT64 [3] per row, batched
     document = config_json(tmp_path, "ints")
@@ -155,7 +160,7 @@ def test_a_text_model_takes_its_tokenizer(tmp_path: Path) -> None:
     # GIVEN a mean-pooling encoder and its tokenizer WHEN added with --tokenizer
     model = graphs.mean_pooled_encoder(tmp_path / "encoder.onnx", len(WORDS))
     tokenizer = _tokenizer(tmp_path / "tok.json")
-    code, output = add(tmp_path, model, "encoder", "--tokenizer", str(tokenizer))
+    code, output = add(tmp_path, model, "encoder", "--tokenizer", str(tokenizer), *ROOMY_P99)
     assert code == 0, output
     # THEN the text kind, its tokenizer in the version (checksummed), the tokenizer's length
     document = config_json(tmp_path, "encoder")
@@ -194,6 +199,7 @@ def test_an_s3_repository_gets_the_version(tmp_path: Path, aws_env: str) -> None
     model = graphs.dense(tmp_path / "dense.onnx")
     # WHEN a model is added to s3://own-models/repo
     argv = ["models", "add", str(model), "--name", "dense", "--repository", "s3://own-models/repo"]
+    argv += ROOMY_P99
     result = CliRunner().invoke(app, argv, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     # THEN the S3 repository serves it, checksums verified on download

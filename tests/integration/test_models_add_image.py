@@ -20,7 +20,7 @@ from gpu_service.dataplane import DataPlane
 from spillway.protocol.codec import decode_response, encode_request
 from spillway.protocol.errors import SpillwayError
 from tests.integration.test_image_models import serve
-from tests.integration.test_models_add import add, config_json
+from tests.integration.test_models_add import ROOMY_P99, add, config_json
 from tests.unit.test_images import bomb_png
 
 MEAN = np.array([0.5, 0.25, 0.0], np.float32)
@@ -69,7 +69,10 @@ def test_an_image_model_is_added_and_served_on_png_bytes(tmp_path: Path) -> None
     # GIVEN a graph taking NCHW float pixels WHEN added with --image and normalisation
     model = channel_means(tmp_path / "means.onnx")
     code, output = add(
-        tmp_path, model, "means", "--image", "--mean", "0.5,0.25,0", "--std", "0.25,0.5,2"
+        tmp_path,
+        model,
+        "means",
+        *("--image", "--mean", "0.5,0.25,0", "--std", "0.25,0.5,2", *ROOMY_P99),
     )
     # THEN it was proven and profiled on generated images
     assert code == 0, output
