@@ -281,6 +281,9 @@ class StreamLog:
     wrong: int = 0
     """Answers that are not their frame's right answer (for digits: a label other than
     ONNX Runtime's on the same frame)."""
+    notices: int = 0
+    """Frames without ``id`` from the WebSocket API itself (``Endpoint request timed
+    out``, ``Internal server error``): not answers; the frame's own answer still comes."""
     last_at: float = 0.0
 
     def answered(self, seq: int, right: bool, backend: str, fallback: str | None) -> None:
@@ -379,6 +382,7 @@ class DoorRun:
             "refused_slow_down": sum(s.refused for s in self.streams),
             "failed_unanswered": sum(s.failed_unanswered for s in self.streams),
             "not_sent": sum(s.not_sent for s in self.streams),
+            "gateway_notices": sum(s.notices for s in self.streams),
             "out_of_order": sum(o[0] for o in order),
             "missing": sum(o[1] for o in order),
             "duplicated": sum(o[2] for o in order),
@@ -428,6 +432,8 @@ class DoorRun:
             order += "; answered with an error: " + ", ".join(
                 f"{code} x{count}" for code, count in got["errors"].items()
             )
+        if got["gateway_notices"]:
+            order += f"; {got['gateway_notices']} frames without id from the API (timeouts)"
         return (
             f"{DOOR_NAMES[self.door]}, {self.what}: {got['frames_per_s_total']:.1f} frames/s "
             f"({got['frames_per_s_per_stream_p50']:.2f} a stream), p50 "

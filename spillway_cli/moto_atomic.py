@@ -5,8 +5,11 @@ condition and then applies the write without a lock: two conditional writes on o
 can both pass (two holders of a lease), and two ``ADD``s can lose one. DynamoDB applies
 each item write atomically, and the WebSocket API's delivery lease, the async store's
 claims and every counter rely on it. ``atomic_dynamodb()`` runs moto's DynamoDB
-operations one at a time (a process-wide lock); ``python -m spillway_cli.moto_atomic``
-is ``python -m moto.server`` with it.
+operations one at a time (a process-wide lock), each request's answer included: moto
+reads the item it answers with after the operation, and a write to the same item from
+another thread meanwhile failed that read with a 500 ("dictionary changed size during
+iteration") after the write had been applied, or answered with the other write's values.
+``python -m spillway_cli.moto_atomic`` is ``python -m moto.server`` with it.
 """
 
 from __future__ import annotations
@@ -37,12 +40,15 @@ _LOCK = threading.RLock()
 def atomic_dynamodb() -> None:
     """Make moto's DynamoDB item operations atomic in this process (once)."""
     from moto.dynamodb.models import DynamoDBBackend
+    from moto.dynamodb.responses import DynamoHandler
 
-    for name in OPERATIONS:
-        operation = getattr(DynamoDBBackend, name)
+    for owner, name in [(DynamoDBBackend, n) for n in OPERATIONS] + [
+        (DynamoHandler, "call_action")
+    ]:
+        operation = getattr(owner, name)
         if getattr(operation, "_spillway_atomic", False):
             continue
-        setattr(DynamoDBBackend, name, _serialised(operation))
+        setattr(owner, name, _serialised(operation))
 
 
 def _serialised(operation: Any) -> Any:

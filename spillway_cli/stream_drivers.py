@@ -203,6 +203,9 @@ async def _websocket(run: _Shared, log: StreamLog) -> None:
                 if message.type != aiohttp.WSMsgType.TEXT:
                     break
                 answer = json.loads(message.data)
+                if "id" not in answer:  # API Gateway's own frame: not an answer (ignored)
+                    log.notices += 1
+                    continue
                 seq = answer.get("seq")
                 if answer.get("code") == "slow_down" and isinstance(seq, int):
                     log.refused += 1  # still in its window slot: sent again shortly

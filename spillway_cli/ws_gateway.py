@@ -32,7 +32,10 @@ import importlib
 import json
 import logging
 import secrets
+import sys
+import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -47,10 +50,10 @@ log = logging.getLogger("spillway.websocket")
 Handler = Callable[[dict[str, Any], Any], Any]
 DEFAULT_HANDLER = "functions.websocket.handler.handler"
 MESSAGE_LIMIT = 128 * 1024
+"""API Gateway's WebSocket message limit (and the management API's payload limit)."""
 WRITE_TIMEOUT_S = 5.0
 """How long a push through ``@connections`` may wait on a client that reads nothing;
 then the connection is dropped and the push answered 410 Gone."""
-"""API Gateway's WebSocket message limit (and the management API's payload limit)."""
 INTEGRATION_TIMEOUT_S = 29.0
 """API Gateway's integration timeout: a handler's context counts down from it."""
 IDLE_TIMEOUT_S = 600.0
@@ -70,6 +73,23 @@ def load_handler(dotted: str) -> Handler:
         raise ValueError(f"{dotted!r} is not module.attribute")
     handler: Handler = getattr(importlib.import_module(module), name)
     return handler
+
+
+def _log_overrun(event: dict[str, Any], running: dict[str, float | int], submitted: float) -> None:
+    """One line on an invocation past the integration timeout: its route, how long it
+    waited for a pool thread, and the handler's stack now (where it is stuck)."""
+    context = event.get("requestContext") or {}
+    started = running.get("started")
+    frame = sys._current_frames().get(int(running.get("thread", -1)))
+    stack = "".join(traceback.format_stack(frame)[-12:]) if frame is not None else "not started"
+    log.error(
+        "%s on %s: past the integration timeout (waited %.1f s for a thread); the handler "
+        "is at:\n%s",
+        context.get("routeKey"),
+        context.get("connectionId"),
+        (started if isinstance(started, float) else time.monotonic()) - submitted,
+        stack,
+    )
 
 
 def connection_id() -> str:
@@ -235,10 +255,22 @@ class WebSocketGateway:
 
     async def _invoke(self, event: dict[str, Any]) -> Any:
         """The handler's answer to one event, run in the pool; ``TimeoutError`` past
-        the integration timeout (the call itself runs on, as Lambda's would)."""
+        the integration timeout (the call itself runs on, as Lambda's would), logged with
+        how long it waited for a thread and where the handler is."""
         context = LambdaContext(self.timeout_s)
-        call = asyncio.get_running_loop().run_in_executor(self.pool, self.handler, event, context)
-        return await asyncio.wait_for(asyncio.shield(call), self.timeout_s)
+        running: dict[str, float | int] = {}
+
+        def call() -> Any:
+            running.update(thread=threading.get_ident(), started=time.monotonic())
+            return self.handler(event, context)
+
+        submitted = time.monotonic()
+        future = asyncio.get_running_loop().run_in_executor(self.pool, call)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+        except TimeoutError:
+            _log_overrun(event, running, submitted)
+            raise
 
     async def _upgrade(self, request: web.Request) -> web.StreamResponse:
         if request.headers.get("Upgrade", "").lower() != "websocket":

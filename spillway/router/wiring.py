@@ -114,7 +114,10 @@ def state_store(settings: RouterSettings) -> StateStore | None:
         from botocore.config import Config
 
         config = Config(
-            connect_timeout=1, read_timeout=2, retries={"mode": "standard", "max_attempts": 3}
+            connect_timeout=1,
+            read_timeout=2,
+            retries={"mode": "standard", "max_attempts": 3},
+            max_pool_connections=64,  # one per thread of a local server's pool
         )
         return boto3.client("dynamodb", config=config)
 

@@ -91,6 +91,11 @@ class Connection:
         """Whether the answer to ``next_seq`` is held, waiting to be pushed."""
         return self.pending.get(self.next_seq) == HELD
 
+    def serving(self) -> bool:
+        """Whether a frame with ``seq`` is still being served (pending, its answer not
+        held): its invocation pushes what is held when it holds or pushes its own."""
+        return any(state != HELD for state in self.pending.values())
+
     def leased(self, owner: str, now: float) -> bool:
         """Whether another owner's lease is running (that owner looks again when done)."""
         return self.lease_owner not in (None, owner) and self.lease_until > now

@@ -13,7 +13,10 @@ the local gateway's) and answers it:
   frame with ``seq`` is pushed at once when it is next (under the connection's delivery
   lease, claimed for that ``seq``), else its answer is held; whoever finishes ``next_seq``
   learns from that write whether the next answer is held and pushes it, so an answer held
-  meanwhile is never stranded.
+  meanwhile is never stranded. An invocation near its end (``handover_reserve_s`` of its
+  time left) hands the held answers over to another frame of the connection still being
+  served, whose own hold pushes them: under a steady stream one invocation could
+  otherwise push every answer for longer than API Gateway's 29 s.
 
 The router's call never raises out of ``handle``: a ``SpillwayError`` is the frame's
 failure answer with its code, anything else is logged with its traceback and answered
@@ -246,6 +249,10 @@ class StreamGateway:
 
     retry_pauses_s: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
     """Pauses before a state-table call after admission is made again."""
+    handover_reserve_s: float = 4.0
+    """The time an invocation keeps for pushing the held answers no other invocation
+    will push (at most ``WS_MAX_IN_FLIGHT``): from then on it hands them over to another
+    frame of the connection still being served."""
 
     def __init__(
         self,
@@ -323,10 +330,16 @@ class StreamGateway:
         if accepted is None:
             return
         frame, connection = accepted
+        # from when the held answers are handed over (None: the invocation has no end)
+        hand_over_at = (
+            None
+            if remaining_ms is None
+            else self.clock() + remaining_ms / 1000 - self.handover_reserve_s
+        )
         answer = self._answer(store, frame, connection, where, remaining_ms)
         durable = cast(ConnectionStore, _Retrying(store, self.retry_pauses_s))
         try:
-            self._settle(durable, frame, connection, answer, where)
+            self._settle(durable, frame, answer, where, hand_over_at)
         except SpillwayError as error:  # the table failed after the frame was answered
             log.warning("settling failed", extra={"id": frame.id, "reason": error.message})
 
@@ -396,13 +409,13 @@ class StreamGateway:
         self,
         store: ConnectionStore,
         frame: Frame,
-        connection: Connection,
         answer: Answer,
         where: Event,
+        hand_over_at: float | None,
     ) -> None:
         """Count the answer and push it: at once without ``seq``; with ``seq``, at once
         when it is next (the lease claimed: one write fails when it is not), else held
-        for its turn."""
+        for its turn; then the held answers after it (``_deliver``)."""
         counts = {"frames_answered" if answer.ok else "frames_failed": 1.0}
         counts["cost_usd"] = answer.cost_usd
         if frame.seq is None:
@@ -423,7 +436,7 @@ class StreamGateway:
                 log.exception("push failed", extra={"connection_id": where.connection_id})
                 self._hold(store, where, seq, answer, counts)
                 store.release(where.connection_id, owner)
-                self._deliver_again(store, where, owner)
+                self._deliver_again(store, where, owner, hand_over_at)
                 return
             counts["bytes_out"] = sent
             now = self.clock()
@@ -435,8 +448,8 @@ class StreamGateway:
                 return
         else:
             after = self._hold(store, where, seq, answer, counts)
-        if not self._deliver(store, where, owner, after):
-            self._deliver_again(store, where, owner)
+        if not self._deliver(store, where, owner, after, hand_over_at):
+            self._deliver_again(store, where, owner, hand_over_at)
 
     def _hold(
         self,
@@ -483,7 +496,12 @@ class StreamGateway:
             return Answer.failed(SpillwayError("internal error"), frame.id, frame.seq)
 
     def _deliver(
-        self, store: ConnectionStore, where: Event, owner: str, connection: Connection | None
+        self,
+        store: ConnectionStore,
+        where: Event,
+        owner: str,
+        connection: Connection | None,
+        hand_over_at: float | None = None,
     ) -> bool:
         """Push held answers from ``next_seq`` upward, ``connection`` being the item as the
         last write left it: one claim of the delivery lease per answer, taken just before
@@ -491,15 +509,26 @@ class StreamGateway:
         ``seq`` while it is being pushed) and given back by the ``finish`` after it, whose
         result says whether the next answer is held. A call that finds the lease taken
         leaves: the holder's next ``finish`` shows it the answer held meanwhile, so none is
-        stranded. ``False`` when a post failed (its answer stays held)."""
+        stranded. From ``hand_over_at`` on, a call leaves while another frame is being
+        served: that frame's hold finds the lease free and the next answer held, and
+        pushes it. ``False`` when a post failed (its answer stays held)."""
         while connection is not None and connection.next_is_held():
             seq, now = connection.next_seq, self.clock()
             if connection.leased(owner, now):
                 return True
+            if hand_over_at is not None and now >= hand_over_at and connection.serving():
+                log.info(
+                    "held answers handed over",
+                    extra={"connection_id": where.connection_id, "next_seq": seq},
+                )
+                return True
+            fields = {"connection_id": where.connection_id, "seq": seq}
             data = store.held(where.connection_id, seq, now)
-            if data is None:
+            if data is None:  # pushed meanwhile by another invocation, which goes on
+                log.debug("held answer already pushed", extra=fields)
                 return True
             if not store.claim(where.connection_id, seq, owner, now, now + self.settings.lease_s):
+                log.debug("delivery left to the lease holder", extra=fields)
                 return True
             try:
                 sent = self._post(where, data)
@@ -513,19 +542,23 @@ class StreamGateway:
             now = self.clock()
             connection = store.finish(where.connection_id, seq, owner, now, {"bytes_out": sent})
             if connection is None:
-                log.warning(
-                    "delivery lease lost", extra={"connection_id": where.connection_id, "seq": seq}
-                )
+                log.warning("delivery lease lost", extra=fields)
         return True
 
-    def _deliver_again(self, store: ConnectionStore, where: Event, owner: str) -> None:
+    def _deliver_again(
+        self, store: ConnectionStore, where: Event, owner: str, hand_over_at: float | None
+    ) -> None:
         """After a post failed: the held answers delivered again, after pauses, while one
-        is next. Left held (for the next frame's invocation) when every try fails: a
-        client that waits for that answer before sending more would otherwise wait for
-        good."""
+        is next (a client that waits for that answer before sending more would otherwise
+        wait for good). Left held, for the next frame's invocation, when every try fails or
+        the next pause would pass the invocation's end."""
+        end = None if hand_over_at is None else hand_over_at + self.handover_reserve_s
         for pause in self.retry_pauses_s:
+            if end is not None and self.clock() + pause >= end:
+                break
             time.sleep(pause)
-            if self._deliver(store, where, owner, store.get(where.connection_id, self.clock())):
+            connection = store.get(where.connection_id, self.clock())
+            if self._deliver(store, where, owner, connection, hand_over_at):
                 return
         log.error(
             "answer left held: its pushes failed",

@@ -46,9 +46,9 @@ def test_websocket_streams_lose_no_frame_when_the_gpu_service_dies(
     # THEN the kill happened a third of the way in
     assert got["killed_after"] == SCENARIO.total // 3
     # AND every frame was answered exactly once, in seq order, with the right label
-    assert (got["answered"], got["answered_ok"]) == (SCENARIO.total, SCENARIO.total)
-    assert (got["missing"], got["duplicated"], got["out_of_order"]) == (0, 0, 0)
-    assert (got["errors"], got["failed_unanswered"], got["not_sent"]) == ({}, 0, 0)
+    assert (got["answered"], got["answered_ok"]) == (SCENARIO.total, SCENARIO.total), got
+    assert (got["missing"], got["duplicated"], got["out_of_order"]) == (0, 0, 0), got
+    assert (got["errors"], got["failed_unanswered"], got["not_sent"]) == ({}, 0, 0), got
     # AND the GPU answered the first ones, the CPU fallback the later ones, naming why
     assert set(got["backends"]) == {"gpu", "cpu"}
     answers = [a for stream in run.streams for a in stream.answers]

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -300,3 +302,48 @@ def test_a_push_to_a_client_that_reads_nothing_is_gone_after_the_write_timeout()
     assert statuses[-1] == 410, statuses[-5:]
     assert set(statuses[:-1]) == {200}
     assert ended
+
+
+def test_a_handler_past_the_integration_timeout_gets_the_timeout_frame_and_is_located(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # GIVEN a gateway whose integration timeout is 0.5 s and a handler whose $default
+    # waits (in a function of its own) until told to go on
+    go = threading.Event()
+
+    def stuck_on_something() -> None:
+        assert go.wait(30)
+
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        if event["requestContext"]["routeKey"] == "$default":
+            stuck_on_something()
+        return {"statusCode": 200}
+
+    async def scenario() -> dict[str, Any]:
+        gateway = WebSocketGateway(handler, workers=2, timeout_s=0.5)
+        runner = web.AppRunner(gateway.app())
+        await runner.setup()
+        port = procs.free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.ws_connect(f"ws://127.0.0.1:{port}/") as ws,
+            ):
+                # WHEN a message's invocation runs past it
+                await ws.send_str('{"id": "f0"}')
+                frame: dict[str, Any] = json.loads(await ws.receive_str(timeout=30))
+                return frame
+        finally:
+            go.set()
+            await runner.cleanup()
+
+    caplog.set_level(logging.ERROR, logger="spillway.websocket")
+    frame = asyncio.run(asyncio.wait_for(scenario(), 60))
+    # THEN the client gets API Gateway's frame, without an id
+    assert frame["message"] == "Endpoint request timed out"
+    assert set(frame) == {"message", "connectionId", "requestId"}
+    # AND the log says where the handler was: in the function it waits in
+    (located,) = [r.getMessage() for r in caplog.records if "integration timeout" in r.getMessage()]
+    assert located.startswith(f"$default on {frame['connectionId']}: past the integration timeout")
+    assert "in stuck_on_something" in located

@@ -512,6 +512,53 @@ def test_a_delivery_that_stalls_past_the_lease_does_not_push_an_answer_twice() -
     assert (stats.in_flight, stats.next_seq, store.held_items) == (0, 3, {})
 
 
+def test_an_invocation_near_its_end_hands_held_answers_to_a_frame_still_served(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # GIVEN acme's seq 0 and 3 in the router, seq 1 and 2 answered and held behind seq 0;
+    # globex's seq 0 in the router, its seq 1 held; each invocation has 5 s
+    clock = Clock()
+    h = harness()
+    h.gateway.clock = clock
+    h.connect("c1")
+    h.connect("c2", "key-globex")
+    gates = {name: threading.Event() for name in ("a0", "a3", "g0")}
+    h.router.gates.update(gates)
+
+    def sender(connection: str, name: str, seq: int) -> Callable[[], Any]:
+        return lambda: h.frame(connection, id=name, seq=seq, model="echo", inputs=INPUTS)
+
+    running = {
+        name: in_threads(sender(connection, name, seq))[0]
+        for name, connection, seq in (("a0", "c1", 0), ("a3", "c1", 3), ("g0", "c2", 0))
+    }
+    wait_until(lambda: len(h.router.calls) == 3)
+    for seq in (1, 2):
+        h.frame("c1", id=f"a{seq}", seq=seq, model="echo", inputs=INPUTS)
+    h.frame("c2", id="g1", seq=1, model="echo", inputs=INPUTS)
+    assert (h.answers("c1"), h.answers("c2")) == ([], [])
+    # WHEN seq 0's answers come with less than handover_reserve_s of their time left
+    clock.now += 5 - h.gateway.handover_reserve_s + 0.5
+    caplog.set_level(logging.INFO, logger="spillway.streams")
+    for name in ("a0", "g0"):
+        gates[name].set()
+        running[name].join(30)
+    # THEN acme's invocation pushed its own answer and left seq 1 and 2 to seq 3's, still
+    # served; globex's, with no other frame being served, pushed its held seq 1 itself
+    assert [a["seq"] for a in h.answers("c1")] == [0]
+    assert [a["seq"] for a in h.answers("c2")] == [0, 1]
+    handed = [r for r in caplog.records if r.getMessage() == "held answers handed over"]
+    assert [(r.__dict__["connection_id"], r.__dict__["next_seq"]) for r in handed] == [("c1", 1)]
+    # AND when seq 3 is answered, its invocation (also near its end, but the last one
+    # served) pushes 1, 2 and 3 in order, once each, nothing left held
+    gates["a3"].set()
+    running["a3"].join(30)
+    assert [a["id"] for a in h.answers("c1")] == ["a0", "a1", "a2", "a3"]
+    stats = h.store.get("c1", clock.now)
+    assert stats is not None
+    assert (stats.in_flight, stats.next_seq, h.store.held_items) == (0, 4, {})
+
+
 class RetriedWrites(MemoryConnections):
     """Every conditional write applied twice, the second answer returned: botocore
     retrying a write whose first try went through but whose answer timed out."""
