@@ -75,18 +75,21 @@ def load_handler(dotted: str) -> Handler:
     return handler
 
 
-def _log_overrun(event: dict[str, Any], running: dict[str, float | int], submitted: float) -> None:
-    """One line on an invocation past the integration timeout: its route, how long it
-    waited for a pool thread, and the handler's stack now (where it is stuck)."""
+def _log_overrun(
+    event: dict[str, Any], running: dict[str, float | int], submitted: float, timeout_s: float
+) -> None:
+    """One line on an invocation past the integration timeout: its route and connection,
+    how long it waited for a pool thread, and the handler's stack now (where it is)."""
     context = event.get("requestContext") or {}
     started = running.get("started")
     frame = sys._current_frames().get(int(running.get("thread", -1)))
     stack = "".join(traceback.format_stack(frame)[-12:]) if frame is not None else "not started"
     log.error(
-        "%s on %s: past the integration timeout (waited %.1f s for a thread); the handler "
-        "is at:\n%s",
+        "%s on %s: the handler ran past the %g s integration timeout (waited %.1f s for a "
+        "thread); it is at:\n%s",
         context.get("routeKey"),
         context.get("connectionId"),
+        timeout_s,
         (started if isinstance(started, float) else time.monotonic()) - submitted,
         stack,
     )
@@ -255,8 +258,9 @@ class WebSocketGateway:
 
     async def _invoke(self, event: dict[str, Any]) -> Any:
         """The handler's answer to one event, run in the pool; ``TimeoutError`` past
-        the integration timeout (the call itself runs on, as Lambda's would), logged with
-        how long it waited for a thread and where the handler is."""
+        the integration timeout, logged with how long it waited for a thread and where the
+        handler is (the call itself runs on here; Lambda would stop it at the function's
+        own timeout)."""
         context = LambdaContext(self.timeout_s)
         running: dict[str, float | int] = {}
 
@@ -269,7 +273,7 @@ class WebSocketGateway:
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except TimeoutError:
-            _log_overrun(event, running, submitted)
+            _log_overrun(event, running, submitted, self.timeout_s)
             raise
 
     async def _upgrade(self, request: web.Request) -> web.StreamResponse:
@@ -307,8 +311,7 @@ class WebSocketGateway:
         """Run ``$connect``; the refusal to answer, or ``None`` when accepted."""
         try:
             answer = await self._invoke(connect_event(connection, request))
-        except TimeoutError:
-            log.error("$connect of %s: the handler ran past %.0f s", connection.id, self.timeout_s)
+        except TimeoutError:  # logged by _invoke
             return _error(504, None, "Endpoint request timed out")
         except Exception:
             log.exception("$connect of %s: the handler raised", connection.id)
@@ -357,8 +360,7 @@ class WebSocketGateway:
         try:
             await self._invoke(event)
             return
-        except TimeoutError:
-            log.error("$default on %s: the handler ran past %.0f s", connection.id, self.timeout_s)
+        except TimeoutError:  # logged by _invoke
             message = "Endpoint request timed out"
         except Exception:
             log.exception("$default on %s: the handler raised", connection.id)
