@@ -5,10 +5,11 @@ condition and then applies the write without a lock: two conditional writes on o
 can both pass (two holders of a lease), and two ``ADD``s can lose one. DynamoDB applies
 each item write atomically, and the WebSocket API's delivery lease, the async store's
 claims and every counter rely on it. ``atomic_dynamodb()`` runs moto's DynamoDB
-operations one at a time (a process-wide lock), each request's answer included: moto
-reads the item it answers with after the operation, and a write to the same item from
-another thread meanwhile failed that read with a 500 ("dictionary changed size during
-iteration") after the write had been applied, or answered with the other write's values.
+requests one at a time (a process-wide lock around its request handler), each request's
+answer included: moto reads the item it answers with after the operation, and a lock
+around the operation alone let a write to the same item from another thread fail that
+read with a 500 ("dictionary changed size during iteration") after the write had been
+applied, or answer with the other write's values.
 ``python -m spillway_cli.moto_atomic`` is ``python -m moto.server`` with it.
 """
 
@@ -19,36 +20,16 @@ import sys
 import threading
 from typing import Any
 
-OPERATIONS = (
-    "batch_execute_statement",
-    "batch_get_item",
-    "batch_write_item",
-    "delete_item",
-    "execute_statement",
-    "execute_transaction",
-    "get_item",
-    "put_item",
-    "query",
-    "scan",
-    "transact_get_items",
-    "transact_write_items",
-    "update_item",
-)
 _LOCK = threading.RLock()
 
 
 def atomic_dynamodb() -> None:
     """Make moto's DynamoDB item operations atomic in this process (once)."""
-    from moto.dynamodb.models import DynamoDBBackend
     from moto.dynamodb.responses import DynamoHandler
 
-    for owner, name in [(DynamoDBBackend, n) for n in OPERATIONS] + [
-        (DynamoHandler, "call_action")
-    ]:
-        operation = getattr(owner, name)
-        if getattr(operation, "_spillway_atomic", False):
-            continue
-        setattr(owner, name, _serialised(operation))
+    # every DynamoDB request passes here: its operation and the answer read after it
+    if not getattr(DynamoHandler.call_action, "_spillway_atomic", False):
+        DynamoHandler.call_action = _serialised(DynamoHandler.call_action)  # type: ignore[method-assign]
 
 
 def _serialised(operation: Any) -> Any:
