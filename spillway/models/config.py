@@ -215,6 +215,10 @@ class SpillwayBlock(_Strict):
     description: str = ""
     image: ImageSpec | None = None
     """How an ``image`` model decodes and prepares its image input (with that kind only)."""
+    non_finite_inputs: tuple[str, ...] = ()
+    """Floating-point inputs that may hold NaN or an infinity (a tree model reading NaN as
+    a missing value, say). Every other floating-point input refuses them with
+    ``non_finite_input``, on every door alike."""
     canary: CanarySpec | None = None
     """The model's initial canary (``version``, ``stable``, ``percent``, ``bounds``): routers
     start it once per version; afterwards ``spillway models canary`` and the automatic
@@ -278,6 +282,14 @@ class ModelConfig(_Strict):
                 f"image input {image.input!r} must be a served BYTES input of dims [1] "
                 "(one encoded image per row)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _non_finite_inputs_float(self) -> ModelConfig:
+        floats = {t.name for t in self.input if t.datatype.startswith("FP")}
+        wrong = sorted(set(self.spillway.non_finite_inputs) - floats)
+        if wrong:
+            raise ValueError(f"non_finite_inputs names no floating-point input: {wrong}")
         return self
 
     @property

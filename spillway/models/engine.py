@@ -37,6 +37,7 @@ from spillway.protocol.errors import (
     SpillwayError,
     name_list,
 )
+from spillway.protocol.tensors import check_finite
 from spillway.protocol.v2 import MetadataModelResponse, MetadataTensor
 
 log = logging.getLogger("spillway.engine")
@@ -108,6 +109,7 @@ class OnnxModel:
         self._inputs = {t.name: t for t in config.input}
         lead = (-1,) if self.batching else ()
         self._dims = {t.name: (*lead, *t.dims) for t in config.input}
+        self._non_finite = frozenset(config.spillway.non_finite_inputs)
         self._output_names = [o.name for o in self.session.get_outputs()]
         self.output_names = [o.name for o in config.output]
         """The served outputs, in the configuration's order."""
@@ -160,6 +162,8 @@ class OnnxModel:
             )
         if array.size > self.options.max_elements_per_input:
             raise PayloadTooLargeError(f"input {spec.name!r} has too many elements")
+        if datatype.startswith("FP") and spec.name not in self._non_finite:
+            check_finite(spec.name, array)
         limit = self.processor.element_limit(spec.name) or self.options.max_bytes_per_element
         if datatype == "BYTES" and any(len(x) > limit for x in array.reshape(-1)):
             raise PayloadTooLargeError(f"an element of input {spec.name!r} is too long")

@@ -60,6 +60,14 @@ class BatchTooLargeError(InvalidInputError):
     code = "batch_too_large"
 
 
+class NonFiniteInputError(InvalidInputError):
+    """A floating-point input holds NaN or an infinity (or, as JSON, a number too large
+    for its datatype) and the model does not declare that input as taking them: refused
+    alike on every door, whether the value came as JSON, binary data or gRPC contents."""
+
+    code = "non_finite_input"
+
+
 class ModeUnavailableError(InvalidInputError):
     """The request asks for a serving mode this deployment does not offer (e.g. batch)."""
 

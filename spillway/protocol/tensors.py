@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from spillway.protocol.datatypes import WIRE_DTYPES, datatype_of, numpy_dtype
-from spillway.protocol.errors import InvalidInputError
+from spillway.protocol.errors import InvalidInputError, NonFiniteInputError
 from spillway.protocol.v2 import MAX_RANK
 
 Buffer = bytes | bytearray | memoryview
@@ -142,11 +142,25 @@ def from_json(data: Any, datatype: str, shape: Sequence[int]) -> Tensor:
         out = np.empty(count, dtype=np.object_)
         out[:] = [_element_bytes(text) for text in flat]
         return out.reshape(shape)
+    # A number too large for a floating-point datatype becomes infinite, as it does in a
+    # gRPC client's fp32_contents or a binary tensor: the model's non-finite rule
+    # (``check_finite``) then decides, the same on every door.
     try:
-        with np.errstate(over="raise"):
+        with np.errstate(over="ignore" if datatype.startswith("FP") else "raise"):
             return np.array(flat, dtype=dtype).reshape(shape)
     except (OverflowError, FloatingPointError):
         raise InvalidInputError(f"data holds a value out of range for {datatype}") from None
+
+
+def check_finite(name: str, array: Tensor) -> None:
+    """Refuse a floating-point input holding NaN or an infinity (``NonFiniteInputError``).
+    Two reductions and no temporary array: ``max`` is NaN when any element is, and the
+    extremes are infinite when any element is."""
+    if array.size and not (np.isfinite(array.max()) and np.isfinite(array.min())):
+        raise NonFiniteInputError(
+            f"input {name!r} holds NaN or an infinity, which this model does not take "
+            "(a model declares the inputs that may in spillway.non_finite_inputs)"
+        )
 
 
 def from_json_nested(data: Any, datatype: str) -> Tensor:

@@ -13,20 +13,26 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from spillway.fallback.app import CpuApp
 from spillway.fallback.direct import handle_direct
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
+from spillway.protocol.wire import HEADER_LENGTH
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
+from spillway_cli import procs
 from spillway_cli.wsgi_server import running
 from tests.support import Service, gpu_service, link_model
 
@@ -38,12 +44,51 @@ def _with(parameters: dict[str, object]) -> bytes:
     return json.dumps({"parameters": parameters, "inputs": [IMAGE]}).encode()
 
 
+def _data(values: str) -> bytes:
+    """A body whose FP32 image holds ``values`` (JSON text, written as it is) then 0.5s."""
+    count = values.count(",") + 1
+    rest = ", 0.5" * (64 - count)
+    return (
+        b'{"inputs": [{"name": "image", "shape": [1, 8, 8], "datatype": "FP32", "data": ['
+        + (values + rest).encode()
+        + b"]}]}"
+    )
+
+
+def _binary(first: float) -> tuple[bytes, int]:
+    """A binary-extension body whose FP32 image starts with ``first`` (then 0.5s)."""
+    pixels = np.full(64, 0.5, dtype="<f4")
+    with np.errstate(over="ignore"):  # 1e39: infinite, as a float32 client sends it
+        pixels[0] = first
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "shape": [1, 8, 8],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": 256},
+                }
+            ]
+        }
+    ).encode()
+    return header + pixels.tobytes(), len(header)
+
+
+_BINARY_INF, _BINARY_LENGTH = _binary(math.inf)
+_BINARY_NAN, _ = _binary(math.nan)
+_BINARY_FINITE, _ = _binary(0.25)
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
     body: bytes
     status: int
     path: str = "/v2/models/digits/infer"
+    code: str | None = None
+    """The code every server answers with (checked when given)."""
+    header_length: int | None = None
 
 
 CASES = [
@@ -66,6 +111,14 @@ CASES = [
     Case("latency budget below the floor", _with({"latency_budget_ms": 5}), 400),
     Case("latency budget not finite", b'{"parameters": {"latency_budget_ms": NaN}, "inputs": [' + _IMAGE + b"]}", 400),
     Case("tenant with a space", _with({"tenant": "a b"}), 400),
+    Case("NaN literal in FP32 data", _data("NaN"), 400, code="non_finite_input"),
+    Case("Infinity literal in FP32 data", _data("0.5, -Infinity"), 400, code="non_finite_input"),
+    Case("NaN as a string in FP32 data", _data('"NaN"'), 400, code="non_finite_input"),
+    Case("a number past float32 in FP32 data", _data("1e39"), 400, code="non_finite_input"),
+    Case("the largest float32 in FP32 data", _data("3.4028235e38"), 200),
+    Case("binary +inf in FP32 data", _BINARY_INF, 400, code="non_finite_input", header_length=_BINARY_LENGTH),
+    Case("binary NaN in FP32 data", _BINARY_NAN, 400, code="non_finite_input", header_length=_BINARY_LENGTH),
+    Case("binary finite FP32 data", _BINARY_FINITE, 200, header_length=_BINARY_LENGTH),
     Case("valid routing parameters", _with({"mode": "auto", "latency_budget_ms": 5000, "timeout": 0}), 200),
     Case("version that is no number", _with({}), 400, "/v2/models/digits/versions/one/infer"),
     Case("version with ten digits", _with({}), 400, "/v2/models/digits/versions/1234567890/infer"),
@@ -84,9 +137,13 @@ class Answer:
 
 
 def _call(base: str, case: Case) -> Answer:
-    request = urllib.request.Request(
-        base + case.path, case.body, {"content-type": "application/json"}, method="POST"
-    )
+    headers = {"content-type": "application/json"}
+    if case.header_length is not None:
+        headers = {
+            "content-type": "application/octet-stream",
+            HEADER_LENGTH: str(case.header_length),
+        }
+    request = urllib.request.Request(base + case.path, case.body, headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             response.read()
@@ -101,6 +158,8 @@ def _direct(cpu: CpuService, case: Case) -> Answer:
     event: dict[str, object] = {"model": parts[3], "body_b64": base64.b64encode(case.body).decode()}
     if "versions" in parts:
         event["version"] = parts[5]
+    if case.header_length is not None:
+        event["headers"] = {HEADER_LENGTH: str(case.header_length)}
     answer = handle_direct(cpu, event)
     body = json.loads(answer["body"])
     if answer["statusCode"] == 200:
@@ -121,8 +180,14 @@ def cpu(repo: Path) -> CpuService:
 
 
 @pytest.fixture(scope="module")
-def gpu(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    with gpu_service(repo, tmp_path_factory.mktemp("same-answer-logs")) as svc:
+def grpc_port() -> int:
+    return procs.free_port()
+
+
+@pytest.fixture(scope="module")
+def gpu(repo: Path, tmp_path_factory: pytest.TempPathFactory, grpc_port: int) -> Iterator[Service]:
+    logs = tmp_path_factory.mktemp("same-answer-logs")
+    with gpu_service(repo, logs, grpc_port=str(grpc_port)) as svc:
         yield svc
 
 
@@ -158,7 +223,39 @@ def test_every_server_gives_the_same_answer(
     # THEN every one answers with the expected status, and the same code and message
     assert {name: a.status for name, a in answers.items()} == dict.fromkeys(answers, case.status)
     assert len({(a.code, a.error) for a in answers.values()}) == 1, answers
-    if case.status == 400:
+    if case.code is not None:
+        assert next(iter(answers.values())).code == case.code
+    elif case.status == 400:
         assert next(iter(answers.values())).code in ("invalid_input", "invalid_model_name")
     if case.status == 404:
         assert next(iter(answers.values())).code == "model_not_found"
+
+
+GRPC_VALUES = [("nan", math.nan, "raw"), ("inf", math.inf, "typed"), ("1e39", 1e39, "typed"), ("-inf", -math.inf, "raw")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("label", "value", "how"), GRPC_VALUES, ids=[v[0] for v in GRPC_VALUES])
+def test_the_grpc_door_refuses_non_finite_numbers_as_http_does(
+    label: str, value: float, how: str, gpu: Service, grpc_port: int
+) -> None:
+    # GIVEN the GPU service's gRPC door, and its HTTP door's answer to a binary body
+    # whose first pixel is the same value
+    body, length = _binary(value)
+    http = _call(gpu.base, Case(label, body, 400, header_length=length))
+    request = service_pb2.ModelInferRequest(model_name="digits")
+    tensor = request.inputs.add(name="image", datatype="FP32", shape=[1, 8, 8])
+    pixels = [value] + [0.5] * 63
+    if how == "raw":
+        request.raw_input_contents.append(np.array(pixels, dtype="<f4").tobytes())
+    else:  # typed contents: a float field, so 1e39 is infinite before it leaves the client
+        tensor.contents.fp32_contents.extend(pixels)
+    # WHEN the gRPC door gets it
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ModelInfer(request, timeout=30)
+    # THEN it is INVALID_ARGUMENT with the same code and message as HTTP's 400
+    error = refused.value
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(error.trailing_metadata() or ())["spillway-code"] == "non_finite_input"
+    assert http == Answer(400, "non_finite_input", error.details().partition(": ")[2])
