@@ -3,7 +3,7 @@
 An encoded image is untrusted input whose cost is not its size: a few hundred bytes of
 PNG may declare 20000×20000 pixels. So the encoded length is checked before the bytes
 are opened, the pixel count the header declares before anything is decoded, and only
-JPEG and PNG are ever parsed.
+JPEG and PNG are ever parsed. An image is turned upright by its EXIF orientation.
 
 A variable-width spec (``height``, ``max_width``, ``width_buckets``) resizes each image
 to the height with its aspect ratio kept and pads the request's rows on the right to one
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from spillway.models.config import ImageSpec
 from spillway.protocol.errors import ImageTooLargeError, InvalidImageError, PayloadTooLargeError
@@ -55,7 +55,11 @@ def open_image(data: bytes, spec: ImageSpec, what: str) -> Image.Image:
         )
     try:
         image.load()
-        return image.convert("L" if spec.color == "GRAY" else "RGB")
+        # A camera stores a turned photo as shot and says how to turn it in its EXIF
+        # Orientation tag (JPEG, and PNG's eXIf chunk): shown as the user sees it, not as
+        # stored, so a portrait page is read upright.
+        upright = ImageOps.exif_transpose(image) or image
+        return upright.convert("L" if spec.color == "GRAY" else "RGB")
     except _CORRUPT:
         raise InvalidImageError(f"{what} is a corrupt or truncated image") from None
 

@@ -11,12 +11,14 @@ small.
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 from rapidocr_onnxruntime import RapidOCR
 
 from spillway.models.config import CHECKSUM_FILE
@@ -170,6 +172,23 @@ def test_classifier_keeps_an_upright_crop_unchanged(models: Models) -> None:
     assert out["crops"][0, 0] == upright
     read = models.rec.infer({"crops": out["crops"]})
     assert [t.decode() for t in read["text"][:, 0]] == ["Spillway reads lines"] * 2
+
+
+def test_a_photo_stored_turned_is_read_by_its_exif_orientation(models: Models) -> None:
+    # GIVEN a two-line page as a camera held sideways stores it: a JPEG of the page
+    # turned a quarter clockwise, whose EXIF Orientation (8) says to turn it back
+    lines, size, _ = PAGES["two lines, 24 px"]
+    page = Image.open(io.BytesIO(render_lines(lines, size=size, min_side=720)))
+    exif = Image.Exif()
+    exif[0x0112] = 8  # Orientation: rotate 90 degrees clockwise to show
+    stored = io.BytesIO()
+    page.transpose(Image.Transpose.ROTATE_270).save(stored, "JPEG", quality=95, exif=exif)
+    # WHEN the models read the stored bytes
+    ours, _ = spillway_ocr(models, stored.getvalue())
+    # THEN both lines are read, in order, as on the upright page
+    upright, _ = spillway_ocr(models, render_lines(lines, size=size, min_side=720))
+    assert [line.text for line in ours] == [line.text for line in upright]
+    assert len(ours) == len(lines)
 
 
 def test_blank_page_has_no_lines(models: Models) -> None:

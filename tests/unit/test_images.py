@@ -186,6 +186,25 @@ def test_an_image_over_max_bytes_is_413_before_it_is_opened() -> None:
     assert tensors([png], max_bytes=len(png)).shape == (1, 3, 2, 3)
 
 
+def turned(pixels: npt.NDArray[np.uint8], orientation: int) -> bytes:
+    """``pixels`` stored as a camera stores a turned shot: the PNG holds them turned (by
+    numpy, not Pillow) and its EXIF Orientation says how to show them upright."""
+    stored = {3: np.rot90(pixels, 2), 6: np.rot90(pixels, 1), 8: np.rot90(pixels, -1)}
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # Orientation
+    return encode(np.ascontiguousarray(stored[orientation]), exif=exif.tobytes())
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_an_image_is_read_upright_by_its_exif_orientation(orientation: int) -> None:
+    # GIVEN the 2x3 image stored turned, with the EXIF orientation that undoes the turn
+    data = turned(PIXELS, orientation)
+    assert Image.open(io.BytesIO(data)).size == ((3, 2) if orientation == 3 else (2, 3))
+    # WHEN it is prepared THEN the tensor is the upright image's, pixel for pixel
+    np.testing.assert_array_equal(tensors([data]), tensors([encode(PIXELS)]))
+    np.testing.assert_allclose(tensors([data])[0, 0] * 255, PIXELS[:, :, 0], atol=1e-3)
+
+
 def test_every_refusal_is_a_spillway_error_of_the_row_it_names() -> None:
     with pytest.raises(SpillwayError, match="image 1 of input 'image'"):
         tensors([encode(PIXELS), b"junk"])
