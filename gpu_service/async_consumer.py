@@ -30,6 +30,7 @@ import pydantic_core
 
 from gpu_service.dataplane import DataPlane
 from spillway.async_inference.queue import Message, fair_order
+from spillway.async_inference.records import owner_scope
 from spillway.async_inference.replies import failure_reply
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore, Job
@@ -185,8 +186,9 @@ class AsyncConsumer:
             levels = batching.priority_levels if batching is not None else 1
             if levels > 1:
                 body, length = as_background(body, length, levels)
+            # The scope the router stored with the record: trusted as stored.
             result = await self.plane.infer(
-                record.model, record.version, body, length, tenant_scope=record.scope
+                record.model, record.version, body, length, stored_scope=owner_scope(record)
             )
         except Exception as error:  # noqa: BLE001 - every outcome is recorded
             return failure_reply(error)

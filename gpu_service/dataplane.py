@@ -22,6 +22,7 @@ from spillway import inference
 from spillway.protocol.errors import ControlDisabledError, UnauthorizedError, UnavailableError
 from spillway.protocol.v2 import server_metadata
 from spillway.protocol.wire import read_tenant_scope
+from spillway.tenancy.proof import ScopeProofs
 
 log = logging.getLogger("spillway.server")
 T = TypeVar("T")
@@ -76,9 +77,13 @@ class DataPlane:
     finds the name in the registry once and asks what serves it (a model or an ensemble,
     ``gpu_service.served.Served``)."""
 
-    def __init__(self, registry: ModelRegistry, settings: GpuSettings) -> None:
+    def __init__(
+        self, registry: ModelRegistry, settings: GpuSettings, scopes: ScopeProofs | None = None
+    ) -> None:
         self.registry = registry
         self.settings = settings
+        # Verifies the router's tenant scopes on the event loop: keys read in the background.
+        self.scopes = scopes or ScopeProofs.from_env(wait=False)
         self.draining = False
         self.bodies = BodyBudget(settings.max_body_bytes_in_flight, settings.retry_after_s)
         self._parse_pool = ThreadPoolExecutor(settings.parse_threads, thread_name_prefix="parse")
@@ -184,6 +189,7 @@ class DataPlane:
         header_length: int | None,
         *,
         tenant_scope: str | None = None,
+        stored_scope: str | None = None,
     ) -> InferResult:
         """Run one request through the core request path on what serves ``name``: a
         model's version, executing on its batcher, or an ensemble, whose steps do.
@@ -191,11 +197,13 @@ class DataPlane:
         Big bodies are decoded, prepared and encoded on the parse threads; text requests
         are tokenised there together with the others that arrived meanwhile. The name is
         looked up once the body is decoded (the transport checked it before reading it).
-        ``tenant_scope`` is the caller's tenant scope as the router sent it
-        (``x-spillway-tenant-scope``; anonymous without one): an ensemble's step cache
-        entries are that tenant's."""
+        ``tenant_scope`` is the ``x-spillway-tenant-scope`` value a door received: an
+        ensemble's step cache entries are the tenant's whose scope it proves (signed by
+        the router), and a request it proves nothing for uses no tenant's entries.
+        ``stored_scope`` is the scope of an async record the router stored (trusted as
+        stored; never a client's header)."""
         self._check_draining()
-        scope = read_tenant_scope(tenant_scope)
+        scope = self._scope(tenant_scope, stored_scope)
         arrived = time.perf_counter()
         big = len(body) > self.settings.inline_parse_bytes
         if big:
@@ -218,12 +226,19 @@ class DataPlane:
         """``infer`` for a request another transport has decoded (gRPC's messages):
         ``arrived`` is its ``time.perf_counter()`` arrival and ``size`` its message's
         bytes, which decide as a body's length does whether the rest of its path runs on
-        the parse threads."""
+        the parse threads. ``tenant_scope`` is proven as ``infer`` proves it."""
         self._check_draining()
-        scope = read_tenant_scope(tenant_scope)
+        scope = self.scopes.verify(tenant_scope)
         big = size > self.settings.inline_parse_bytes
         call = InferCall(decoded, arrived, self._offload, big, scope)
         return await self.registry.find(name).infer(version, call)
+
+    def _scope(self, claimed: str | None, stored: str | None) -> str | None:
+        """The tenant scope a request's step cache entries are kept under (``None``:
+        none proven, no tenant's entries)."""
+        if stored is not None:
+            return read_tenant_scope(stored)
+        return self.scopes.verify(claimed)
 
     async def _decode(self, body: bytes, header_length: int | None) -> inference.Decoded:
         """A big body: binary on a thread (numpy reads the tensor bytes without the

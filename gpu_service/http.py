@@ -114,7 +114,9 @@ class GpuServiceApp:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def startup(self) -> None:
-        """Load the start-up models and start taking async work."""
+        """Read the scope proof keys, load the start-up models, start taking async work."""
+        # Keys first, off the loop: later reads run in the background as they fall due.
+        await asyncio.get_running_loop().run_in_executor(None, self.plane.scopes.prime)
         await self.plane.registry.start()
         if self.plane.settings.grpc_port is not None:
             from gpu_service.grpc_server import GrpcServer  # grpc only when it is served
@@ -327,7 +329,8 @@ class GpuServiceApp:
         if model is None:  # /v2/models/stats
             return 200, _json(plane.model_stats(None, None)), [_JSON]
         if op == "infer":
-            # The caller's tenant scope as the router in front names it (none: anonymous).
+            # The caller's tenant scope as the router in front signed it; the data plane
+            # proves it (unproven: no tenant's step cache entries).
             scope = header_value(exchange.headers, b"x-spillway-tenant-scope")
             return await self._infer(model, version, body, exchange.header_length, scope)
         if op == "ready":

@@ -14,3 +14,4 @@ JOBS_STAGING = f"s3://{DATA_BUCKET}/staging"  # the router's batch-mode staging
 JOBS_FUNCTION = "spillway-local-jobs"  # the name `spillway serve jobs` answers invokes for
 STATE_TABLE = "spillway-local-router-state"  # serverless.yml's stateTable at stage local
 POLICY_PARAMETER = "/spillway-local/router/policy"  # SSM name at serverless.yml's stage local
+SCOPE_PROOF_KEY_NAME = "spillway-local-scope-proof-key"  # Secrets Manager: the scope proof key

@@ -23,6 +23,7 @@ from spillway_cli.local_names import (
     DATA_BUCKET,
     POLICY_PARAMETER,
     REPOSITORY,
+    SCOPE_PROOF_KEY_NAME,
     STATE_TABLE,
     TENANTS_ROOT,
 )
@@ -112,6 +113,7 @@ def local_values(stack: StackEndpoints) -> dict[str, str]:
         "ROUTER_JOBS_STAGING": f"s3://{DATA_BUCKET}/staging/router",
         "ROUTER_POLICY_PARAMETER": POLICY_PARAMETER,
         "ROUTER_STATE_TABLE": STATE_TABLE,
+        "SCOPE_PROOF_SECRET_ID": SCOPE_PROOF_KEY_NAME,
         # The WebSocket function pushes answers to the local gateway's @connections API.
         "WS_MANAGEMENT_ENDPOINT": stack.url("websocket"),
         "CPU_REPOSITORY": REPOSITORY,

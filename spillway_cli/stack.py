@@ -37,6 +37,7 @@ from spillway_cli.local_names import MODELS_BUCKET as MODELS_BUCKET
 from spillway_cli.local_names import POLICY_PARAMETER as POLICY_PARAMETER
 from spillway_cli.local_names import REGION as REGION
 from spillway_cli.local_names import REPOSITORY as REPOSITORY
+from spillway_cli.local_names import SCOPE_PROOF_KEY_NAME as SCOPE_PROOF_KEY_NAME
 from spillway_cli.local_names import STATE_TABLE as STATE_TABLE
 from spillway_cli.local_names import TENANTS_ROOT as TENANTS_ROOT
 
@@ -169,6 +170,9 @@ class LocalStack:
             "AWS_SECRET_ACCESS_KEY": "local",
             "AWS_DEFAULT_REGION": REGION,
             "AWS_REGION": REGION,
+            # The tenant scope proof key (spillway.tenancy.proof): the router signs with
+            # it, the GPU service and the CPU fallback verify.
+            "SCOPE_PROOF_SECRET_ID": SCOPE_PROOF_KEY_NAME,
             **self.async_vars,
         }
 
@@ -186,7 +190,8 @@ class LocalStack:
             self._state_table()
             self._async_resources()
             self._policy_parameter()
-            self._say("aws", started, "buckets, tables, queues, Batch, policy on moto")
+            self._scope_key()
+            self._say("aws", started, "buckets, tables, queues, Batch, policy, key on moto")
             self.start_gpu()
             self._start(
                 "cpu",
@@ -528,6 +533,13 @@ class LocalStack:
         aws_client("ssm", REGION).put_parameter(
             Name=POLICY_PARAMETER, Value=self.policy.read_text(), Type="String", Overwrite=True
         )
+
+    def _scope_key(self) -> None:
+        """The tenant scope proof key, a generated Secrets Manager secret on moto (as
+        infra/storage.yaml's ``ScopeProofKeySecret``)."""
+        from spillway_cli.local_scope_key import create_scope_key
+
+        create_scope_key(aws_client("secretsmanager", REGION), SCOPE_PROOF_KEY_NAME)
 
     def _router_offline(self) -> None:
         """The router as serverless.yml describes it, under serverless-offline (stage

@@ -6,16 +6,18 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from spillway.models.engine import EngineOptions, OnnxModel
-from spillway.models.repository import LocalRepository
+from spillway.models.repository import LocalRepository, aws_client
 from spillway_cli import procs
 from spillway_cli.modelbuild.common import write_checksums
 
@@ -124,6 +126,39 @@ def gpu_service(
         yield Service(child, port)
     finally:
         child.stop()
+
+
+@contextmanager
+def scope_proof_secret(moto_endpoint: str) -> Iterator[tuple[Any, str]]:
+    """A scope proof key made on the moto server as ``spillway up`` makes it (a generated
+    Secrets Manager secret), named by ``SCOPE_PROOF_SECRET_ID`` and boto3's variables for
+    everything started within (a GPU service's process too): the Secrets Manager client
+    and the secret's name."""
+    import pytest
+
+    from spillway_cli.local_scope_key import create_scope_key
+
+    name = f"spillway-test-scope-proof-{uuid.uuid4().hex[:8]}"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+        for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            env.setenv(variable, "testing")
+        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        env.setenv("SCOPE_PROOF_SECRET_ID", name)
+        client = aws_client("secretsmanager")
+        create_scope_key(client, name)
+        yield client, name
+
+
+@contextmanager
+def scope_proof_key(moto_endpoint: str) -> Iterator[Callable[[str], str]]:
+    """``scope_proof_secret``, yielding the router's signer, so a test can send a backend
+    a scope the router vouches for."""
+    from spillway.tenancy.proof import KeyRing, ScopeProofs, StaticKeys
+
+    with scope_proof_secret(moto_endpoint) as (client, name):
+        key = client.get_secret_value(SecretId=name)["SecretString"].encode()
+        yield ScopeProofs(StaticKeys(KeyRing(key))).sign
 
 
 def load_engine(models: Path, name: str, options: EngineOptions | None = None) -> OnnxModel:

@@ -102,8 +102,9 @@ class CpuApp:
 
 
 def _tenant_scope(environ: dict[str, Any]) -> str | None:
-    """The tenant scope a router in front sent; an API Gateway event's header is nobody's
-    word (any client could set it there): such a request is anonymous."""
+    """The tenant scope a router in front sent (proven or not by the service); an API
+    Gateway event's header is not even taken (any client could set it there): such a
+    request uses no tenant's step cache entries."""
     if environ.get("serverless.event") is not None:
         return None
     value = environ.get("HTTP_X_SPILLWAY_TENANT_SCOPE")

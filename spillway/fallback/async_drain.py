@@ -29,6 +29,7 @@ import threading
 from typing import Any
 
 from spillway.async_inference.queue import Message, fair_order, message_of
+from spillway.async_inference.records import owner_scope
 from spillway.async_inference.replies import failure_reply
 from spillway.async_inference.store import AsyncStore
 from spillway.fallback.service import CpuService
@@ -49,9 +50,11 @@ def run_message(service: CpuService, store: AsyncStore, message: Message) -> boo
     reply: Reply
     try:
         body, length = store.read_input(job)
-        record = job.record  # its tenant's step cache entries, as on the synchronous path
+        # Its tenant's step cache entries, as on the synchronous path: the scope the
+        # router stored with the record, trusted as stored.
+        record = job.record
         result = service.infer(
-            record.model, record.version, body, length, tenant_scope=record.scope
+            record.model, record.version, body, length, stored_scope=owner_scope(record)
         )
         reply = infer_reply(result.body, result.header_length, result.version)
     except Exception as error:  # noqa: BLE001 - every outcome is recorded

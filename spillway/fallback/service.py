@@ -39,6 +39,7 @@ from spillway.protocol.errors import ModelNotFoundError
 from spillway.protocol.names import validate_model_name, validate_version
 from spillway.protocol.v2 import server_metadata
 from spillway.protocol.wire import body_over_limit, read_tenant_scope
+from spillway.tenancy.proof import ScopeProofs
 
 log = logging.getLogger("spillway.cpu_infer")
 
@@ -49,13 +50,14 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 class CpuCall:
     """One infer request as the fallback received it: ``arrived`` is its
     ``time.monotonic()`` arrival and ``scope`` its tenant's (an ensemble's step cache
-    entries are that tenant's). The body is decoded only once the version is resolved."""
+    entries are that tenant's; ``None``: no tenant's, none was proven). The body is
+    decoded only once the version is resolved."""
 
     body: bytes
     header_length: int | None
     max_body_bytes: int
     arrived: float
-    scope: str
+    scope: str | None
 
     def decode(self) -> inference.Decoded:
         return inference.decode(self.body, self.header_length, max_body_bytes=self.max_body_bytes)
@@ -85,6 +87,7 @@ class CpuService:
         models: OnDemandVersions | Mapping[str, Mapping[int, OnnxModel]],
         settings: CpuSettings,
         ensembles: EnsembleSet | None = None,
+        scopes: ScopeProofs | None = None,
     ) -> None:
         if not isinstance(models, OnDemandVersions):
             models = OnDemandVersions(
@@ -97,10 +100,18 @@ class CpuService:
         self.versions = models
         self.settings = settings
         self.ensembles = ensembles or EnsembleSet()
+        self.scopes = scopes or ScopeProofs.from_env()
+        """Verifies the router's tenant scopes (keys from ``SCOPE_PROOF_*``, cached)."""
 
     @classmethod
-    def load(cls, settings: CpuSettings, repository: ModelRepository | None = None) -> CpuService:
-        """Load (and warm) the configured models: the versions each one's policy serves."""
+    def load(
+        cls,
+        settings: CpuSettings,
+        repository: ModelRepository | None = None,
+        scopes: ScopeProofs | None = None,
+    ) -> CpuService:
+        """Load (and warm) the configured models: the versions each one's policy serves;
+        read the scope proof keys (``scopes``, else from ``SCOPE_PROOF_*``)."""
         repo = repository or open_repository(settings.repository)
         cache = open_cache(CacheSettings.from_env())
         ensembles = EnsembleSet.read(repo, settings.models, cache)
@@ -115,7 +126,9 @@ class CpuService:
             memory_budget_bytes=None if budget is None else int(budget * 1e6),
         )
         versions.preload()
-        return cls(versions, settings, ensembles)
+        scopes = scopes or ScopeProofs.from_env()
+        scopes.prime()  # at init, so a provisioned instance's first request needs no read
+        return cls(versions, settings, ensembles, scopes)
 
     @property
     def models(self) -> dict[str, dict[int, OnnxModel]]:
@@ -168,13 +181,22 @@ class CpuService:
         *,
         arrived: float | None = None,
         tenant_scope: str | None = None,
+        stored_scope: str | None = None,
     ) -> inference.Encoded:
         """Run one request through the core request path, computing it on this thread.
-        ``tenant_scope`` is the caller's tenant scope as the router sent it (none:
-        anonymous): an ensemble's step cache entries are that tenant's."""
+        ``tenant_scope`` is the tenant scope value a door received (the router signs it):
+        an ensemble's step cache entries are the tenant's whose scope it proves, and a
+        request it proves nothing for uses no tenant's entries. ``stored_scope`` is the
+        scope of an async record the router stored (trusted as stored; never a
+        client's)."""
         arrived = time.monotonic() if arrived is None else arrived
         limit = self.settings.max_payload_bytes
-        call = CpuCall(body, header_length, limit, arrived, read_tenant_scope(tenant_scope))
+        scope = (
+            read_tenant_scope(stored_scope)
+            if stored_scope is not None
+            else self.scopes.verify(tenant_scope)
+        )
+        call = CpuCall(body, header_length, limit, arrived, scope)
         encoded = self.find(name).infer(version, call)
         if len(encoded.body) > limit:
             raise body_over_limit(len(encoded.body), limit, "response body")

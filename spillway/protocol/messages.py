@@ -24,7 +24,7 @@ from spillway.protocol.names import MODEL_NAME_PATTERN
 from spillway.protocol.wire import (
     HEADER_LENGTH,
     JSON_CONTENT_TYPE,
-    TENANT_SCOPE_PATTERN,
+    SCOPE_CLAIM_PATTERN,
     Reply,
     json_bytes,
     parse_header_length,
@@ -69,9 +69,11 @@ class DirectInvokeEvent(BaseModel):
     body_b64: str | None = None
     """The raw body, base64 (JSON, or Triton's binary extension)."""
     request_id: str | None = Field(default=None, max_length=128)
-    tenant_scope: str | None = Field(default=None, pattern=TENANT_SCOPE_PATTERN)
-    """The caller's tenant scope (``spillway.state.table.scope``), set by the router;
-    absent: anonymous. It keys the caller's pipeline step cache entries."""
+    tenant_scope: str | None = Field(default=None, pattern=SCOPE_CLAIM_PATTERN)
+    """The caller's tenant scope (``spillway.state.table.scope``) with the router's proof
+    (``<scope>.<expiry>.<signature>``, ``spillway.tenancy.proof``), set by the router. It
+    keys the caller's pipeline step cache entries only when the proof verifies; absent or
+    unproven, the request uses no tenant's entries."""
 
     @classmethod
     def for_request(

@@ -36,10 +36,25 @@ to compute, load or serve), so a router may count it against the server's health
 answer without it (a client error, a busy 504, an unexpected exception) never does."""
 TENANT_SCOPE_HEADER = "x-spillway-tenant-scope"
 """What the router sends a backend with every request: the caller's tenant scope
-(``spillway.state.table.scope``: ``-`` when anonymous, else 32 hex digits of a digest).
-Only the router sets it (it never forwards a client's); the GPU service behind it is
-private to the VPC, so nobody else can send it. A request without it is anonymous."""
+(``spillway.state.table.scope``: ``-`` when anonymous, else 32 hex digits of a digest)
+with the router's proof, ``<scope>.<expiry>.<signature>`` (``spillway.tenancy.proof``:
+an HMAC-SHA256 over the scope and an epoch-seconds expiry, keyed with a secret only the
+router and the backends read). A scope is a digest anybody can compute from a tenant's
+name, so the scope alone proves nothing: a backend keys a tenant's step cache entries by
+it only when the signature verifies. A value without a valid proof (none, a bare scope,
+a wrong or rotated-out key, an expired one) is served, but with no tenant's cache at all;
+a value that is not even of this form is refused (400). The GPU service's HTTP and gRPC
+doors and the CPU fallback's HTTP and direct-invoke doors read it alike; the router
+never forwards a client's own."""
 TENANT_SCOPE_PATTERN = r"^(-|[0-9a-f]{32})$"
+"""A tenant scope as stored (async records, cache keys, jobs): no proof, never from a
+client."""
+_SCOPE_CLAIM = re.compile(
+    r"^(?P<scope>-|[0-9a-f]{32})(?:\.(?P<expiry>[0-9]{1,12})\.(?P<signature>[0-9a-f]{64}))?$"
+)
+SCOPE_CLAIM_PATTERN = _SCOPE_CLAIM.pattern
+"""What ``TENANT_SCOPE_HEADER`` (or a direct invoke's ``tenant_scope``) may hold: a
+scope, with or without the router's ``.<expiry>.<signature>``."""
 ANONYMOUS_SCOPE = "-"
 """The scope of a caller no tenant is known for (``state_table.scope(None)``): never the
 scope of a named tenant."""
@@ -193,13 +208,41 @@ def read_json_header(body: bytes, header_length: int | None) -> dict[str, Any]:
 
 
 def read_tenant_scope(value: str | None) -> str:
-    """The tenant scope a router sent (``TENANT_SCOPE_HEADER``); absent: anonymous. A
-    value that is no scope is refused (400) rather than served as some other caller."""
+    """A tenant scope a trusted tier stored (an async record, a job's settings); absent:
+    anonymous. Never a client's header: that is a claim (``read_scope_claim``)."""
     if value is None:
         return ANONYMOUS_SCOPE
     if not re.fullmatch(TENANT_SCOPE_PATTERN, value):
         raise InvalidInputError(f"{TENANT_SCOPE_HEADER} must be - or 32 lower-case hex digits")
     return value
+
+
+@dataclass(frozen=True)
+class ScopeClaim:
+    """A ``TENANT_SCOPE_HEADER`` value taken apart; proven only once its signature is
+    checked (``spillway.tenancy.proof.ScopeProofs.verify``)."""
+
+    scope: str
+    expiry: int | None = None
+    """Epoch seconds after which the proof is void (``None``: no proof)."""
+    signature: str | None = None
+    """HMAC-SHA256, lower-case hex (``None``: no proof)."""
+
+
+def read_scope_claim(value: str | None) -> ScopeClaim | None:
+    """The scope claim of a ``TENANT_SCOPE_HEADER`` value (absent: ``None``). A value that
+    is not a scope, with or without a proof, is refused (400) rather than served as
+    some other caller."""
+    if value is None:
+        return None
+    match = _SCOPE_CLAIM.fullmatch(value)
+    if match is None:
+        raise InvalidInputError(
+            f"{TENANT_SCOPE_HEADER} must be - or 32 lower-case hex digits, "
+            "optionally followed by the router's .<expiry>.<signature>"
+        )
+    expiry = match["expiry"]
+    return ScopeClaim(match["scope"], None if expiry is None else int(expiry), match["signature"])
 
 
 # --- request parameters -----------------------------------------------------------------

@@ -9,7 +9,9 @@ a body over the Lambda payload limit). The router decides what each means.
 Only headers on an allowlist cross the router, in either direction: no hop-by-hop,
 ``Authorization``, cookies or API keys reach a backend. The router adds the caller's
 tenant scope (``x-spillway-tenant-scope``, a digest of the tenant API Gateway vouched
-for): a client's own header of that name is never forwarded.
+for), signed with the scope proof key (``spillway.tenancy.proof``) so the backend can
+tell it from a scope a client computed: a client's own header of that name is never
+forwarded.
 """
 
 from __future__ import annotations
@@ -20,11 +22,23 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from spillway.protocol.wire import FAULT_HEADER, TENANT_SCOPE_HEADER
 from spillway.state.table import scope
+
+if TYPE_CHECKING:
+    from spillway.tenancy.proof import ScopeProofs
+
+TenantScopes = Callable[[str | None], str]
+"""The ``TENANT_SCOPE_HEADER`` value the router sends for a tenant (``None``: anonymous)."""
+
+
+def signed_scopes(proofs: ScopeProofs) -> TenantScopes:
+    """A tenant's scope with the router's proof (a bare scope while no key is held)."""
+    return lambda tenant: proofs.sign(scope(tenant))
+
 
 # What the router itself sets on a backend request (it copies nothing else from a client).
 REQUEST_HEADERS = frozenset(
@@ -166,6 +180,7 @@ class HttpBackend:
         idle_s: float = 30.0,
         connect_timeout_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
+        scopes: TenantScopes = scope,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -174,6 +189,7 @@ class HttpBackend:
         self.base_url = base_url
         self._prefix = parts.path.rstrip("/")
         self._connect_timeout_s = connect_timeout_s
+        self._scopes = scopes
         factory = (
             http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         )
@@ -217,7 +233,7 @@ class HttpBackend:
         headers = {
             **forwardable(request.headers, REQUEST_HEADERS),
             "user-agent": USER_AGENT,
-            TENANT_SCOPE_HEADER: scope(request.tenant),
+            TENANT_SCOPE_HEADER: self._scopes(request.tenant),
         }
         if request.request_id:
             headers["x-request-id"] = request.request_id

@@ -48,6 +48,7 @@ from spillway.router.backends import (
     BackendResponse,
     CannotServe,
     ConnectFailed,
+    TenantScopes,
     TimedOut,
     forwardable,
 )
@@ -71,9 +72,10 @@ def read_timeout_step(budget_s: float, ceiling_s: float) -> float:
     return max(MIN_READ_TIMEOUT_S, round(math.floor(limit / step + 1e-9) * step, 3))
 
 
-def direct_event(request: BackendRequest) -> DirectInvokeEvent:
+def direct_event(request: BackendRequest, scopes: TenantScopes = scope) -> DirectInvokeEvent:
     """The cpu_infer direct-invoke event for a request (the schema cpu_infer reads), with
-    the caller's tenant scope (its pipeline step cache entries are the tenant's)."""
+    the caller's tenant scope as ``scopes`` gives it (signed: its pipeline step cache
+    entries are the tenant's)."""
     return DirectInvokeEvent.for_request(
         request.operation,
         request.model or "",
@@ -81,15 +83,15 @@ def direct_event(request: BackendRequest) -> DirectInvokeEvent:
         request.body,
         parse_header_length(request.headers.get(HEADER_LENGTH)),
         request.request_id,
-        scope(request.tenant),
+        scopes(request.tenant),
     )
 
 
-def cpu_payload(request: BackendRequest) -> bytes:
+def cpu_payload(request: BackendRequest, scopes: TenantScopes = scope) -> bytes:
     """The CPU fallback's invoke payload; ``CannotServe`` for what it does not serve."""
     if request.operation not in _CPU_OPERATIONS or request.model is None:
         raise CannotServe(f"the CPU function does not serve {request.operation}")
-    return direct_event(request).model_dump_json(exclude_none=True).encode()
+    return direct_event(request, scopes).model_dump_json(exclude_none=True).encode()
 
 
 def jobs_payload(request: BackendRequest) -> bytes:

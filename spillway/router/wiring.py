@@ -6,6 +6,7 @@ everything else comes from ``RouterSettings``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -20,7 +21,7 @@ from spillway.canary.records import CanaryStore
 from spillway.canary.selection import Affinity, CanaryRouter, backend_config
 from spillway.router.app import RouterApp
 from spillway.router.async_mode import AsyncFront, inflight_ledger
-from spillway.router.backends import Backend, HttpBackend
+from spillway.router.backends import Backend, HttpBackend, TenantScopes, signed_scopes
 from spillway.router.batch_mode import BatchBackend, BatchSubmitter, JobsApiSubmitter, staging_quota
 from spillway.router.dispatch import Router
 from spillway.router.lambda_backend import LambdaBackend, Payload, cpu_payload, jobs_payload
@@ -30,7 +31,8 @@ from spillway.router.settings import RouterSettings
 from spillway.routing.accounting import EmfSink, Pricing, event_metric, load_pricing
 from spillway.routing.decision import SpillState
 from spillway.routing.policy_store import FileSource, PolicySource, PolicyStore, SsmSource
-from spillway.state.table import DynamoStateStore, StateStore
+from spillway.state.table import DynamoStateStore, StateStore, scope
+from spillway.tenancy.proof import ScopeProofs
 
 log = logging.getLogger("spillway.router")
 
@@ -49,13 +51,18 @@ class Overrides:
     state: StateStore | None = None
     epoch: Callable[[], float] | None = None
     async_store: AsyncStore | None = None
+    proofs: ScopeProofs | None = None
 
 
 def make_backends(
-    settings: RouterSettings, submitter: BatchSubmitter | None, state: StateStore | None = None
+    settings: RouterSettings,
+    submitter: BatchSubmitter | None,
+    state: StateStore | None = None,
+    scopes: TenantScopes = scope,
 ) -> dict[str, Backend]:
     """The backends the settings name (an unset one is left out of every chain); batch
-    staging is counted per tenant in ``state`` when there is one."""
+    staging is counted per tenant in ``state`` when there is one. The GPU service and the
+    CPU fallback get each caller's tenant scope as ``scopes`` gives it (signed)."""
 
     def http(name: str, url: str) -> HttpBackend:
         return HttpBackend(
@@ -64,6 +71,7 @@ def make_backends(
             pool_size=settings.pool_size,
             idle_s=settings.pool_idle_s,
             connect_timeout_s=settings.connect_timeout_ms / 1000,
+            scopes=scopes,
         )
 
     def invoked(name: str, function: str, payload: Payload) -> Backend:
@@ -79,7 +87,9 @@ def make_backends(
     if settings.gpu_url:
         backends["gpu"] = http("gpu", settings.gpu_url)
     if settings.cpu_function:
-        backends["cpu"] = invoked("cpu", settings.cpu_function, cpu_payload)
+        backends["cpu"] = invoked(
+            "cpu", settings.cpu_function, functools.partial(cpu_payload, scopes=scopes)
+        )
     elif settings.cpu_url:
         backends["cpu"] = http("cpu", settings.cpu_url)
     if submitter is None and settings.jobs_staging:
@@ -168,7 +178,14 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
     rng = o.rng or random.Random(settings.spill_seed)  # noqa: S311 - spill draws, not secrets
     sink = o.sink or EmfSink(settings.metrics_log)
     store = o.state if o.state is not None else state_store(settings)
-    backends = o.backends if o.backends is not None else make_backends(settings, o.submitter, store)
+    backends: Mapping[str, Backend]
+    if o.backends is not None:
+        backends = o.backends
+    else:
+        # The scope proof key from SCOPE_PROOF_* (spillway.tenancy.proof): read on the
+        # first request and cached, so a rotation reaches a warm router without a deploy.
+        proofs = o.proofs or ScopeProofs.from_env()
+        backends = make_backends(settings, o.submitter, store, signed_scopes(proofs))
     spills = SpillState(rng)
     epoch = o.epoch or time.time
     canaries = None

@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +43,14 @@ from spillway.protocol.messages import read_staged_request, stage_request
 from spillway.protocol.wire import parse_s3_url
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
+from spillway.tenancy.proof import KeyRing, ScopeProofs, StaticKeys
 from spillway_cli.demo_pipelines import scenario_topics
 from spillway_cli.local_states import LocalStateMachine, substituted
 from spillway_cli.modelbuild.common import write_checksums
 from spillway_cli.modelbuild.topics import build_topics
 from spillway_cli.statemachines import definition_path, substitutions
 from spillway_cli.wsgi_server import running
-from tests.support import Service, gpu_service, link_model
+from tests.support import Service, gpu_service, link_model, scope_proof_key
 
 # Written by hand for this test; none of them is among the label descriptions the head
 # was built from.
@@ -209,7 +210,23 @@ def repo(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gpu(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def sign(moto_endpoint: str) -> Iterator[Callable[[str], str]]:
+    """The router's signer of tenant scopes; the GPU service verifies with its key."""
+    with scope_proof_key(moto_endpoint) as signer:
+        yield signer
+
+
+@pytest.fixture
+def signed(sign: Callable[[str], str]) -> dict[str, str]:
+    """The header the router sends for an anonymous caller (its step cache is used only
+    with the router's proof, valid for minutes: signed per test)."""
+    return {"x-spillway-tenant-scope": sign("-")}
+
+
+@pytest.fixture(scope="module")
+def gpu(
+    repo: Path, tmp_path_factory: pytest.TempPathFactory, sign: Callable[[str], str]
+) -> Iterator[Service]:
     logs = tmp_path_factory.mktemp("pipelines-logs")
     # The broken pipelines keep the service from being ready, as a broken model would.
     with gpu_service(repo, logs, "/v2/models/topics/ready", model_control_mode="explicit") as svc:
@@ -249,11 +266,18 @@ def call(
 
 
 def infer(
-    base: str, model: str, inputs: Tensors, *, binary: bool = False
+    base: str,
+    model: str,
+    inputs: Tensors,
+    *,
+    binary: bool = False,
+    scope: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], Tensors]:
-    """The response header (as JSON) and outputs of one infer request."""
+    """The response header (as JSON) and outputs of one infer request (``scope``: the
+    tenant scope header the router would send)."""
     body, length = encode_request(inputs, binary=binary, binary_outputs=binary)
     headers = {} if length is None else {"inference-header-content-length": str(length)}
+    headers.update(scope or {})
     status, answer_headers, data = call(base, f"/v2/models/{model}/infer", body, headers)
     assert status == 200, data[:300]
     out_length = answer_headers.get("inference-header-content-length")
@@ -462,14 +486,14 @@ def test_metadata_stats_and_metrics_per_pipeline_and_step(
 
 
 def test_the_cache_hits_and_a_new_version_never_serves_a_stale_entry(
-    gpu: Service, repo: Path
+    gpu: Service, repo: Path, signed: dict[str, str]
 ) -> None:
-    # GIVEN a text the service has not seen
+    # GIVEN a text the service has not seen, sent with the scope the router signs
     text = texts("A cached sentence about a quiet lake at dawn.")
-    first, reference = infer(gpu.base, "topics", text)
+    first, reference = infer(gpu.base, "topics", text, scope=signed)
     before = model_stats(gpu.base, "topics")["spillway"]["steps"][0]
     # WHEN it comes again
-    again, outputs = infer(gpu.base, "topics", text)
+    again, outputs = infer(gpu.base, "topics", text, scope=signed)
     # THEN the embedding step came from the cache, with the same answer
     assert "parameters" not in first or "cached_steps" not in first["parameters"]
     assert again["parameters"]["cached_steps"] == "0:minilm"
@@ -482,9 +506,10 @@ def test_the_cache_hits_and_a_new_version_never_serves_a_stale_entry(
     assert LocalRepository(repo).publish_version("minilm", files) == 2
     assert call(gpu.base, "/v2/repository/models/minilm/load", b"")[0] == 200
     # THEN the same text is computed again by version 2, then cached for it
-    fresh, _ = infer(gpu.base, "topics", text)
+    fresh, _ = infer(gpu.base, "topics", text, scope=signed)
     assert "cached_steps" not in fresh.get("parameters", {})
-    assert infer(gpu.base, "topics", text)[0]["parameters"]["cached_steps"] == "0:minilm"
+    again, _ = infer(gpu.base, "topics", text, scope=signed)
+    assert again["parameters"]["cached_steps"] == "0:minilm"
     assert model_stats(gpu.base, "minilm")["version"] == "2"
 
 
@@ -503,12 +528,15 @@ def test_the_shared_cache_is_shared_by_replicas(
     aws_client("s3").create_bucket(Bucket=bucket)
     for name, value in {"MB": "0", "TABLE": table, "LOCATION": f"s3://{bucket}/steps"}.items():
         monkeypatch.setenv(f"PIPELINE_CACHE_{name}", value)
-    # WHEN one CPU replica answers a text, then a second replica answers it
+    # WHEN one CPU replica answers a text, then a second replica answers it (each
+    # verifying the scope the router signed with the key they share)
     body, _ = encode_request(texts("Two replicas, one cache."), binary=False)
-    first = CpuService.load(CpuSettings(repository=str(repo), models=["topics"]))
-    answer = json.loads(first.infer("topics", None, body, None).body)
-    second = CpuService.load(CpuSettings(repository=str(repo), models=["topics"]))
-    again = json.loads(second.infer("topics", None, body, None).body)
+    proofs = ScopeProofs(StaticKeys(KeyRing(uuid.uuid4().hex.encode() * 2)))
+    settings = CpuSettings(repository=str(repo), models=["topics"])
+    first = CpuService.load(settings, scopes=proofs)
+    answer = json.loads(first.infer("topics", None, body, None, tenant_scope=proofs.sign("-")).body)
+    second = CpuService.load(settings, scopes=proofs)
+    again = json.loads(second.infer("topics", None, body, None, tenant_scope=proofs.sign("-")).body)
     # THEN the second took the embedding from the first's entry
     assert "parameters" not in answer
     assert again["parameters"] == {"cached_steps": "0:minilm"}
@@ -543,7 +571,7 @@ def test_the_shared_tier_keeps_big_entries_in_s3_and_skips_expired_ones(aws_env:
     assert broken.get_many(["m/1/small"]) == [None]  # a storage failure is a miss
 
 
-def test_the_cache_saves_the_embedding_on_repeats(gpu: Service) -> None:
+def test_the_cache_saves_the_embedding_on_repeats(gpu: Service, signed: dict[str, str]) -> None:
     # Prints the latency effect for the record; asserts that every repeat was a hit.
     sentences = [
         f"Latency sample {i}: the committee met to discuss the stadium budget." for i in range(20)
@@ -551,7 +579,7 @@ def test_the_cache_saves_the_embedding_on_repeats(gpu: Service) -> None:
 
     def timed(text: str) -> tuple[float, str]:
         started = time.perf_counter()
-        header, _ = infer(gpu.base, "topics", texts(text))
+        header, _ = infer(gpu.base, "topics", texts(text), scope=signed)
         return time.perf_counter() - started, header.get("parameters", {}).get("cached_steps", "")
 
     misses = [timed(s) for s in sentences]

@@ -7,7 +7,14 @@ through the router to the GPU service, through the router to the CPU fallback as
 Lambda function, and as a batch job of B. B's answer must not say ``cached_steps`` and
 B's request must not be served from A's entry (the step statistics count no hit), while
 A's own repeat still is. A client's own ``x-spillway-tenant-scope`` header never reaches
-a backend, and a request that reaches the GPU service without one is anonymous.
+a backend.
+
+The router signs the scope it sends (``spillway.tenancy.proof``) with a key in Secrets
+Manager (a generated secret on the moto server, rotated twice here), and each backend
+door (the GPU service's HTTP and gRPC, the CPU fallback's direct invoke and HTTP) uses a
+tenant's entries only for a scope whose proof verifies: a scope computed from a tenant's
+name, a missing, wrong, expired or rotated-out proof gets no cache at all, while a scope
+signed with the key one rotation old still does.
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ from __future__ import annotations
 import base64
 import json
 import time
+import urllib.error
+import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,6 +33,7 @@ from typing import Any
 import numpy as np
 import pytest
 import serverless_wsgi
+import tritonclient.grpc as grpc_client
 
 from batch_job.runner import load_model
 from batch_job.settings import JobsSettings
@@ -39,8 +49,11 @@ from spillway.protocol.codec import encode_request
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from spillway.state.table import scope
+from spillway.tenancy.proof import KeyRing, ScopeProofs, StaticKeys
+from spillway_cli import procs
+from spillway_cli.local_scope_key import rotate_scope_key
 from spillway_cli.wsgi_server import running
-from tests.support import Service, gpu_service, link_model
+from tests.support import Service, gpu_service, link_model, scope_proof_secret
 
 EVENT = Path(__file__).resolve().parents[2] / "events/router/infer-rest-v1.json"
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
@@ -64,13 +77,39 @@ def repo(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gpu(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    with gpu_service(repo, tmp_path_factory.mktemp("tenant-cache-logs")) as svc:
+def scope_keys(moto_endpoint: str) -> Iterator[list[bytes]]:
+    """The scope proof key as the storage stack makes it (a generated Secrets Manager
+    secret, on the moto server), rotated twice: its three keys, oldest first (the last is
+    AWSCURRENT, the middle one AWSPREVIOUS). ``SCOPE_PROOF_SECRET_ID`` and boto3's variables
+    name it for every part this module starts, the GPU service's process included."""
+    with scope_proof_secret(moto_endpoint) as (client, name):
+        keys: list[bytes] = []
+        for rotation in range(3):
+            if rotation:
+                rotate_scope_key(client, name)
+            keys.append(client.get_secret_value(SecretId=name)["SecretString"].encode())
+        yield keys
+
+
+def signer(key: bytes, wall: Callable[[], float] = time.time) -> Callable[[str], str]:
+    """Signs a scope as the router does, with ``key``."""
+    return ScopeProofs(StaticKeys(KeyRing(key)), wall=wall).sign
+
+
+@pytest.fixture(scope="module")
+def gpu(
+    repo: Path, tmp_path_factory: pytest.TempPathFactory, scope_keys: list[bytes]
+) -> Iterator[Service]:
+    """The GPU service with its gRPC door (``grpc`` is its address)."""
+    port = procs.free_port()
+    logs = tmp_path_factory.mktemp("tenant-cache-logs")
+    with gpu_service(repo, logs, grpc_port=str(port)) as svc:
+        svc.grpc = f"127.0.0.1:{port}"  # type: ignore[attr-defined]
         yield svc
 
 
 @pytest.fixture(scope="module")
-def cpu(repo: Path) -> CpuService:
+def cpu(repo: Path, scope_keys: list[bytes]) -> CpuService:
     return CpuService.load(CpuSettings(repository=str(repo)))
 
 
@@ -155,11 +194,9 @@ def test_another_tenant_never_hits_what_one_tenant_sent(
     print(f"{backend}: tenant B's first request for tenant A's text took {elapsed_ms:.1f} ms")
 
 
-def test_a_request_without_a_tenant_scope_is_anonymous(
+def test_a_request_without_a_proven_scope_uses_no_tenants_cache(
     routers: dict[str, Any], gpu: Service
 ) -> None:
-    import urllib.request
-
     text = "A note only tenant A has sent so far, about the quarterly board meeting."
     ask(routers["gpu"], "key-a", text)
 
@@ -171,10 +208,12 @@ def test_a_request_without_a_tenant_scope_is_anonymous(
             parameters: dict[str, Any] = json.loads(answer.read()).get("parameters") or {}
         return parameters
 
-    # WHEN the same text reaches the GPU service directly, with no tenant scope
-    # THEN it is the anonymous caller's first request, then the anonymous caller's hit
+    # WHEN the same text reaches the GPU service directly, twice, with no tenant scope
+    # THEN neither is served from a cache: no one's entries are read or written for it
+    before = hits(gpu.base)
     assert "cached_steps" not in direct({})
-    assert direct({})["cached_steps"] == "0:minilm"
+    assert "cached_steps" not in direct({})
+    assert hits(gpu.base) == before
     # AND a scope that is no scope is refused, not served as some caller
     bad = urllib.request.Request(
         f"{gpu.base}/v2/models/topics/infer",
@@ -185,10 +224,14 @@ def test_a_request_without_a_tenant_scope_is_anonymous(
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(bad, timeout=60)
     assert refused.value.code == 400
+    assert json.loads(refused.value.read())["code"] == "invalid_input"
 
 
-def test_the_direct_invoke_event_carries_the_tenant(cpu: CpuService) -> None:
+def test_the_direct_invoke_event_carries_the_signed_tenant(
+    cpu: CpuService, scope_keys: list[bytes]
+) -> None:
     text = "Direct invokes carry the tenant the router vouched for."
+    sign = signer(scope_keys[-1])
 
     def invoke(owner: str | None) -> dict[str, Any]:
         event: dict[str, Any] = {"model": "topics", "body_b64": base64.b64encode(_body(text))}
@@ -200,10 +243,15 @@ def test_the_direct_invoke_event_carries_the_tenant(cpu: CpuService) -> None:
         parameters: dict[str, Any] = json.loads(answer["body"]).get("parameters") or {}
         return parameters
 
-    assert "cached_steps" not in invoke(A)
-    assert "cached_steps" not in invoke(B)
+    # GIVEN A's and B's scopes as the router signs them
+    # THEN each tenant's first request computes, its repeat is its own hit
+    assert "cached_steps" not in invoke(sign(A))
+    assert "cached_steps" not in invoke(sign(B))
+    assert invoke(sign(A)).get("cached_steps") == "0:minilm"
+    # AND an unsigned event (or A's bare scope) is never served from a cache
     assert "cached_steps" not in invoke(None)
-    assert [invoke(A).get("cached_steps"), invoke(None).get("cached_steps")] == ["0:minilm"] * 2
+    assert "cached_steps" not in invoke(None)
+    assert "cached_steps" not in invoke(A)
     assert handle_direct(cpu, {"model": "topics", "tenant_scope": "x"})["statusCode"] == 400
 
 
@@ -232,3 +280,104 @@ def test_a_batch_job_uses_its_tenants_entries(repo: Path, tmp_path: Path) -> Non
     loaded = load_model(repository, settings, plan)
     assert isinstance(loaded, PipelineJobModel)
     assert loaded.scope == B
+
+
+Send = Callable[[str, "str | None"], "str | None"]
+"""Sends ``text`` to the topics pipeline through one door with a tenant scope value (or
+none); what the answer says was cached (``None``: nothing)."""
+
+
+def _http_send(base: str) -> Send:
+    def send(text: str, value: str | None) -> str | None:
+        headers = {} if value is None else {"x-spillway-tenant-scope": value}
+        request = urllib.request.Request(
+            f"{base}/v2/models/topics/infer", _body(text), headers, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            parameters = json.loads(answer.read()).get("parameters") or {}
+        return parameters.get("cached_steps")
+
+    return send
+
+
+def _grpc_send(address: str) -> Send:
+    client = grpc_client.InferenceServerClient(address)
+
+    def send(text: str, value: str | None) -> str | None:
+        tensor = grpc_client.InferInput("text", [1, 1], "BYTES")
+        tensor.set_data_from_numpy(_texts(text)["text"])
+        metadata = {} if value is None else {"x-spillway-tenant-scope": value}
+        answer = client.infer("topics", [tensor], headers=metadata, client_timeout=60)
+        parameters = answer.get_response(as_json=True).get("parameters") or {}
+        cached = parameters.get("cached_steps")
+        return None if cached is None else str(cached["string_param"])
+
+    return send
+
+
+def _invoke_send(cpu: CpuService) -> Send:
+    def send(text: str, value: str | None) -> str | None:
+        event = {"model": "topics", "body_b64": base64.b64encode(_body(text)).decode()}
+        if value is not None:
+            event["tenant_scope"] = value
+        answer = handle_direct(cpu, event)
+        assert answer["statusCode"] == 200, answer["body"]
+        return (json.loads(answer["body"]).get("parameters") or {}).get("cached_steps")
+
+    return send
+
+
+@pytest.fixture(params=["gpu-http", "gpu-grpc", "cpu-invoke", "cpu-http"])
+def door(
+    request: pytest.FixtureRequest, gpu: Service, cpu: CpuService
+) -> Iterator[tuple[Send, Callable[[], int]]]:
+    """One door of a backend the router signs scopes for: how to send, how to count the
+    embedding step's cache hits behind it."""
+    if request.param.startswith("gpu"):
+        grpc = request.param == "gpu-grpc"
+        send = _grpc_send(gpu.grpc) if grpc else _http_send(gpu.base)  # type: ignore[attr-defined]
+        yield send, lambda: hits(gpu.base)
+    elif request.param == "cpu-invoke":
+        yield _invoke_send(cpu), lambda: hits(cpu)
+    else:
+        with running(CpuApp(cpu)) as url:
+            yield _http_send(url), lambda: hits(cpu)
+
+
+def test_a_forged_scope_gets_no_hit_on_any_door(
+    door: tuple[Send, Callable[[], int]], scope_keys: list[bytes]
+) -> None:
+    send, counted = door
+    old, previous, current = scope_keys
+    acme, globex = scope("acme"), scope("globex")
+    text = f"acme's merger memo, draft {uuid.uuid4().hex[:8]}: the board meets on Friday."
+    # GIVEN acme sent a text under the scope the router signs, and its repeat was a hit
+    assert send(text, signer(current)(acme)) is None
+    assert send(text, signer(current)(acme)) == "0:minilm"
+    before = counted()
+    # WHEN a client that reaches the door claims acme's scope without a valid proof
+    expiry = int(time.time()) + 300
+    globex_proof = signer(current)(globex).removeprefix(globex)
+    forged = {
+        "the digest of acme's name": acme,
+        "no scope at all": None,
+        "globex's proof on acme's scope": acme + globex_proof,
+        "a made-up signature": f"{acme}.{expiry}.{'0' * 64}",
+        "an expired proof": signer(current, wall=lambda: time.time() - 3600)(acme),
+        "a key two rotations old": signer(old)(acme),
+    }
+    answers = {what: send(text, value) for what, value in forged.items()}
+    # THEN none is served from (or told of) acme's entries
+    assert answers == dict.fromkeys(forged)
+    assert counted() == before
+    # AND an unproven request writes nothing either: acme's own first request of a text
+    # only forgers sent before is still computed
+    fresh = f"a text only forgers sent {uuid.uuid4().hex[:8]}"
+    assert [send(fresh, acme), send(fresh, acme)] == [None, None]
+    assert send(fresh, signer(current)(acme)) is None
+    # AND acme's scope signed with the key one rotation old (AWSPREVIOUS) still hits
+    assert send(text, signer(previous)(acme)) == "0:minilm"
+    # AND globex, signed, has entries of its own: computed first, then its own hit
+    assert send(text, signer(current)(globex)) is None
+    assert send(text, signer(current)(globex)) == "0:minilm"
+    assert counted() == before + 2

@@ -283,7 +283,7 @@ class _Service:
         version: str | None,
         body: bytes,
         length: int | None,
-        tenant_scope: str | None = None,
+        stored_scope: str | None = None,
     ) -> Any:
         if self.fail:
             raise InferenceError("the model failed")

@@ -204,6 +204,19 @@ def _pipeline(stack: Stack, d: Deployment, target: str) -> list[Need]:
     ]
 
 
+def _reads_scope_proof_key(owner: str, d: Deployment) -> list[Need]:
+    """The tenant scope proof key read as ``spillway.tenancy.proof.SecretKeys`` reads it:
+    ``GetSecretValue`` on the storage stack's secret (``secret:NAME-XXXXXX``, the ARN a
+    Ref returns), which Secrets Manager decrypts with the caller's ``kms:Decrypt`` on the
+    storage key (https://docs.aws.amazon.com/secretsmanager/latest/userguide/security-encryption.html)."""
+    secret = d.storage.ref("ScopeProofKeySecret")
+    assert secret.startswith(arn("secretsmanager", "secret:"))
+    return [
+        Need(owner, "secretsmanager:GetSecretValue", secret),
+        Need(owner, "kms:Decrypt", d.storage.get_att("Key", "Arn")),
+    ]
+
+
 def _async_calls(app: Application, gpu: Stack, d: Deployment) -> dict[str, list[Need]]:
     """The async code's calls with this application's and the GPU task's environment:
     the router's and CPU function's (their roles in ``app``), the GPU task's."""
@@ -277,6 +290,12 @@ def needs(d: Deployment, recorded: bool = True) -> Iterator[tuple[Stack, Need]]:
         (d.sls, _websocket(d.sls, "WebsocketsApi", "WebsocketLogGroup")),
         (d.sam, _pipeline(d.sam, d, d.sam.get_att("CpuInferFunction", "Arn") + ":live")),
         (d.sls, _pipeline(d.sls, d, d.sls.get_att("CpuInferLambdaFunction", "Arn"))),
+        (gpu, _reads_scope_proof_key("TaskRole", d)),
+        *(
+            (app, _reads_scope_proof_key(role, d))
+            for app in (d.sam, d.sls, *([d.packaged] if d.packaged is not None else []))
+            for role in ("RouterRole", "CpuInferRole")
+        ),
     ]  # fmt: skip
     if d.packaged is not None:
         by_stack.append((d.packaged, _application(d.packaged, d, "CpuInferLambdaFunction", "")))
