@@ -21,6 +21,10 @@ mode is the same rate read the other way round.
 
 Priority: level 1 is the highest. A request that has waited ``aging_s`` is taken before
 any fresher request whatever its level, which bounds how long low priority can starve.
+Fair share (``policy.fair_share``): among the requests that may go next (aged, or of the
+best level waiting), the tenant served least lately goes first (``gpu_service.fair_share``:
+each request carries its tenant's scope), else the oldest request; a tenant's own
+requests keep their order.
 Length buckets: requests queue by length bucket, a batch never mixes buckets, and each
 bucket has its own compute slots, so short texts neither pad to nor wait behind long ones.
 The length is whatever the model's processor buckets by (``Prepared.length``): tokens for
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -39,11 +44,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
 from gpu_service.batching_policy import BatchingPolicy, RateTracker
+from gpu_service.fair_share import FairShare, Scope
 from gpu_service.stats import ModelStats
 from spillway.models.processing import Prepared, Tensors
 from spillway.protocol.errors import (
@@ -90,35 +96,70 @@ class _Pending:
     arrival: float
     bucket: int
     future: asyncio.Future[Computed]
+    scope: Scope = None
+    seq: int = 0
+    """Admission order (FIFO among equal arrival times)."""
     deadline: float | None = None
     timer: asyncio.TimerHandle | None = None
     state: _State = _State.QUEUED
 
 
 @dataclass
-class _Bucket:
-    index: int
-    levels: list[deque[_Pending]]
-    rows: int = 0
-    running: int = 0
+class _Level:
+    """One priority level of a bucket: a FIFO queue per tenant scope."""
+
+    queues: dict[Scope, deque[_Pending]] = field(default_factory=dict)
+
+    def append(self, pending: _Pending) -> None:
+        self.queues.setdefault(pending.scope, deque()).append(pending)
 
     def heads(self) -> list[_Pending]:
-        """The first queued request of each level; ones that left are dropped here."""
+        """Each tenant's first queued request; ones that left are dropped here."""
         heads = []
-        for queue in self.levels:
+        for scope in list(self.queues):
+            queue = self.queues[scope]
             while queue and queue[0].state is not _State.QUEUED:
                 queue.popleft()
             if queue:
                 heads.append(queue[0])
+            else:
+                del self.queues[scope]
         return heads
+
+    def pop(self, head: _Pending) -> None:
+        """Take ``head``, its tenant's first queued request."""
+        queue = self.queues[head.scope]
+        queue.popleft()
+        if not queue:
+            del self.queues[head.scope]
+
+    def drain(self) -> list[_Pending]:
+        """Every request still held, emptied out."""
+        held = [p for queue in self.queues.values() for p in queue]
+        self.queues.clear()
+        return held
+
+
+@dataclass
+class _Bucket:
+    index: int
+    levels: list[_Level]
+    rows: int = 0
+    running: int = 0
+
+    def heads(self) -> list[_Pending]:
+        """The first queued request of each tenant at each level."""
+        return [head for level in self.levels for head in level.heads()]
 
 
 class DynamicBatcher:
     """Queues prepared requests and runs them in batches on an executor.
 
-    ``clock`` is the one time source for arrivals, delays, deadlines and statistics; the
-    loop's timers only wake the batcher, which then decides by ``clock``. On a virtual-time
-    loop, pass the loop's ``time`` and the test controls every wait.
+    ``clock`` is the one time source for arrivals, delays, deadlines, statistics and the
+    tenants' fair share; the loop's timers only wake the batcher, which then decides by
+    ``clock``. On a virtual-time loop, pass the loop's ``time`` and the test controls every
+    wait. ``share`` is the tenants' usage the batcher charges and orders by (its own when
+    none is given; one shared by several batchers shares their compute).
     """
 
     def __init__(
@@ -130,6 +171,7 @@ class DynamicBatcher:
         *,
         stats: ModelStats | None = None,
         clock: Callable[[], float] = time.monotonic,
+        share: FairShare | None = None,
     ) -> None:
         self.name = name
         self.runner = runner
@@ -147,9 +189,11 @@ class DynamicBatcher:
             [*self._owned] if executor is None else [executor] * buckets
         )
         self._clock = clock
+        self.share = share or FairShare(policy.fair_share_half_life_s)
         self._buckets = [
-            _Bucket(b, [deque() for _ in range(policy.priority_levels)]) for b in range(buckets)
+            _Bucket(b, [_Level() for _ in range(policy.priority_levels)]) for b in range(buckets)
         ]
+        self._admitted = itertools.count()
         self._queued = 0
         self._running = 0
         self._running_requests = 0
@@ -214,9 +258,8 @@ class DynamicBatcher:
 
     def _fail_queued(self, error: SpillwayError) -> None:
         for bucket in self._buckets:
-            for queue in bucket.levels:
-                while queue:
-                    pending = queue.popleft()
+            for level in bucket.levels:
+                for pending in level.drain():
                     if pending.state is _State.QUEUED:
                         pending.state = _State.LEFT
                         self._settle(pending, error=error)
@@ -237,25 +280,40 @@ class DynamicBatcher:
             self._wake()
 
     async def submit(
-        self, prepared: Prepared, *, priority: int = 0, timeout_s: float | None = None
+        self,
+        prepared: Prepared,
+        *,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        scope: Scope = None,
     ) -> Tensors:
-        """Queue one prepared request and wait for its rows; raises its error."""
-        computed = await self.submit_timed(prepared, priority=priority, timeout_s=timeout_s)
+        """Queue one prepared request of tenant ``scope`` and wait for its rows; raises
+        its error."""
+        computed = await self.submit_timed(
+            prepared, priority=priority, timeout_s=timeout_s, scope=scope
+        )
         return computed.tensors
 
     async def submit_timed(
-        self, prepared: Prepared, *, priority: int = 0, timeout_s: float | None = None
+        self,
+        prepared: Prepared,
+        *,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        scope: Scope = None,
     ) -> Computed:
         """``submit``, with the request's queue and compute times for its statistics
         (the batcher counts executions; each request is counted by whoever answers it)."""
-        pending = self._admit(prepared, priority, timeout_s)
+        pending = self._admit(prepared, priority, timeout_s, scope)
         try:
             return await pending.future
         finally:
             if pending.state is _State.QUEUED:  # the caller went away: never compute it
                 self._leave(pending)
 
-    def _admit(self, prepared: Prepared, priority: int, timeout_s: float | None) -> _Pending:
+    def _admit(
+        self, prepared: Prepared, priority: int, timeout_s: float | None, scope: Scope
+    ) -> _Pending:
         policy = self.policy
         if not self.healthy:
             raise UnavailableError(f"model {self.name} is not serving")
@@ -272,7 +330,9 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         now = self._clock()
         bucket = policy.bucket_of(prepared.length)
-        pending = _Pending(prepared, level, now, bucket, loop.create_future())
+        pending = _Pending(
+            prepared, level, now, bucket, loop.create_future(), scope, next(self._admitted)
+        )
         if timeout_s is not None:
             pending.deadline = now + timeout_s
             pending.timer = loop.call_later(timeout_s, self._expire, pending)
@@ -396,25 +456,37 @@ class DynamicBatcher:
         return left - 1.0 / rate if rate > 0 else 0.0
 
     def _form(self, bucket: _Bucket) -> list[_Pending]:
-        """One batch from a bucket: aged requests first, then by priority, FIFO."""
+        """One batch from a bucket: aged requests first, then by priority; within those,
+        the tenant served least lately first (fair share), else the oldest."""
         limit, now = self.policy.max_batch_size, self._clock()
         batch: list[_Pending] = []
         rows = 0
-        while aged := [h for h in bucket.heads() if now - h.arrival >= self.policy.aging_s]:
-            head = min(aged, key=lambda h: h.arrival)
+        taken: dict[Scope, float] = {}
+        while heads := bucket.heads():
+            head = self._next(heads, now, taken)
             if rows + head.prepared.rows > limit:
-                return self._claim(batch)
-            rows += self._take(bucket, head, batch)
+                break
+            if added := self._take(bucket, head, batch):
+                rows += added
+                taken[head.scope] = taken.get(head.scope, 0.0) + added
             if batch and not self.policy.merge:
-                return self._claim(batch)
-        for level in range(len(bucket.levels)):
-            while heads := [h for h in bucket.heads() if h.level == level]:
-                if rows + heads[0].prepared.rows > limit:
-                    return self._claim(batch)
-                rows += self._take(bucket, heads[0], batch)
-                if batch and not self.policy.merge:
-                    return self._claim(batch)
+                break
+        for scope, amount in taken.items():
+            self.share.charge(scope, amount, now)
         return self._claim(batch)
+
+    def _next(self, heads: list[_Pending], now: float, taken: dict[Scope, float]) -> _Pending:
+        """The request to take next: of the best rank (aged, else its level), the one
+        whose tenant the fair share puts first, else (or on a tie) the oldest."""
+
+        def rank(head: _Pending) -> int:
+            return 0 if now - head.arrival >= self.policy.aging_s else 1 + head.level
+
+        best = min(rank(h) for h in heads)
+        ready = [h for h in heads if rank(h) == best]
+        if not self.policy.fair_share:
+            return min(ready, key=lambda h: h.seq)
+        return min(ready, key=lambda h: (self.share.rank(h.scope, now, taken), h.seq))
 
     def _take(self, bucket: _Bucket, head: _Pending, batch: list[_Pending]) -> int:
         if head.deadline is not None and self._clock() >= head.deadline:
@@ -422,7 +494,7 @@ class DynamicBatcher:
             # dispatch must not compute it either.
             self._time_out(head)
             return 0
-        bucket.levels[head.level].popleft()
+        bucket.levels[head.level].pop(head)
         bucket.rows -= head.prepared.rows
         head.state = _State.RUNNING
         if head.timer is not None:

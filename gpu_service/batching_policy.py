@@ -42,6 +42,12 @@ class BatchingPolicy:
     """Dispatch before the target or the delay when waiting cannot gain a row (see
     ``DynamicBatcher``). Off, a batch waits for its target or its oldest request's delay,
     as Triton's dynamic batcher does."""
+    fair_share: bool = True
+    """Order waiting requests by tenant: the tenant served least lately goes first
+    (``gpu_service.fair_share``), so one tenant's many requests never hold the model
+    while another's wait. Off: first come, first served (Triton's order)."""
+    fair_share_half_life_s: float = 1.0
+    """How quickly a tenant's past usage stops counting against it (it halves this often)."""
 
     @property
     def max_parallel_runs(self) -> int:
@@ -98,6 +104,8 @@ def batching_policy(config: ModelConfig, settings: GpuSettings) -> BatchingPolic
     common: dict[str, Any] = {
         "concurrency": settings.compute_slots(),
         "retry_after_s": settings.retry_after_s,
+        "fair_share": settings.fair_share,
+        "fair_share_half_life_s": settings.fair_share_half_life_s,
     }
     if config.max_batch_size == 0 or dyn is None:
         # No dynamic batching: one request per run, still queued and bounded.

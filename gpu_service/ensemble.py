@@ -40,30 +40,33 @@ from spillway.protocol.errors import (
     ModelNotReadyError,
     SpillwayError,
 )
-from spillway.protocol.wire import InferParameters
 
 
 class _BatcherSteps:
-    """Answers the step runner's effects for one request with the registry's versions."""
+    """Answers the step runner's effects for one request with the registry's versions.
+    The request's ``deadline`` (a ``time.perf_counter()`` instant) bounds every step: a
+    step, or a chunk of rows, still queued when it passes leaves its batcher uncomputed
+    (504), and none starts after it. Its chunks queue under its tenant's ``scope``, so
+    the batchers share the device fairly between tenants."""
 
     def __init__(
         self,
         registry: Versions,
-        parameters: InferParameters,
-        arrived: float,
+        *,
+        priority: int,
+        deadline: float,
         offload: inference.Offload,
+        scope: str | None,
     ) -> None:
         self.registry = registry
-        self.priority = parameters.priority or 0
-        timeout = parameters.timeout_s
-        self.deadline = None if timeout is None else arrived + timeout
+        self.priority = priority
+        self.deadline = deadline
         self.offload = offload
+        self.scope = scope
         self.leases: dict[int, ServedVersion] = {}
 
-    def remaining(self) -> float | None:
+    def remaining(self) -> float:
         """Seconds left of the request's timeout (504 once it has passed)."""
-        if self.deadline is None:
-            return None
         left = self.deadline - time.perf_counter()
         if left <= 0:
             raise DeadlineExceededError("the request's timeout passed before a step ran")
@@ -101,7 +104,9 @@ class _BatcherSteps:
                 prepared = model.prepare(inputs)
             # The request's priority, within the levels this step model has.
             priority = min(self.priority, batcher.policy.priority_levels)
-            outputs = await served.compute(prepared, priority, self.remaining(), timer)
+            outputs = await served.compute(
+                prepared, priority, self.remaining(), timer, scope=self.scope
+            )
         except SpillwayError:
             served.stats.record_failure(time.perf_counter() - timer.arrived)
             raise
@@ -249,7 +254,14 @@ class EnsembleEntry:
         served = await ensembles.checked(self.entry.name)
         number = served.version(version)
         decoded = call.decoded
-        steps = _BatcherSteps(ensembles.registry, decoded.parameters, call.arrived, call.offload)
+        timeout_s = served.pipeline.deadline_after(decoded.parameters.timeout_s)
+        steps = _BatcherSteps(
+            ensembles.registry,
+            priority=decoded.parameters.priority or 0,
+            deadline=call.arrived + timeout_s,
+            offload=call.offload,
+            scope=call.scope,
+        )
         try:
             encoded = await serve_async(
                 served, number, decoded, steps, ensembles.cache, scope=call.scope

@@ -96,13 +96,14 @@ class InferCall:
     """One decoded infer request and how to run it: ``arrived`` is its
     ``time.perf_counter()`` arrival, ``offload`` runs blocking work on the parse threads
     (always for tokenising; for the rest of a request only when it is ``big``), and
-    ``scope`` is its tenant's (an ensemble's step cache entries are that tenant's)."""
+    ``scope`` is its tenant's (an ensemble's step cache entries are that tenant's;
+    ``None``: no tenant's, the router proved none)."""
 
     decoded: inference.Decoded
     arrived: float
     offload: inference.Offload
     big: bool
-    scope: str
+    scope: str | None
 
 
 class Served(Described, Protocol):
@@ -207,7 +208,7 @@ async def _run(
 
     async def submit(admitted: inference.Admitted) -> Tensors:
         priority = admitted.parameters.priority or 0
-        return await served.compute(admitted.prepared, priority, timeout_s, timer)
+        return await served.compute(admitted.prepared, priority, timeout_s, timer, scope=call.scope)
 
     async def prepare(decoded: inference.Decoded) -> inference.Admitted:
         # Announced to the batcher, so early dispatch keeps a batch open for it.

@@ -75,12 +75,21 @@ class ServedVersion:
             self.released.set()
 
     async def compute(
-        self, prepared: Prepared, priority: int, timeout_s: float | None, timer: RequestTimer
+        self,
+        prepared: Prepared,
+        priority: int,
+        timeout_s: float | None,
+        timer: RequestTimer,
+        *,
+        scope: str | None = None,
     ) -> Tensors:
-        """Queue one request's prepared inputs on the batcher and await its outputs; the
-        wait and the run are timed in ``timer`` (the caller records its statistics)."""
+        """Queue one request's prepared inputs on the batcher, as tenant ``scope``'s (the
+        batcher shares compute fairly by it), and await its outputs; the wait and the run
+        are timed in ``timer`` (the caller records its statistics)."""
         timer.enqueued()
-        computed = await self.batcher.submit_timed(prepared, priority=priority, timeout_s=timeout_s)
+        computed = await self.batcher.submit_timed(
+            prepared, priority=priority, timeout_s=timeout_s, scope=scope
+        )
         timer.computed(computed.queue_s, computed.infer_s)
         return computed.tensors
 

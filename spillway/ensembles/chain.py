@@ -61,9 +61,12 @@ class ChainEvent(BaseModel):
     step: int | None = Field(default=None, ge=0, le=63)
     """The step to run, by its place in run order (``pipeline-step`` only)."""
     tenant_scope: str | None = Field(default=None, pattern=TENANT_SCOPE_PATTERN)
-    """The scope of the tenant whose request this is (``spillway.state.table.scope``),
-    when the execution's input names it: its steps use that tenant's cache entries.
-    Without it the request's steps use no tenant's entries (only shared steps' cache)."""
+    """The scope of the tenant whose request this is (``spillway.state.table.scope``), as
+    the execution's input names it: it must be the scope of the request's record. The
+    steps use the tenant cache entries of the record's scope, which the router stored
+    (an event's own word proves nothing: anyone allowed to invoke the function could
+    write it). A request without a record uses no tenant's entries (only shared
+    steps' cache)."""
     error: dict[str, str] | None = None
     """What the state machine caught (``{"Error", "Cause"}``; ``pipeline-failed`` only)."""
 
@@ -109,6 +112,11 @@ class ChainStore:
     def requested_version(self, rid: str, tenant_scope: str | None) -> str | None:
         """The version the request pinned (from its record; None: the default one)."""
         return None if self.records is None else self._record(rid, tenant_scope).version
+
+    def cache_scope(self, rid: str, tenant_scope: str | None) -> str | None:
+        """Whose step cache entries the request's steps use: its record's scope, as the
+        router stored it (no record: no tenant's)."""
+        return None if self.records is None else self._record(rid, tenant_scope).scope
 
     def _record(self, rid: str, tenant_scope: str | None) -> AsyncRecord:
         assert self.records is not None  # noqa: S101 - the callers check
@@ -182,7 +190,7 @@ def run_step(
             [outcome],
             ensembles.cache,
             served.stats,
-            scope=event.tenant_scope,
+            scope=store.cache_scope(event.id, event.tenant_scope),
         ),
         LocalSteps(resolve),
     )

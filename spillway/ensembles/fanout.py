@@ -15,7 +15,10 @@ pipeline's, and the outputs take the same one:
   item i's rows the first ``counts[i]`` of its K slots; each output is ``[B, K, ...]``,
   the unused slots zero (empty bytes for BYTES).
 
-Counts are INT32 or INT64, ``[B]`` or ``[B, 1]``. An item with no rows gets none back;
+Counts are INT32 or INT64, ``[B]`` or ``[B, 1]``. A request whose counts sum past the
+step's ``max_rows`` is refused (413 ``fanout_too_large``) before a row is cut out or
+run: what a fan-out may cost is bounded per request before it runs, on every runtime
+(they all spread rows here). An item with no rows gets none back;
 a request whose items have no rows calls no model. The step model batches rows in
 chunks of at most its ``max_batch_size`` (on a server, each chunk is a request of the
 step model's batcher, so rows of concurrent requests batch together); a step model
@@ -30,9 +33,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from spillway.ensembles.schema import DEFAULT_MAX_ROWS
 from spillway.models.processing import Tensors
 from spillway.protocol.datatypes import numpy_dtype
-from spillway.protocol.errors import InferenceError, InvalidInputError, SpillwayError
+from spillway.protocol.errors import (
+    FanOutTooLargeError,
+    InferenceError,
+    InvalidInputError,
+    SpillwayError,
+)
 
 COUNT_TYPES = frozenset({"INT32", "INT64"})
 
@@ -58,6 +67,10 @@ class FanOut:
     caller: bool
     """The counts and the rows come from the request itself: wrong counts are the
     caller's error (400), else a step model's (500)."""
+    max_rows: int = DEFAULT_MAX_ROWS
+    """The most rows one request may run through the step (``StepMap.max_rows``)."""
+    where: str = "the mapped step"
+    """The step and its pipeline, as a refusal names them."""
 
     def fail(self, reason: str) -> SpillwayError:
         return (InvalidInputError if self.caller else InferenceError)(reason)
@@ -81,6 +94,11 @@ def spread(fan: FanOut, state: Tensors) -> Spread:
     counts = [int(c) for c in raw.reshape(-1)]
     if any(c < 0 for c in counts):
         raise fan.fail(f"counts {fan.counts!r} holds a negative count")
+    if sum(counts) > fan.max_rows:  # before any row is cut out, let alone run
+        raise FanOutTooLargeError(
+            f"{fan.where} would run {sum(counts)} rows for this request; it allows at "
+            f"most {fan.max_rows} per request"
+        )
     rows = {m: _rows(fan, counts, t, np.asarray(state[t])) for m, t in fan.inputs.items()}
     first = np.asarray(state[next(iter(fan.inputs.values()))])
     slots = int(first.shape[1]) if fan.padded else 0

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from spillway.ensembles.fanout import COUNT_TYPES, FanOut
-from spillway.ensembles.schema import EnsembleStep, StepCondition, StepMap
+from spillway.ensembles.schema import DEFAULT_TIMEOUT_S, EnsembleStep, StepCondition, StepMap
 from spillway.models.config import ModelConfig, TensorConfig
 from spillway.models.engine import config_metadata
 from spillway.models.loader import chosen_versions
@@ -129,6 +129,18 @@ class Pipeline:
     def models(self) -> set[str]:
         """The step models."""
         return {s.model for s in self.steps}
+
+    @property
+    def timeout_s(self) -> float:
+        """The longest one request may run through it (``SchedulingOptions.timeout_s``)."""
+        scheduling = self.config.ensemble_scheduling
+        return scheduling.spillway.timeout_s if scheduling else DEFAULT_TIMEOUT_S
+
+    def deadline_after(self, requested_s: float | None) -> float:
+        """Seconds a request that asked for ``requested_s`` (``None``: nothing) may run:
+        its own timeout may only lower the pipeline's."""
+        limit = self.timeout_s
+        return limit if requested_s is None else min(requested_s, limit)
 
 
 def condition_holds(condition: StepCondition, array: np.ndarray, batching: bool) -> bool:
@@ -349,6 +361,8 @@ class _Checker:
             lead=lead,
             outputs=self._row_outputs(index, spec, model),
             caller=all(t not in self.producers for t in inputs),
+            max_rows=mapped.max_rows,
+            where=f"step {index}:{spec.model_name} of pipeline {self.config.name!r}",
         )
 
     def _lead(self, label: str, spec: EnsembleStep, model: ModelConfig) -> bool:

@@ -334,12 +334,20 @@ Resolver = Callable[[str, str | None], OnnxModel]
 
 class LocalSteps:
     """Answers effects on the calling thread with loaded engines (the CPU fallback, the
-    batch job). ``deadline`` (a ``time.monotonic()`` instant) fails a step that would
-    start after it with 504, as the direct execute step does for a model."""
+    batch job). ``deadline`` (a ``clock`` instant, ``time.monotonic()``'s by default)
+    fails a step, or a mapped step's next chunk of rows, that would start after it with
+    504, as the direct execute step does for a model: a request's work stops when its
+    deadline passes, not when its last chunk is done."""
 
-    def __init__(self, resolve: Resolver, deadline: float | None = None) -> None:
+    def __init__(
+        self,
+        resolve: Resolver,
+        deadline: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._resolve = resolve
         self._deadline = deadline
+        self._clock = clock
         self._models: dict[int, OnnxModel] = {}
 
     def __call__(self, effect: Effect) -> Any:
@@ -349,13 +357,21 @@ class LocalSteps:
             self._models[step.index] = model
             return model.version
         if isinstance(effect, Compute):
-            if self._deadline is not None and time.monotonic() > self._deadline:
-                raise DeadlineExceededError("the request's timeout passed before a step ran")
             model = self._models[effect.step.index]
-            if effect.step.fanout is not None:  # chunks of a model's batch: one run each
-                return [out for chunk in effect.inputs for out in run_local(model, [chunk])]
-            return run_local(model, effect.inputs)
+            if effect.step.fanout is None:
+                self._in_time("a step")
+                return run_local(model, effect.inputs)
+            outputs: list[Tensors] = []
+            chunks = len(effect.inputs)
+            for number, chunk in enumerate(effect.inputs, 1):  # a model's batch: one run each
+                self._in_time(f"chunk {number} of {chunks} of step {effect.step.label}")
+                outputs += run_local(model, [chunk])
+            return outputs
         return effect.call()
+
+    def _in_time(self, what: str) -> None:
+        if self._deadline is not None and self._clock() > self._deadline:
+            raise DeadlineExceededError(f"the request's timeout passed before {what} ran")
 
 
 def run_local(model: OnnxModel, inputs: list[Tensors]) -> list[Tensors]:

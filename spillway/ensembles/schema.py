@@ -12,7 +12,8 @@ it across tenants, which the pipeline may declare only for a step whose inputs a
 public: every tensor it reads comes from inputs listed in the scheduling's own
 ``spillway.public_inputs`` (checked when the pipeline loads). ``map`` runs a step over
 the rows of a variable-length tensor (fan-out) and gathers its outputs per item, in
-order (fan-in): ``spillway.ensembles.fanout``.
+order (fan-in): ``spillway.ensembles.fanout``; its ``max_rows`` bounds what one request
+may run through it, and the scheduling's ``timeout_s`` bounds a request's whole run.
 
 Only what one configuration can check on its own is checked here; whether the step
 models exist and fit together is checked when the pipeline loads (``spillway.ensembles.graph``).
@@ -48,6 +49,14 @@ class StepCondition(_Strict):
     rows: Literal["any", "all"] = "any"
 
 
+DEFAULT_MAX_ROWS = 256
+"""A mapped step's ``max_rows`` when its configuration names none."""
+MAX_ROWS_LIMIT = 65536
+"""The largest ``max_rows`` a pipeline may declare."""
+DEFAULT_TIMEOUT_S = 60.0
+"""A pipeline's ``timeout_s`` when its configuration names none."""
+
+
 class StepMap(_Strict):
     """Run the step over rows (fan-out) and gather its outputs per item (fan-in).
 
@@ -61,6 +70,11 @@ class StepMap(_Strict):
     ``counts``); they are exactly what the step's ``input_map`` reads."""
     counts: TensorName = Field(min_length=1, max_length=128)
     """INT32 or INT64, one number per item: how many rows of ``over`` are that item's."""
+    max_rows: int = Field(default=DEFAULT_MAX_ROWS, ge=1, le=MAX_ROWS_LIMIT)
+    """The most rows one request may run through the step (its items' counts summed): a
+    request that would run more is refused, 413 ``fanout_too_large``, before the step
+    runs, on every runtime. Its work is what a request may cost: set it to what a real
+    input needs (``ocr``: a dense two-column page has about 200 lines)."""
 
     @field_validator("over", mode="before")
     @classmethod
@@ -124,6 +138,11 @@ class SchedulingOptions(_Strict):
     public_inputs: tuple[TensorName, ...] = ()
     """Pipeline inputs that hold nothing private to a tenant (e.g. a fixed label set every
     client sends): only steps that read nothing else may share their cache."""
+    timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0, le=3600)
+    """The longest one request may take through the pipeline, from its arrival (a
+    request's own ``timeout`` may only lower it): once it has passed, no further step or
+    chunk of rows starts and the request is answered 504 ``deadline_exceeded``, so a
+    request's total compute is bounded on a server (the batch job, offline, has none)."""
 
 
 class EnsembleScheduling(_Strict):

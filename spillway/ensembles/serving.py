@@ -137,7 +137,7 @@ def serve(
     handle: Callable[[Effect], Any],
     cache: StepCache | None,
     *,
-    scope: str,
+    scope: str | None,
 ) -> Encoded:
     """One request of tenant ``scope`` through the ensemble on this thread (the CPU
     fallback)."""
@@ -155,7 +155,7 @@ async def serve_async(
     handle: Callable[[Effect], Awaitable[Any]],
     cache: StepCache | None,
     *,
-    scope: str,
+    scope: str | None,
 ) -> Encoded:
     """One request of tenant ``scope`` through the ensemble, each effect awaited (the GPU
     service)."""
@@ -309,10 +309,11 @@ class EnsembleSet:
         resolve: Resolver,
         arrived: float,
         *,
-        scope: str,
+        scope: str | None,
     ) -> Encoded:
         """One request of tenant ``scope`` on this thread; ``arrived`` is its
-        ``time.monotonic()`` arrival."""
-        timeout = decoded.parameters.timeout_s
-        steps = LocalSteps(resolve, None if timeout is None else arrived + timeout)
+        ``time.monotonic()`` arrival. Its work stops at its deadline (its timeout, at most
+        the pipeline's ``timeout_s``)."""
+        timeout = served.pipeline.deadline_after(decoded.parameters.timeout_s)
+        steps = LocalSteps(resolve, arrived + timeout)
         return serve(served, served.version(version), decoded, steps, self.cache, scope=scope)

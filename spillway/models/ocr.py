@@ -5,7 +5,10 @@ its text lines: ``boxes`` ``[N, 4, 2]`` in the image's pixels, ``box_scores`` ``
 ``crops`` ``[N, 1]``, each line cut out upright as a PNG, in reading order, and
 ``counts`` ``[1]`` (N: what a pipeline maps the models below over). N varies per image,
 which is why a request holds one image: the N crops of one request are the rows of one
-request to the two models below.
+request to the two models below (a pipeline bounds N per page before they run:
+``spillway.map.max_rows``). A request's length, what the batcher's length buckets go
+by, is the detector input's longer side, so small pages queue and compute apart from big
+ones.
 
 ``ocr_classification`` takes ``crops`` rows and returns ``angle`` (0 or 180),
 ``angle_score`` and ``crops`` again, those read as upside down (180 with a score over
@@ -206,7 +209,11 @@ class DetectionProcessor(_OcrProcessor):
         if det is None:  # scales to nothing: no text; the graph still runs on a blank
             blank = np.zeros((1, 3, 32, 32), dtype=np.float32)
             return OcrPrepared({self._graph: blank}, 1, 0, (None,))
-        return OcrPrepared({self._graph: det.tensor}, 1, 0, (det,))
+        # Its length is the detector input's longer side: with length buckets, a small
+        # page neither queues nor computes behind a big one (a 2000-pixel page's run is
+        # ten times a 736-pixel one's).
+        side = int(max(det.tensor.shape[2:]))
+        return OcrPrepared({self._graph: det.tensor}, 1, side, (det,))
 
     def _finish(self, graph_outputs: Tensors, batch: list[OcrPrepared]) -> Tensors:
         (prepared,) = batch

@@ -72,6 +72,14 @@ def _spillway(kind: str, description: str, buckets: tuple[int, ...] = ()) -> Spi
     )
 
 
+DET_BUCKETS = (1024,)
+"""Detector input sides (its ``Prepared.length``) that pages queue and compute apart by:
+a page up to 1024 pixels a side (a photo, a receipt, a 720-pixel scan: 736 at the
+detector) never waits behind a big page's ten-times-longer run (an A4 scan, or a
+2000 x 2000 page of tiny marks), and the big pages' compute threads run at a lower OS
+priority."""
+
+
 DET = OcrModel(
     name="ocr-det",
     source="ch_PP-OCRv4_det_infer.onnx",
@@ -90,6 +98,7 @@ DET = OcrModel(
             "ocr_detection",
             "PP-OCRv4 text detection (DB): one JPEG/PNG in; text line boxes, scores, "
             "PNG crops in reading order and their count out",
+            DET_BUCKETS,
         ),
     ),
 )

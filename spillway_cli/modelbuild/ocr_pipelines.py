@@ -25,7 +25,13 @@ import onnx
 from onnx import TensorProto, helper
 
 from spillway.ensembles.graph import read_pipeline
-from spillway.ensembles.schema import EnsembleScheduling, EnsembleStep, StepMap, StepOptions
+from spillway.ensembles.schema import (
+    EnsembleScheduling,
+    EnsembleStep,
+    SchedulingOptions,
+    StepMap,
+    StepOptions,
+)
 from spillway.models.config import ModelConfig, SpillwayBlock, TensorConfig
 from spillway.models.engine import EngineOptions, OnnxModel
 from spillway.models.repository import LocalRepository
@@ -50,6 +56,12 @@ LINES = "ocr-lines"
 OCR = "ocr"
 OCR_TOPICS = "ocr-topics"
 CHECK_WORDS = "Spillway reads words"
+MAX_LINES = 256
+"""Text lines (crops) one page may send through orientation and recognition: a dense
+A4 page has 60-100, a two-column one about 200 (docs/ocr.md); a page of thousands of
+tiny marks is refused (413 ``fanout_too_large``) before its crops are read."""
+PAGE_TIMEOUT_S = 60.0
+"""The longest one page may take through a reading pipeline (a request may ask less)."""
 
 
 def _tensor(name: str, data_type: str, *dims: int) -> TensorConfig:
@@ -89,13 +101,18 @@ def lines_graph() -> onnx.ModelProto:
 
 
 def _mapped(
-    model: str, inputs: dict[str, str], outputs: dict[str, str], over: str, counts: str
+    model: str,
+    inputs: dict[str, str],
+    outputs: dict[str, str],
+    over: str,
+    counts: str,
+    max_rows: int = MAX_LINES,
 ) -> EnsembleStep:
     return EnsembleStep(
         model_name=model,
         input_map=inputs,
         output_map=outputs,
-        spillway=StepOptions(map=StepMap(over=(over,), counts=counts)),
+        spillway=StepOptions(map=StepMap(over=(over,), counts=counts, max_rows=max_rows)),
     )
 
 
@@ -136,7 +153,10 @@ def ocr_config() -> ModelConfig:
             _tensor("scores", "TYPE_FP32", -1, 1),
             _tensor("counts", "TYPE_INT32", 1),
         ),
-        ensemble_scheduling=EnsembleScheduling(step=_reading_steps("scores", {"lines": "text"})),
+        ensemble_scheduling=EnsembleScheduling(
+            step=_reading_steps("scores", {"lines": "text"}),
+            spillway=SchedulingOptions(timeout_s=PAGE_TIMEOUT_S),
+        ),
         spillway=SpillwayBlock(
             description="PP-OCR on one JPEG/PNG: text lines with word spaces in reading "
             "order, their boxes and recognition scores"
@@ -159,15 +179,19 @@ def ocr_topics_config() -> ModelConfig:
         ensemble_scheduling=EnsembleScheduling(
             step=(
                 *_reading_steps("line_scores", {"page": "text", "pages": "pages"}),
-                _mapped(minilm.NAME, {"text": "text"}, {"embedding": "embedding"}, "text", "pages"),
+                _mapped(
+                    minilm.NAME, {"text": "text"}, {"embedding": "embedding"}, "text", "pages", 1
+                ),
                 _mapped(
                     topics.HEAD,
                     {"embedding": "embedding"},
                     {"label": "label", "scores": "scores"},
                     "embedding",
                     "pages",
+                    1,
                 ),
-            )
+            ),
+            spillway=SchedulingOptions(timeout_s=PAGE_TIMEOUT_S),
         ),
         spillway=SpillwayBlock(
             description="the text of one JPEG/PNG (PP-OCR, word spaces, lines joined) "

@@ -38,6 +38,7 @@ from spillway_cli.local_states import Execution, LocalStateMachine, substituted
 from spillway_cli.modelbuild.build import build_repository
 from spillway_cli.modelbuild.ocr import render_lines
 from spillway_cli.statemachines import chain_definition, substitutions
+from tests.integration.test_ocr_bounds import bomb
 from tests.support import link_model
 
 OCR = ["ocr-det", "ocr-cls", "ocr-rec", "ocr-lines", "ocr"]
@@ -196,3 +197,20 @@ def test_a_bad_image_fails_the_first_step_as_a_client_fault(chain: Chain, cpu: C
     assert record["Error"] == "ClientFault"
     reason = json.loads(json.loads(record["Cause"])["errorMessage"])
     assert (reason["status"], reason["code"]) == (400, "invalid_image")
+
+
+def test_the_bomb_stops_at_the_first_mapped_step_as_a_client_fault(chain: Chain) -> None:
+    # GIVEN a page of 600 tiny words: detection cuts 600 crops, the pipeline allows 256
+    # WHEN it runs through the state machine
+    rid, execution = chain.run(bomb())
+    # THEN detection ran, the orientation step refused it once (never retried) before a
+    # crop was read, recognition never ran, the failure was settled, and the record holds
+    # the refusal
+    assert execution.status == "FAILED"
+    steps = [("pipeline-step", 0), ("pipeline-step", 1)]
+    assert chain.calls == [*steps, ("pipeline-failed", None)]
+    record = chain.error(rid)
+    assert record["Error"] == "ClientFault"
+    reason = json.loads(json.loads(record["Cause"])["errorMessage"])
+    assert (reason["status"], reason["code"]) == (413, "fanout_too_large")
+    assert "would run 600 rows for this request; it allows at most 256" in reason["error"]

@@ -27,6 +27,7 @@ from spillway.protocol.errors import (
     SpillwayError,
     UnavailableError,
 )
+from spillway.state.table import scope
 from tests.fakes import (
     InlineExecutor,
     SummingRunner,
@@ -83,14 +84,22 @@ def submit(
     *,
     priority: int = 0,
     timeout_s: float | None = None,
+    scope: str | None = None,
 ) -> asyncio.Task[Tensors]:
-    """A request in flight, as a task the test can inspect, cancel or await."""
-    return asyncio.ensure_future(batcher.submit(prepared, priority=priority, timeout_s=timeout_s))
+    """A request in flight (of tenant ``scope``), as a task the test can inspect, cancel
+    or await."""
+    return asyncio.ensure_future(
+        batcher.submit(prepared, priority=priority, timeout_s=timeout_s, scope=scope)
+    )
+
+
+ACME, GLOBEX = scope("acme"), scope("globex")
+"""Two tenants' scopes, as the data plane hands them down."""
 
 
 # -- properties ------------------------------------------------------------------------
 
-Op = tuple[int, int, int, float | None, float | None, int, int]
+Op = tuple[int, int, int, float | None, float | None, int, int, str | None]
 op = st.tuples(
     st.integers(1, 4),  # rows
     st.integers(1, 2),  # priority
@@ -99,6 +108,7 @@ op = st.tuples(
     st.sampled_from([None, None, None, 0.001]),  # cancel after (s)
     st.integers(0, 9),  # poison when 0
     st.integers(0, 40),  # length (tokens)
+    st.sampled_from([ACME, ACME, GLOBEX, None]),  # tenant scope (None: none proven)
 )
 
 
@@ -110,6 +120,7 @@ op = st.tuples(
     concurrency=st.integers(1, 2),
     run_s=st.sampled_from([0.0005, 0.01]),
     early=st.booleans(),
+    fair=st.booleans(),
 )
 def test_every_request_gets_exactly_its_own_answer(
     ops: list[Op],
@@ -118,10 +129,13 @@ def test_every_request_gets_exactly_its_own_answer(
     concurrency: int,
     run_s: float,
     early: bool,
+    fair: bool,
 ) -> None:
-    # GIVEN a batcher whose runs take 0.5 or 10 ms, with or without early dispatch, and
-    # any interleaving of arrivals, deadlines, cancellations and poisoned requests
+    # GIVEN a batcher whose runs take 0.5 or 10 ms, with or without early dispatch and
+    # fair share, and any interleaving of arrivals from three tenants, deadlines,
+    # cancellations and poisoned requests
     policy = BatchingPolicy(
+        fair_share=fair,
         early_dispatch=early,
         max_batch_size=max_batch,
         max_queue_delay_s=0.001,
@@ -137,10 +151,10 @@ def test_every_request_gets_exactly_its_own_answer(
     depth_seen: list[int] = []
 
     async def one(rig: Rig, ident: int, spec: Op) -> None:
-        rows, priority, _, timeout_s, cancel_after, poison, length = spec
+        rows, priority, _, timeout_s, cancel_after, poison, length, tenant = spec
         prepared = fake_request(ident, rows, poison=poison == 0, length=length)
         requests[ident] = prepared
-        task = submit(rig.batcher, prepared, priority=priority, timeout_s=timeout_s)
+        task = submit(rig.batcher, prepared, priority=priority, timeout_s=timeout_s, scope=tenant)
         await idle()  # admitted or refused, and whatever that set off has run
         depth_seen.append(rig.batcher.queue_depth)
         if cancel_after is not None:
@@ -183,6 +197,13 @@ def test_every_request_gets_exactly_its_own_answer(
             assert ident not in batch_of
         else:
             assert outcome == "cancelled"
+    # AND a tenant's own requests of one level and bucket run in the order they came
+    order = {ident: n for n, ident in enumerate(ran)}
+    for first, later in itertools.combinations(sorted(order), 2):
+        a, b = ops[first], ops[later]
+        same = (a[1], a[7], policy.bucket_of(a[6])) == (b[1], b[7], policy.bucket_of(b[6]))
+        if same:
+            assert order[first] < order[later], "a tenant's requests overtook each other"
     for batch in batches:
         assert sum(requests[i].rows for i in batch) <= max_batch
         # a batch never mixes length buckets
@@ -788,3 +809,84 @@ def test_a_request_due_before_its_timer_fires_is_never_computed(early: bool) -> 
     [error] = outcome
     assert isinstance(error, DeadlineExceededError)
     assert runner.batches == []
+
+
+# -- fair share between tenants ---------------------------------------------------------
+
+
+def _flood(fair: bool) -> list[list[int]]:
+    """The batches run when acme queues 100 requests, then globex 2, behind a held batch."""
+    policy = BatchingPolicy(
+        max_batch_size=8, max_queue_delay_s=0.0, max_queue_size=200, fair_share=fair
+    )
+
+    async def scenario(rig: Rig) -> None:
+        # GIVEN a batch computing, acme's 100 requests queued behind it, then globex's 2
+        rig.executor.hold()
+        first = submit(rig.batcher, fake_request(0), scope=ACME)
+        await idle()
+        acme = [submit(rig.batcher, fake_request(i), scope=ACME) for i in range(1, 101)]
+        globex = [submit(rig.batcher, fake_request(i), scope=GLOBEX) for i in (101, 102)]
+        await idle()
+        # WHEN the model frees up
+        rig.executor.resume()
+        await asyncio.gather(first, *acme, *globex)
+
+    return run_with(policy, scenario).runner.batches
+
+
+def test_a_light_tenant_joins_the_next_batch_not_the_back_of_the_queue() -> None:
+    batches = _flood(fair=True)
+    # THEN globex's 2 are in the first batch formed after the held one, between acme's
+    assert batches[1] == [101, 1, 102, 2, 3, 4, 5, 6]
+    # AND acme's own requests keep their order, and every request ran once
+    acme = [i for batch in batches for i in batch if i <= 100]
+    assert acme == list(range(101))
+    assert all(len(batch) <= 8 for batch in batches)
+
+
+def test_without_fair_share_the_light_tenant_waits_behind_the_flood() -> None:
+    # The same flood first come, first served: what the rule changes
+    batches = _flood(fair=False)
+    assert batches[1] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert batches[-1][-2:] == [101, 102]
+
+
+def test_two_busy_tenants_take_turns() -> None:
+    policy = BatchingPolicy(max_batch_size=2, max_queue_delay_s=0.0, max_queue_size=64)
+
+    async def scenario(rig: Rig) -> None:
+        # GIVEN acme's 6 requests queued, then globex's 6, behind a held batch of a third
+        rig.executor.hold()
+        first = submit(rig.batcher, fake_request(0))
+        await idle()
+        tasks = [submit(rig.batcher, fake_request(i), scope=ACME) for i in range(1, 7)]
+        tasks += [submit(rig.batcher, fake_request(i), scope=GLOBEX) for i in range(7, 13)]
+        await idle()
+        rig.executor.resume()
+        await asyncio.gather(first, *tasks)
+
+    batches = run_with(policy, scenario).runner.batches
+    # THEN every batch after the held one holds one request of each, in each one's order
+    assert batches[1:] == [[1, 7], [2, 8], [3, 9], [4, 10], [5, 11], [6, 12]]
+
+
+def test_a_tenant_served_lately_waits_for_one_that_was_not() -> None:
+    policy = BatchingPolicy(max_batch_size=4, max_queue_delay_s=0.0, max_queue_size=64)
+
+    async def scenario(rig: Rig) -> None:
+        # GIVEN acme served 8 rows just now, and a held batch
+        await asyncio.gather(*(submit(rig.batcher, fake_request(i, 4), scope=ACME) for i in (0, 1)))
+        rig.executor.hold()
+        held = submit(rig.batcher, fake_request(2), scope=None)
+        await idle()
+        # WHEN acme's request queues first and globex's after it
+        tasks = [submit(rig.batcher, fake_request(3, 4), scope=ACME)]
+        tasks.append(submit(rig.batcher, fake_request(4, 4), scope=GLOBEX))
+        await idle()
+        rig.executor.resume()
+        await asyncio.gather(held, *tasks)
+
+    batches = run_with(policy, scenario).runner.batches
+    # THEN globex's goes first: acme has had its share lately
+    assert batches[-2:] == [[4], [3]]

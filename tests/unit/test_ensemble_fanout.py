@@ -8,7 +8,7 @@ model doubles each row; every call is recorded, so chunks and order are exact.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -19,15 +19,26 @@ from spillway.ensembles.runner import (
     CacheIO,
     Compute,
     Effect,
+    LocalSteps,
+    Outcome,
     PipelineStats,
     Resolve,
+    advance,
     drive,
     run_steps,
 )
+from spillway.ensembles.schema import DEFAULT_MAX_ROWS
 from spillway.ensembles.stepcache import MemoryCache
 from spillway.models.config import ModelConfig
-from spillway.models.processing import Tensors
-from spillway.protocol.errors import InferenceError, InvalidInputError, ModelLoadError
+from spillway.models.engine import OnnxModel
+from spillway.models.processing import Prepared, Tensors
+from spillway.protocol.errors import (
+    DeadlineExceededError,
+    FanOutTooLargeError,
+    InferenceError,
+    InvalidInputError,
+    ModelLoadError,
+)
 from spillway.state.table import scope
 
 SLOTS = 4
@@ -131,8 +142,12 @@ def pipeline(
     over: Any = "rows",
     counts: str = "counts",
     options: dict[str, Any] | None = None,
+    max_rows: int | None = None,
 ) -> Pipeline:
     """``n`` -> ``source`` -> rows and counts -> ``mapped`` over the rows -> ``out``."""
+    mapping: dict[str, Any] = {"over": over, "counts": counts}
+    if max_rows is not None:
+        mapping["max_rows"] = max_rows
     document: dict[str, Any] = {
         "name": "pipe",
         "platform": "ensemble",
@@ -155,7 +170,7 @@ def pipeline(
                     "model_name": mapped,
                     "input_map": {"a": over if isinstance(over, str) else "rows"},
                     "output_map": {"b": "out"},
-                    "spillway": {"map": {"over": over, "counts": counts}, **(options or {})},
+                    "spillway": {"map": mapping, **(options or {})},
                 },
             ]
         },
@@ -337,3 +352,114 @@ def test_counts_must_be_one_number_per_item() -> None:
 def test_the_schema_wants_the_step_to_read_exactly_what_it_maps() -> None:
     with pytest.raises(ValidationError, match=r"reads exactly the tensors of map\.over"):
         pipeline(over=["rows", "counts"])
+
+
+# --- bounds: what one request may cost ------------------------------------------------------
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["flat", "padded"])
+def test_a_request_over_max_rows_is_refused_before_the_step_runs(padded: bool) -> None:
+    # GIVEN a mapped step that allows 4 rows per request
+    chain = pipeline("split-padded" if padded else "split", padded=padded, max_rows=4)
+    # WHEN a request's items would run 3 + 2 rows through it
+    with pytest.raises(FanOutTooLargeError) as refused:
+        run(chain, n(3, 2, padded=padded))
+    # THEN it is refused, 413 fanout_too_large, naming the step, the rows and the limit
+    assert (refused.value.status, refused.value.code) == (413, "fanout_too_large")
+    assert refused.value.message == (
+        "step 1:double of pipeline 'pipe' would run 5 rows for this request; it allows at "
+        "most 4 per request"
+    )
+    # AND the mapped step's model never ran (only the step that made the rows did)
+    steps = Steps()
+    with pytest.raises(FanOutTooLargeError):
+        drive(run_steps(chain, [n(3, 2, padded=padded)], None, PipelineStats(), scope=None), steps)
+    assert [model for model, _ in steps.computed] == ["split-padded" if padded else "split"]
+
+
+def test_a_request_at_max_rows_runs() -> None:
+    # GIVEN a mapped step that allows 4 rows per request
+    # WHEN a request runs exactly 4 THEN it gets every row back
+    (outcome,), _ = run(pipeline(max_rows=4), n(3, 1))
+    assert outcome.tensors["out"].tolist() == [row for item in doubled_rows([3, 1]) for row in item]
+
+
+def test_each_request_of_a_run_is_bounded_on_its_own() -> None:
+    # GIVEN a step allowing 4 rows a request, and two requests of 3 rows run together (a
+    # batch job's records): 6 rows in all, each request within its bound
+    (first, second), _ = run(pipeline(max_rows=4), n(3), n(1, 2))
+    # THEN both ran
+    assert first.tensors["out"].shape == (3, 2)
+    assert second.tensors["out"].shape == (3, 2)
+
+
+def test_a_mapped_step_without_max_rows_allows_the_default() -> None:
+    chain = pipeline()
+    fan = chain.steps[1].fanout
+    assert fan is not None
+    assert fan.max_rows == DEFAULT_MAX_ROWS == 256
+    with pytest.raises(FanOutTooLargeError, match="would run 257 rows"):
+        run(chain, n(200, 57))
+
+
+def test_the_chained_path_refuses_the_same_fan_out() -> None:
+    # GIVEN the mapped step of a pipeline run one step per call (the Step Functions form,
+    # which runs each step through ``advance``) and a state whose counts exceed its bound
+    chain = pipeline(max_rows=4)
+    state = dict(n(5))
+    state.update(split(state))
+    # WHEN that step runs THEN it is refused before any chunk is computed
+    steps = Steps()
+    with pytest.raises(FanOutTooLargeError):
+        drive(
+            advance(chain.steps[1], [state], [Outcome({})], None, PipelineStats(), scope=None),
+            steps,
+        )
+    assert steps.computed == []
+
+
+def test_the_schema_bounds_max_rows() -> None:
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        pipeline(max_rows=0)
+
+
+# --- bounds: a request's whole run stops at its deadline -----------------------------------
+
+
+class Clocked:
+    """A step model behind ``LocalSteps``: each run takes one second of ``clock``."""
+
+    def __init__(self, name: str, clock: list[float]) -> None:
+        self.name, self.version, self.clock = name, 1, clock
+        self.runs = 0
+
+    def prepare_many(self, inputs: list[Tensors]) -> list[Prepared]:
+        return [Prepared(dict(x), len(next(iter(x.values())))) for x in inputs]
+
+    def run(self, prepared: list[Prepared]) -> list[Tensors]:
+        self.runs += 1
+        self.clock[0] += 1.0
+        return [FUNCTIONS[self.name](p.feeds) for p in prepared]
+
+
+def test_a_mapped_step_stops_at_the_deadline_between_chunks() -> None:
+    # GIVEN a pipeline whose mapped step runs 10 rows in chunks of 2 (5 runs), each run
+    # taking a second, and a request whose deadline is 3.5 s away
+    clock = [0.0]
+    models = {name: Clocked(name, clock) for name in ("split", "double")}
+    steps = LocalSteps(lambda name, _: cast(OnnxModel, models[name]), 3.5, lambda: clock[0])
+    # WHEN it runs
+    with pytest.raises(DeadlineExceededError, match="chunk 4 of 5 of step 1:double"):
+        drive(run_steps(pipeline(), [n(10)], None, PipelineStats(), scope=None), steps)
+    # THEN the work stopped there: split ran at 0 s, chunks at 1, 2 and 3 s; none after
+    assert (models["split"].runs, models["double"].runs) == (1, 3)
+
+
+def test_a_pipeline_bounds_the_timeout_a_request_asks_for() -> None:
+    chain = pipeline()
+    # GIVEN the default bound of a pipeline's run (60 s)
+    assert chain.timeout_s == 60.0
+    # THEN a request's own timeout may only lower it; none gets the pipeline's
+    assert chain.deadline_after(5.0) == 5.0
+    assert chain.deadline_after(3600.0) == 60.0
+    assert chain.deadline_after(None) == 60.0

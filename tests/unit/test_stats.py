@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,6 @@ from spillway.ensembles.runner import Compute, Resolve
 from spillway.models.config import ModelConfig
 from spillway.models.processing import Prepared, Tensors
 from spillway.protocol.errors import InferenceError
-from spillway.protocol.wire import InferParameters
 from tests.fakes import (
     MB,
     FakeModel,
@@ -289,7 +289,8 @@ def test_pipeline_steps_count_in_their_step_model_as_requests_of_its_own(
 
     async def scenario(plane: DataPlane) -> None:
         registry = plane.registry
-        steps = _BatcherSteps(registry, InferParameters(), 0.0, inline)
+        deadline = time.perf_counter() + 60
+        steps = _BatcherSteps(registry, priority=0, deadline=deadline, offload=inline, scope=None)
         # GIVEN a pipeline run that resolved its step model
         assert await steps(Resolve(step)) == 1
         served = steps.leases[0]
