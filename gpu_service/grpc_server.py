@@ -15,17 +15,20 @@ as they are. A ``SpillwayError`` ends an RPC with the gRPC status of its HTTP st
 (``STATUS_CODES``; anything else is ``INTERNAL``), the message ``<code>: <message>`` and
 the code also in the trailing metadata ``spillway-code``. A stream answers each request
 in its order, a failed one with ``error_message`` (as Triton does), and runs up to
-``STREAM_WINDOW`` of them at once so they can share batches.
+``GPU_GRPC_STREAM_WINDOW`` of them at once so they can share batches.
 
-Messages are limited to ``GPU_MAX_BODY_BYTES`` (bigger: ``RESOURCE_EXHAUSTED``) and held
-in the same body budget as HTTP bodies. While the service drains, readiness is false and
-new infer requests get ``UNAVAILABLE`` (a new stream too; on an open stream, a request
-read after the drain began is answered with ``unavailable: ...``); the server stops after
-the RPCs in flight finish. ``grpc.health.v1.Health`` answers for the whole server
-(``""``) and for ``inference.GRPCInferenceService``: ``SERVING`` exactly when HTTP's
-``/v2/health/ready`` is true (the load balancer's health check). Every call is counted by
-method and status, and stream messages by direction, in ``/metrics``
-(``gpu_service.metrics.RpcCounts``).
+The door's limits (slots per connection, per peer and in all; a unary call's message
+time; a stream's idle and unread limits; malformed messages) are
+``gpu_service.grpc_limits``'s. Messages are limited to ``GPU_GRPC_MAX_MESSAGE_BYTES``
+(bigger: ``RESOURCE_EXHAUSTED``) and held in the same body budget as HTTP bodies.
+
+While the service drains, readiness is false and new infer requests get ``UNAVAILABLE``
+(a new stream too; on an open stream, a request read after the drain began is answered
+with ``unavailable: ...``); the server stops after the RPCs in flight finish.
+``grpc.health.v1.Health`` answers for the whole server (``""``) and for
+``inference.GRPCInferenceService``: ``SERVING`` exactly when HTTP's ``/v2/health/ready``
+is true (the load balancer's health check). Every call is counted by method and status,
+and stream messages by direction, in ``/metrics`` (``gpu_service.metrics.RpcCounts``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from functools import wraps
+from functools import partial, wraps
 from typing import Any, TypeVar
 
 import grpc
@@ -45,7 +48,19 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from gpu_service.dataplane import DataPlane
+from gpu_service.grpc_limits import (
+    GrpcLimitError,
+    MemoryReturn,
+    PeerSlots,
+    checked,
+    first_message,
+    parser,
+    peer_key,
+    pump,
+    server_options,
+)
 from gpu_service.metrics import GRPC
+from gpu_service.served import InferResult
 from gpu_service.settings import GpuSettings
 from spillway import inference
 from spillway.models.processing import Tensors
@@ -74,13 +89,6 @@ STATUS_CODES = {
 ``RESOURCE_EXHAUSTED``, as gRPC itself answers a message over the size limit; 429 and 503
 are ``UNAVAILABLE``, the status gRPC clients retry."""
 
-STREAM_WINDOW = 64
-"""Requests of one stream running at once; the stream reads no more until the oldest is
-answered."""
-
-_MAX_STREAMS = 100
-"""RPCs one connection may carry at once (HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS``)."""
-
 _CONTENTS = {
     "BOOL": "bool_contents",
     **{f"INT{b}": "int_contents" for b in (8, 16, 32)},
@@ -106,16 +114,26 @@ Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 
 
 def _grpc_errors(handler: Handler) -> Handler:
-    """End the RPC with the gRPC status of a ``SpillwayError`` (``INTERNAL`` for anything
-    else, logged with its traceback); count it by method and status either way."""
+    """A unary RPC served as a client-streaming one: counted in the peer's slots from its
+    start, its one message read within ``GPU_BODY_TIMEOUT_S``, then ``handler``. End the
+    RPC with the gRPC status of a ``SpillwayError`` (``INTERNAL`` for anything else,
+    logged with its traceback); count it by method and status either way."""
     method = handler.__name__
 
     @wraps(handler)
-    async def wrapper(self: InferenceService, request: Any, context: Any) -> Any:
+    async def wrapper(self: InferenceService, requests: Any, context: Any) -> Any:
+        peer = peer_key(context.peer())
         try:
+            self.slots.take(peer)
+        except SpillwayError as error:
+            return await _abort(context, method, error)
+        try:
+            request = await first_message(requests, self.plane.settings.body_timeout_s)
             response = await handler(self, request, context)
         except Exception as error:  # noqa: BLE001 - every error becomes a status
             return await _abort(context, method, error)
+        finally:
+            self.slots.give(peer)
         GRPC.calls[method, "OK"] += 1
         return response
 
@@ -123,6 +141,8 @@ def _grpc_errors(handler: Handler) -> Handler:
 
 
 def _status(error: BaseException) -> grpc.StatusCode:
+    if isinstance(error, GrpcLimitError):
+        return error.grpc_status
     if isinstance(error, SpillwayError):
         return STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
     return grpc.StatusCode.INTERNAL
@@ -253,6 +273,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
+        settings = plane.settings
+        self.slots = PeerSlots(settings.grpc_max_rpcs_per_peer, settings.grpc_max_rpcs)
+        self.memory = MemoryReturn()
 
     @_grpc_errors
     async def ServerLive(self, request: Any, context: Any) -> Any:
@@ -310,46 +333,36 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         return await self._infer(request, _metadata(context, "x-spillway-tenant-scope"))
 
-    async def ModelStreamInfer(
-        self, requests: AsyncIterator[Any], context: Any
-    ) -> AsyncIterator[Any]:
-        """Each request answered in its order; up to ``STREAM_WINDOW`` run at once. A
-        stream opened while the service drains is refused with ``UNAVAILABLE``."""
-        if self.plane.draining:
-            await _abort(
-                context, "ModelStreamInfer", UnavailableError("the service is shutting down")
-            )
-        scope = _metadata(context, "x-spillway-tenant-scope")
-        pending: asyncio.Queue[asyncio.Task[Any] | None] = asyncio.Queue(STREAM_WINDOW)
-
-        async def read() -> None:
-            try:
-                async for request in requests:
-                    GRPC.stream_in += 1
-                    await pending.put(asyncio.ensure_future(self._stream_one(request, scope)))
-            finally:
-                await pending.put(None)
-
-        reader = asyncio.ensure_future(read())
-        status = grpc.StatusCode.CANCELLED  # unless it ends below
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
+        """Each request answered in its order (``grpc_limits.pump``: a window of requests
+        at once, the idle and unread limits). A stream past the peer's slots, or opened
+        while the service drains, is refused."""
+        method = "ModelStreamInfer"
+        peer = peer_key(context.peer())
         try:
-            while (task := await pending.get()) is not None:
-                yield await task
-            await reader  # a broken stream's error, if any
-            status = grpc.StatusCode.OK
-        except Exception as error:
-            status = _status(error)
-            raise
+            self.slots.take(peer)
+        except SpillwayError as error:
+            return await _abort(context, method, error)
+        status: str | None = grpc.StatusCode.CANCELLED.name  # unless it ends below
+        try:
+            if self.plane.draining:
+                raise UnavailableError("the service is shutting down")
+            scope = _metadata(context, "x-spillway-tenant-scope")
+            answer = partial(self._stream_one, scope=scope)
+            await pump(requests, context.write, answer, self.plane.settings)
+            status = grpc.StatusCode.OK.name
+        except Exception as error:  # noqa: BLE001 - every error becomes a status
+            status = None  # counted by _abort
+            await _abort(context, method, error)
         finally:
-            GRPC.calls["ModelStreamInfer", status.name] += 1
-            reader.cancel()
-            while not pending.empty():
-                if (task := pending.get_nowait()) is not None:
-                    task.cancel()
+            self.slots.give(peer)
+            if status is not None:
+                GRPC.calls[method, status] += 1
 
     async def _stream_one(self, request: Any, scope: str | None) -> Any:
+        GRPC.stream_in += 1
         try:
-            response = await self._infer(request, scope)
+            response = await self._infer(checked(request), scope)
         except Exception as error:
             GRPC.stream_out[_status(error).name] += 1
             if isinstance(error, SpillwayError):
@@ -363,13 +376,24 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
     async def _infer(self, request: Any, scope: str | None) -> Any:
         arrived = time.perf_counter()
+        size = request.ByteSize()
+        big = self.memory.hold(size)
+        try:
+            result = await self._infer_held(request, scope, arrived, size)
+        finally:
+            if big:
+                self.memory.release()
+        return encode_response(result.body, result.header_length)
+
+    async def _infer_held(
+        self, request: Any, scope: str | None, arrived: float, size: int
+    ) -> InferResult:
         plane = self.plane
         plane.check_infer(request.model_name)
-        size = request.ByteSize()
         plane.bodies.charge(size)
         try:
             decoded = decode_request(request)
-            result = await plane.infer_decoded(
+            return await plane.infer_decoded(
                 request.model_name,
                 request.model_version or None,
                 decoded,
@@ -379,7 +403,6 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             )
         finally:
             plane.bodies.release(size)
-        return encode_response(result.body, result.header_length)
 
 
 class Health(health.aio.HealthServicer):  # type: ignore[misc]
@@ -411,6 +434,37 @@ class Health(health.aio.HealthServicer):  # type: ignore[misc]
             await asyncio.sleep(_HEALTH_REFRESH_S)
 
 
+_SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+
+
+def inference_handlers(service: InferenceService) -> grpc.GenericRpcHandler:
+    """``GRPCInferenceService``'s RPCs that ``service`` implements (the others are gRPC's
+    ``UNIMPLEMENTED``), each parsing its message with ``grpc_limits.parser``; the unary
+    ones served as client-streaming (``_grpc_errors``), so they count from their start."""
+    handlers = {}
+    for method in _SERVICE.methods:
+        own = getattr(InferenceService, method.name, None)
+        if own is None or own is getattr(
+            service_pb2_grpc.GRPCInferenceServiceServicer, method.name, None
+        ):
+            continue
+        parse = parser(getattr(service_pb2, method.input_type.name))
+        behaviour = getattr(service, method.name)
+        if method.server_streaming:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                behaviour, request_deserializer=parse, response_serializer=_serialize
+            )
+        else:
+            handlers[method.name] = grpc.stream_unary_rpc_method_handler(
+                behaviour, request_deserializer=parse, response_serializer=_serialize
+            )
+    return grpc.method_handlers_generic_handler(_SERVICE.full_name, handlers)
+
+
+def _serialize(message: Any) -> bytes:
+    return bytes(message.SerializeToString())
+
+
 def _parsed(value: Any, message: Any) -> Any:
     """A document of the HTTP side (Triton's JSON, whose names are the messages' own)
     as ``message``; fields only the JSON has are left out."""
@@ -420,14 +474,15 @@ def _parsed(value: Any, message: Any) -> Any:
 def time_limits(settings: GpuSettings) -> list[tuple[str, int]]:
     """The HTTP side's time limits on a client, in gRPC's terms: a connection with no RPC
     for ``GPU_KEEP_ALIVE_S`` is closed; a peer that stops answering keep-alive pings for
-    ``GPU_WRITE_TIMEOUT_S`` is dropped (with its streams: a client that stops reading
-    cannot hold a stream open); one connection carries at most ``_MAX_STREAMS`` RPCs
-    at once."""
+    ``GPU_WRITE_TIMEOUT_S`` is dropped (with its streams: a client whose transport stops
+    reading cannot hold a connection open; a stream's own limits are ``grpc_limits``'s);
+    one connection carries at most ``GPU_GRPC_MAX_STREAMS_PER_CONNECTION`` RPCs at
+    once."""
     return [
         ("grpc.max_connection_idle_ms", int(settings.keep_alive_s * 1000)),
         ("grpc.keepalive_time_ms", int(settings.header_timeout_s * 1000)),
         ("grpc.keepalive_timeout_ms", int(settings.write_timeout_s * 1000)),
-        ("grpc.max_concurrent_streams", _MAX_STREAMS),
+        ("grpc.max_concurrent_streams", settings.grpc_max_streams_per_connection),
     ]
 
 
@@ -444,18 +499,12 @@ class GrpcServer:
     async def start(cls, plane: DataPlane) -> GrpcServer:
         """Serve ``GRPCInferenceService`` on the settings' host and gRPC port."""
         settings = plane.settings
+        # No maximum_concurrent_rpcs: its refusal has no code and counts every peer's
+        # calls together, so a few peers could take all of it (PeerSlots counts instead).
         server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", settings.max_body_bytes),
-                ("grpc.max_send_message_length", -1),
-                ("grpc.so_reuseport", 0),
-                *time_limits(settings),
-            ],
-            # RPCs past this are refused (RESOURCE_EXHAUSTED), as HTTP refuses connections
-            # past GPU_MAX_CONNECTIONS.
-            maximum_concurrent_rpcs=settings.max_connections,
+            options=[("grpc.so_reuseport", 0), *time_limits(settings), *server_options(settings)]
         )
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(plane), server)
+        server.add_generic_rpc_handlers((inference_handlers(InferenceService(plane)),))
         health_service = Health(plane)
         health_pb2_grpc.add_HealthServicer_to_server(health_service, server)
         host = f"[{settings.host}]" if ":" in settings.host else settings.host

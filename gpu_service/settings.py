@@ -30,6 +30,33 @@ class GpuSettings(BaseSettings):
     grpc_port: int | None = Field(default=None, ge=0, le=65535)
     """Port of the KServe V2 gRPC service (``tritonclient.grpc``), on ``host`` beside
     HTTP; unset: no gRPC (0: a free port, logged)."""
+    grpc_max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    """Largest gRPC message accepted (bigger: ``RESOURCE_EXHAUSTED`` from gRPC itself,
+    before the service parses it); fits an 8 MiB image (a model's default image
+    ``max_bytes``) twice. gRPC's own default is 4 MiB; HTTP bodies have
+    ``max_body_bytes``."""
+    grpc_max_streams_per_connection: int = Field(default=100, ge=1)
+    """RPCs one gRPC connection may carry at once (HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS``;
+    Envoy's edge recommendation, 100; grpc-go's default is unlimited)."""
+    grpc_max_rpcs_per_peer: int = Field(default=128, ge=1)
+    """gRPC calls one peer address may have open at once, over all its connections;
+    past it a new call gets ``RESOURCE_EXHAUSTED`` (``too_many_rpcs``)."""
+    grpc_max_rpcs: int = Field(default=2048, ge=1)
+    """gRPC calls open at once over all peers (``RESOURCE_EXHAUSTED``, ``too_many_rpcs``,
+    past it); with ``grpc_max_rpcs_per_peer`` it takes 16 peers to fill."""
+    grpc_stream_window: int = Field(default=64, ge=1, le=1024)
+    """Requests of one ``ModelStreamInfer`` stream running, or answered and waiting to be
+    sent; the stream reads no more until its oldest answer is written."""
+    grpc_stream_idle_s: float = Field(default=30.0, gt=0)
+    """A stream with nothing in flight that receives no request for this long ends with
+    ``DEADLINE_EXCEEDED`` (``idle_timeout``); below the ALB's 60 s idle timeout, so the
+    client hears why. A unary call's message must arrive within ``body_timeout_s``."""
+    grpc_max_connection_age_s: float | None = Field(default=1800.0, gt=0)
+    """A gRPC connection is asked to go away (``GOAWAY``) after this long and closed
+    ``grpc_max_connection_age_grace_s`` later, whatever its streams do: the bound on a
+    stream whose client stopped reading (unset: no bound, grpc-go's default)."""
+    grpc_max_connection_age_grace_s: float = Field(default=30.0, gt=0)
+    """How long the calls of a connection past its age may take to finish."""
     providers: tuple[str, ...] = (CUDA, CPU)
     """ONNX Runtime execution providers in order of preference; a CPU fallback is logged."""
     intra_op_threads: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
@@ -101,6 +128,12 @@ class GpuSettings(BaseSettings):
     """Hold a batch until this many rows wait, but never past the queue delay."""
     priority_aging_ms: float = Field(default=100.0, gt=0)
     """A request waiting this long is served before fresher ones whatever its priority."""
+    fair_share: bool = True
+    """Batchers take waiting requests tenant by tenant, the tenant served least lately
+    first (by the tenant scope the data plane hands down), so one tenant's flood never
+    holds a model while another's requests wait. Off: first come, first served."""
+    fair_share_half_life_s: float = Field(default=1.0, gt=0, le=3600)
+    """How quickly a tenant's past use of a model stops counting against it (halves)."""
     default_timeout_ms: float | None = Field(default=None, gt=0)
     """Deadline for requests without one, when the model's config sets none."""
     retry_after_s: float = Field(default=1.0, gt=0)
