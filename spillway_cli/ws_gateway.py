@@ -10,6 +10,17 @@ called the way API Gateway calls it for a WebSocket API with ``$connect``,
   base64-encoded with ``isBase64Encoded``), invoked in a thread pool and concurrently
   for one connection, as API Gateway invokes the function; a handler that raises, or runs
   past the 29 s integration timeout, gets the client the frame API Gateway sends;
+- the pool's threads stand for the function's concurrency, where on AWS each invocation
+  gets an execution environment of its own and none waits behind another connection's:
+  each connection's messages wait in a queue of their own (``max_queued`` at most), the
+  queues are served round-robin, and one connection runs at most
+  ``connection_workers`` invocations at once, so a flood on one connection never holds
+  the threads another connection's message needs;
+- the stage's throttle (``DefaultRouteSettings`` in template.yaml and serverless.yml,
+  ``THROTTLE_RATE``/``THROTTLE_BURST``) is a token bucket over every route, and new
+  connections are limited to API Gateway's 500 a second; a message past either (or past
+  its connection's queue) gets API Gateway's ``Too Many Requests`` frame and no
+  invocation, an upgrade past either is refused with 429;
 - a message over 128 KiB closes the connection with 1009, as API Gateway does;
 - a closed connection becomes a ``$disconnect`` event.
 
@@ -37,6 +48,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -60,6 +72,22 @@ IDLE_TIMEOUT_S = 600.0
 """API Gateway closes a connection idle for 10 minutes."""
 CONNECTION_LIMIT_S = 7200.0
 """API Gateway closes every connection after 2 hours."""
+THROTTLE_RATE = 1000.0
+THROTTLE_BURST = 2000
+"""The stage's ``DefaultRouteSettings`` (template.yaml, serverless.yml): a token bucket of
+``THROTTLE_BURST`` tokens refilled at ``THROTTLE_RATE`` a second, one token a message or
+``$connect``; past it the client gets ``429 Too Many Requests``
+(https://docs.aws.amazon.com/apigateway/latest/developerguide/websocket-api-protect.html)."""
+NEW_CONNECTIONS_PER_S = 500.0
+"""API Gateway's quota of new WebSocket connections a second (per account and Region):
+https://docs.aws.amazon.com/apigateway/latest/developerguide/apigateway-execution-service-websocket-limits-table.html
+(it sets no quota on concurrent connections; ``max_connections`` is this stand-in's own)."""
+CONNECTION_WORKERS = 4
+"""Invocations one connection runs at once; its other messages wait their turn."""
+MAX_QUEUED = 64
+"""Messages of one connection waiting for a thread; past it: ``Too Many Requests``. On AWS
+nothing waits (each invocation runs at once, or is throttled): a client may send
+``WS_MAX_IN_FLIGHT`` (32) frames at once and none waits long, not a flood's thousand."""
 STAGE = "local"
 DOMAIN = "127.0.0.1"
 API_ID = "local"
@@ -93,6 +121,28 @@ def _log_overrun(
         (started if isinstance(started, float) else time.monotonic()) - submitted,
         stack,
     )
+
+
+class TokenBucket:
+    """``rate`` tokens a second, at most ``burst`` kept: API Gateway's throttle."""
+
+    def __init__(
+        self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError("a token bucket needs a positive rate and a burst of at least 1")
+        self.rate, self.burst, self.clock = rate, float(burst), clock
+        self.tokens, self._at = float(burst), clock()
+
+    def take(self) -> bool:
+        """Whether a token was there (and is now taken)."""
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 def connection_id() -> str:
@@ -132,6 +182,12 @@ class Connection:
     connected_at: float = field(default_factory=time.time)
     last_active_at: float = field(default_factory=time.time)
     invocations: set[asyncio.Future[Any]] = field(default_factory=set)
+    queue: deque[dict[str, Any]] = field(default_factory=deque)
+    """``$default`` events received and not yet given a thread, oldest first."""
+    running: int = 0
+    """Its invocations holding a thread."""
+    ready: bool = False
+    """Whether it waits in the gateway's round-robin line."""
     transport: asyncio.Transport | None = None
     """The connection's TCP transport: aborted when a push waits past the write timeout
     (a frame cut off half-written leaves no stream to close politely)."""
@@ -233,17 +289,34 @@ class WebSocketGateway:
         timeout_s: float = INTEGRATION_TIMEOUT_S,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         write_timeout_s: float = WRITE_TIMEOUT_S,
+        connection_workers: int = CONNECTION_WORKERS,
+        max_queued: int = MAX_QUEUED,
+        throttle: TokenBucket | None = None,
+        new_connections: TokenBucket | None = None,
     ) -> None:
-        if max_connections < 1 or workers < 1:
-            raise ValueError("max_connections and workers must be at least 1")
+        if min(max_connections, workers, connection_workers, max_queued) < 1:
+            raise ValueError(
+                "max_connections, workers, connection_workers and max_queued must be at least 1"
+            )
         self.handler = handler
         self.max_connections = max_connections
         self.timeout_s = timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.write_timeout_s = write_timeout_s
+        self.workers = workers
+        self.connection_workers = connection_workers
+        self.max_queued = max_queued
+        self.throttle = throttle or TokenBucket(THROTTLE_RATE, THROTTLE_BURST)
+        self.new_connections = new_connections or TokenBucket(
+            NEW_CONNECTIONS_PER_S, int(NEW_CONNECTIONS_PER_S)
+        )
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="ws-invoke")
+        # $connect and $disconnect never wait behind messages (each is its own invocation)
+        self.route_pool = ThreadPoolExecutor(16, thread_name_prefix="ws-connect")
         self.connections: dict[str, Connection] = {}
         self._opening = 0
+        self._busy = 0
+        self._line: deque[Connection] = deque()
 
     def app(self) -> web.Application:
         """The aiohttp application: the upgrade on ``/``, ``@connections`` beside it."""
@@ -256,9 +329,10 @@ class WebSocketGateway:
         app.on_shutdown.append(self._shutdown)
         return app
 
-    async def _invoke(self, event: dict[str, Any]) -> Any:
-        """The handler's answer to one event, run in the pool; ``TimeoutError`` past
-        the integration timeout, logged with how long it waited for a thread and where the
+    async def _invoke(self, event: dict[str, Any], done: Callable[[], None] | None = None) -> Any:
+        """The handler's answer to one event, run in a pool (``$default`` in the message
+        pool, ``done`` called when its thread is free again); ``TimeoutError`` past the
+        integration timeout, logged with how long it waited for a thread and where the
         handler is (the call itself runs on here; Lambda would stop it at the function's
         own timeout)."""
         context = LambdaContext(self.timeout_s)
@@ -269,7 +343,10 @@ class WebSocketGateway:
             return self.handler(event, context)
 
         submitted = time.monotonic()
-        future = asyncio.get_running_loop().run_in_executor(self.pool, call)
+        pool = self.pool if done is not None else self.route_pool
+        future = asyncio.get_running_loop().run_in_executor(pool, call)
+        if done is not None:
+            future.add_done_callback(lambda _: done())
         try:
             return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except TimeoutError:
@@ -281,6 +358,8 @@ class WebSocketGateway:
             return web.json_response({"message": "Upgrade Required"}, status=426)
         if len(self.connections) + self._opening >= self.max_connections:
             return _error(429, "LimitExceededException", "too many connections")
+        if not (self.new_connections.take() and self.throttle.take()):
+            return _error(429, "TooManyRequestsException", "Too Many Requests")
         socket = web.WebSocketResponse(max_msg_size=MESSAGE_LIMIT, autoping=True)
         connection = Connection(
             connection_id(),
@@ -339,7 +418,7 @@ class WebSocketGateway:
                 return WSCloseCode.GOING_AWAY, "Going away"
             if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                 connection.last_active_at = time.time()
-                self._dispatch(connection, message.data)
+                self._receive(connection, message.data)
                 continue
             if message.type == WSMsgType.ERROR:
                 # aiohttp closed the connection (1009 for a message over the limit)
@@ -348,23 +427,69 @@ class WebSocketGateway:
             if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
                 return socket.close_code or WSCloseCode.OK, str(message.extra or "")
 
-    def _dispatch(self, connection: Connection, data: str | bytes) -> None:
-        """Invoke ``$default`` for one message without waiting for it: the next message
-        of the connection is read at once, as API Gateway does."""
-        task = asyncio.ensure_future(self._message(connection, message_event(connection, data)))
+    def _receive(self, connection: Connection, data: str | bytes) -> None:
+        """Queue ``$default`` for one message without waiting for it: the next message
+        of the connection is read at once, as API Gateway does. Past the stage's throttle
+        or the connection's queue, the client gets API Gateway's throttle frame."""
+        event = message_event(connection, data)
+        if len(connection.queue) >= self.max_queued or not self.throttle.take():
+            self._spawn(connection, self._notice(connection, event, "Too Many Requests"))
+            return
+        connection.queue.append(event)
+        self._enqueue(connection)
+        self._pump()
+
+    def _enqueue(self, connection: Connection) -> None:
+        """Put the connection at the back of the line when it has a message waiting and
+        may run one more."""
+        if (
+            connection.queue
+            and not connection.ready
+            and connection.running < self.connection_workers
+        ):
+            connection.ready = True
+            self._line.append(connection)
+
+    def _pump(self) -> None:
+        """Give free threads to the connections in line, one message each in turn."""
+        while self._busy < self.workers and self._line:
+            connection = self._line.popleft()
+            connection.ready = False
+            if not connection.queue or connection.running >= self.connection_workers:
+                continue
+            event = connection.queue.popleft()
+            connection.running += 1
+            self._busy += 1
+            self._spawn(connection, self._message(connection, event))
+            self._enqueue(connection)
+
+    def _freed(self, connection: Connection) -> None:
+        """An invocation's thread is free (after its handler returned, also past the
+        integration timeout)."""
+        connection.running -= 1
+        self._busy -= 1
+        self._enqueue(connection)
+        self._pump()
+
+    def _spawn(self, connection: Connection, work: Any) -> None:
+        task = asyncio.ensure_future(work)
         connection.invocations.add(task)
         task.add_done_callback(connection.invocations.discard)
 
     async def _message(self, connection: Connection, event: dict[str, Any]) -> None:
-        request_id = event["requestContext"]["requestId"]
         try:
-            await self._invoke(event)
+            await self._invoke(event, done=lambda: self._freed(connection))
             return
         except TimeoutError:  # logged by _invoke
             message = "Endpoint request timed out"
         except Exception:
             log.exception("$default on %s: the handler raised", connection.id)
             message = "Internal server error"
+        await self._notice(connection, event, message)
+
+    async def _notice(self, connection: Connection, event: dict[str, Any], message: str) -> None:
+        """API Gateway's own frame about a message (no ``id``: not an answer)."""
+        request_id = event["requestContext"]["requestId"]
         frame = {"message": message, "connectionId": connection.id, "requestId": request_id}
         if not connection.socket.closed:
             with contextlib.suppress(ConnectionError):
@@ -372,6 +497,7 @@ class WebSocketGateway:
 
     async def _disconnect(self, connection: Connection, code: int, reason: str) -> None:
         self.connections.pop(connection.id, None)
+        connection.queue.clear()  # nobody is left to answer
         log.info("connection %s closed: %d %s", connection.id, code, reason)
         try:
             await self._invoke(disconnect_event(connection, code, reason))
@@ -464,3 +590,4 @@ def serve(
         web.run_app(gateway.app(), host=host, port=port, print=None, access_log=None)
     finally:
         gateway.pool.shutdown(wait=False, cancel_futures=True)
+        gateway.route_pool.shutdown(wait=False, cancel_futures=True)

@@ -3,7 +3,8 @@
 Built at init: the router from ``ROUTER_*`` (policy, fallback, canary, cost and tenancy are
 the REST API's), the connection store on its state table (``ROUTER_STATE_TABLE``; unset:
 ``$connect`` is refused with 503 ``websocket_not_configured``), the poster of answers
-(``@connections``) and ``WS_*``. An adapter in Powertools' shape: Logger (correlation id:
+(``@connections``), each tenant's budget of connections, frames in flight and frame rate
+(on the same table) and ``WS_*``. An adapter in Powertools' shape: Logger (correlation id:
 API Gateway's request id), Metrics (cold start; at a connection's end its frames, bytes
 and cost) and, with ``WS_TRACING`` on, Tracer around one ``StreamGateway.handle``.
 """
@@ -23,6 +24,7 @@ from spillway.state.table import DynamoStateStore
 from spillway.streams.connections import Connection, DynamoConnections
 from spillway.streams.gateway import ApiGatewayPoster, StreamGateway
 from spillway.streams.settings import StreamSettings
+from spillway.streams.tenants import DynamoTenantBudgets
 from spillway.tenancy.identity import Authenticator
 
 SERVICE = "spillway-websocket"
@@ -53,9 +55,10 @@ def closed(connection: Connection) -> None:
         metrics.add_metric(name=name, unit=unit, value=connection.counters.get(counter, 0.0))
 
 
+table = state if isinstance(state, DynamoStateStore) else None
 gateway = StreamGateway(
     router,
-    DynamoConnections(state) if isinstance(state, DynamoStateStore) else None,
+    DynamoConnections(table) if table is not None else None,
     ApiGatewayPoster(),
     settings,
     Authenticator(
@@ -63,6 +66,7 @@ gateway = StreamGateway(
         trust_tenant_hints=router_settings.trust_tenant_hints,
     ),
     on_close=closed,
+    budgets=DynamoTenantBudgets(table) if table is not None else None,
 )
 
 

@@ -144,6 +144,16 @@ class PayloadTooLargeError(SpillwayError):
     code = "payload_too_large"
 
 
+class FanOutTooLargeError(SpillwayError):
+    """A pipeline's mapped step would run more rows for one request than the step allows
+    (``spillway.map.max_rows``: an OCR page with more text lines than a document has).
+    Refused before the step runs; the request's own content caused it, so it never counts
+    against a backend's health."""
+
+    status = 413
+    code = "fanout_too_large"
+
+
 class RequestTimeoutError(SpillwayError):
     """The client did not send its request's head, or the next part of its body, within
     the server's time limit; the connection closes after this answer."""

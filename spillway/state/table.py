@@ -20,10 +20,12 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from spillway.protocol.errors import UnavailableError
 from spillway.state.dynamo import is_condition_failed, plain, typed
+
+_T = TypeVar("_T")
 
 KEY = "pk"
 TTL_ATTRIBUTE = "expires_at"
@@ -185,6 +187,20 @@ class DynamoStateStore:
                 retry_after_s=1.0,
             ) from exc
         return answer
+
+
+def reach(client: Any, table: str, how: Callable[..., _T], operation: str, **kwargs: Any) -> _T:
+    """``how(client.operation, **kwargs)`` (e.g. ``dynamo.conditional``) on the state
+    table ``table``, the client's failures raised as ``StateUnavailableError``."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return how(getattr(client, operation), **kwargs)
+    except (BotoCoreError, ClientError) as exc:
+        raise StateUnavailableError(
+            f"the state table {table} cannot be reached ({type(exc).__name__})",
+            retry_after_s=1.0,
+        ) from exc
 
 
 def _item(key: str, doc: dict[str, Any], revision: int, expires_at: float | None) -> dict[str, Any]:

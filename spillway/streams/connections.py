@@ -37,6 +37,7 @@ from spillway.state.table import (
     TTL_ATTRIBUTE,
     DynamoStateStore,
     StateUnavailableError,
+    reach,
     ttl_value,
 )
 
@@ -209,6 +210,11 @@ class ConnectionStore(Protocol):
 
     def release(self, connection_id: str, owner: str) -> None:
         """Give the delivery lease back (only ``owner``'s)."""
+        ...
+
+    def withdraw(self, connection_id: str, seq: int | None) -> None:
+        """Take an admitted frame back, refused after all (its tenant's budget): ``in_flight``
+        - 1, ``frames_refused`` + 1 and its ``seq`` out of ``pending``, open again."""
         ...
 
     def close(self, connection_id: str, now: float, window: int) -> Connection | None:
@@ -422,6 +428,19 @@ class DynamoConnections:
             ExpressionAttributeValues=_values(owner=owner),
         )
 
+    def withdraw(self, connection_id: str, seq: int | None) -> None:
+        names = {"#pending": "pending", "#seq": str(seq)} if seq is not None else {}
+        self._call(
+            "update_item",
+            Key=_key(connection_key(connection_id)),
+            UpdateExpression=("REMOVE #pending.#seq " if seq is not None else "")
+            + "ADD in_flight :minus, frames_refused :one",
+            ConditionExpression=f"attribute_exists({KEY})"
+            + (" AND attribute_exists(#pending.#seq)" if seq is not None else ""),
+            ExpressionAttributeValues=_values(minus=-1, one=1),
+            **({"ExpressionAttributeNames": names} if names else {}),
+        )
+
     def close(self, connection_id: str, now: float, window: int) -> Connection | None:
         gone = self._call(
             "delete_item", Key=_key(connection_key(connection_id)), ReturnValues="ALL_OLD"
@@ -454,17 +473,7 @@ class DynamoConnections:
         return self._reach(conditional_or_old, operation, TableName=self.table, **kwargs)
 
     def _reach(self, how: Callable[..., _T], operation: str, **kwargs: Any) -> _T:
-        """``how(client.operation, **kwargs)``, the client's failures raised as
-        ``StateUnavailableError``."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            return how(getattr(self.client, operation), **kwargs)
-        except (BotoCoreError, ClientError) as exc:
-            raise StateUnavailableError(
-                f"the state table {self.table} cannot be reached ({type(exc).__name__})",
-                retry_after_s=1.0,
-            ) from exc
+        return reach(self.client, self.table, how, operation, **kwargs)
 
 
 def _key(key: str) -> dict[str, Any]:

@@ -4,12 +4,14 @@
 the local gateway's) and answers it:
 
 - ``$connect``: the caller's tenant, as the REST API resolves it; unauthenticated: 401
-  (API Gateway refuses the upgrade); else the connection's item, and 200.
+  (API Gateway refuses the upgrade); past the tenant's connection cap: 429
+  ``too_many_connections``; else the connection's item, and 200.
 - ``$disconnect``: the connection's item and held answers deleted; one log line with its
   accounting, and the same counters to ``on_close`` (the handler's metrics).
 - ``$default``: one frame, exactly one answer pushed. A frame that is refused (not
   connected, too large, unreadable, over the in-flight bound, a duplicate or out-of-window
-  ``seq``) is answered at once. A frame without ``seq`` is answered when it is done. A
+  ``seq``, over its tenant's frames in flight or frame rate) is answered at once, before
+  it is routed. A frame without ``seq`` is answered when it is done. A
   frame with ``seq`` is pushed at once when it is next (under the connection's delivery
   lease, claimed for that ``seq``), else its answer is held; whoever finishes ``next_seq``
   learns from that write whether the next answer is held and pushes it, so an answer held
@@ -36,7 +38,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
-from spillway.protocol.errors import SpillwayError, UnauthenticatedError, UnavailableError
+from spillway.protocol.errors import (
+    QuotaExceededError,
+    SpillwayError,
+    UnauthenticatedError,
+    UnavailableError,
+)
 from spillway.protocol.wire import Reply, Target, json_bytes
 from spillway.routing.facts import Call
 from spillway.state.table import StateUnavailableError
@@ -56,6 +63,7 @@ from spillway.streams.frames import (
     too_large,
 )
 from spillway.streams.settings import StreamSettings
+from spillway.streams.tenants import RATE, FrameAdmission, TenantBudgets, frame_token
 
 log = logging.getLogger("spillway.streams")
 
@@ -68,6 +76,13 @@ class SlowDownError(SpillwayError):
 
     status = 429
     code = "slow_down"
+
+
+class TooManyConnectionsError(QuotaExceededError):
+    """The tenant holds ``WS_TENANT_MAX_CONNECTIONS`` connections already: ``$connect``
+    is refused (API Gateway refuses the upgrade with this status)."""
+
+    code = "too_many_connections"
 
 
 class DuplicateSeqError(SpillwayError):
@@ -264,6 +279,7 @@ class StreamGateway:
         *,
         clock: Callable[[], float] = time.time,
         on_close: Callable[[Connection], None] | None = None,
+        budgets: TenantBudgets | None = None,
     ) -> None:
         self.router = router
         self.store = store
@@ -272,6 +288,9 @@ class StreamGateway:
         self.authenticator = authenticator
         self.clock = clock
         self.on_close = on_close
+        self.budgets = budgets
+        """Each tenant's connections, frames being served and frame rate (``None``: no
+        per-tenant limits, as in the unit tests of the per-connection ones)."""
 
     def handle(self, event: Mapping[str, Any], remaining_ms: float | None = None) -> dict[str, Any]:
         """Serve one event; the answer API Gateway expects of the integration."""
@@ -296,19 +315,39 @@ class StreamGateway:
                     "the WebSocket API needs the router's state table (ROUTER_STATE_TABLE)"
                 )
             tenant = self.authenticator.tenant(event)
-            self.store.open(
-                where.connection_id, tenant, self.clock(), self.settings.connection_ttl_s
-            )
+            self._count_in(tenant, where.connection_id)
+            try:
+                self.store.open(
+                    where.connection_id, tenant, self.clock(), self.settings.connection_ttl_s
+                )
+            except SpillwayError:
+                if self.budgets is not None:
+                    self.budgets.disconnect(tenant, where.connection_id)
+                raise
         except SpillwayError as error:
             log.info("refused", extra={**fields, "status": error.status, "code": error.code})
             return _status(error)
         log.info("connected", extra={**fields, "tenant": tenant})
         return {"statusCode": 200}
 
+    def _count_in(self, tenant: str | None, connection_id: str) -> None:
+        """Count a new connection in its tenant's (``TooManyConnectionsError`` at the cap)."""
+        cap = self.settings.tenant_max_connections
+        if self.budgets is not None and not self.budgets.connect(
+            tenant, connection_id, self.clock(), cap
+        ):
+            raise TooManyConnectionsError(
+                f"this tenant has {cap} connections open (WS_TENANT_MAX_CONNECTIONS): "
+                "close one before opening another",
+                retry_after_s=1.0,
+            )
+
     def _close(self, store: ConnectionStore, where: Event, why: str) -> None:
         last = store.close(where.connection_id, self.clock(), self.settings.max_in_flight)
         if last is None:
             return
+        if self.budgets is not None:
+            self.budgets.disconnect(last.tenant, where.connection_id)
         log.info(
             "connection closed",
             extra={"connection_id": where.connection_id, "why": why, "tenant": last.tenant}
@@ -330,6 +369,80 @@ class StreamGateway:
         if accepted is None:
             return
         frame, connection = accepted
+        token = self._tenant_admits(store, frame, connection, where)
+        if token is None:
+            return
+        try:
+            self._serve(store, frame, connection, where, remaining_ms)
+        finally:
+            self._release(connection.tenant, token)
+
+    def _release(self, tenant: str | None, token: str) -> None:
+        """Give the frame's slot back; one the table failed to give back is dropped once
+        stale (``SLOT_STALE_S``)."""
+        if self.budgets is None:
+            return
+        try:
+            self.budgets.release(tenant, token)
+        except SpillwayError as error:
+            log.warning("tenant slot not released", extra={"reason": error.message})
+
+    def _tenant_admits(
+        self, store: ConnectionStore, frame: Frame, connection: Connection, where: Event
+    ) -> str | None:
+        """The frame's slot in its tenant's budget; ``None`` when it was refused (answered
+        ``slow_down`` at once and taken back from its connection) or the table failed."""
+        token = frame_token()
+        if self.budgets is None:
+            return token
+        settings = self.settings
+        try:
+            admission = self.budgets.admit(
+                connection.tenant,
+                token,
+                self.clock(),
+                settings.tenant_max_in_flight,
+                settings.tenant_frame_rate,
+                settings.tenant_frame_burst,
+            )
+        except SpillwayError as error:  # the state table: the frame is not served
+            answer = Answer.failed(error, frame.id, frame.seq)
+        else:
+            if admission.refusal is None:
+                return token
+            answer = self._over_budget(admission, frame)
+        log.info("refused", extra={"connection_id": where.connection_id, "code": answer.code})
+        cast(ConnectionStore, _Retrying(store, self.retry_pauses_s)).withdraw(
+            where.connection_id, frame.seq
+        )
+        self._push(store, where, answer)
+        return None
+
+    def _over_budget(self, admission: FrameAdmission, frame: Frame) -> Answer:
+        """The ``slow_down`` answer of a frame past its tenant's frames in flight or rate."""
+        settings = self.settings
+        limit = settings.tenant_max_in_flight
+        extra: dict[str, Any] = {"in_flight": admission.in_flight, "limit": limit}
+        if admission.refusal == RATE:
+            rate = f"{settings.tenant_frame_rate:g} frames/s"
+            message = f"this tenant sends over its frame rate ({rate}): slow down"
+            extra = {"retry_after_s": round(admission.retry_after_s, 3)}
+        else:
+            message = (
+                f"too many frames of this tenant in flight (limit {limit}): "
+                "wait for answers before sending more"
+            )
+        return RefusedFrame(SlowDownError(message), frame.id, frame.seq, **extra).answer()
+
+    def _serve(
+        self,
+        store: ConnectionStore,
+        frame: Frame,
+        connection: Connection,
+        where: Event,
+        remaining_ms: float | None,
+    ) -> None:
+        """Route an admitted frame and deliver its answer."""
         # from when the held answers are handed over (None: the invocation has no end)
         hand_over_at = (
             None

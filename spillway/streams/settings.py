@@ -39,6 +39,20 @@ class StreamSettings(BaseModel):
     lease_s: float = Field(default=30.0, gt=0, le=900)
     """How long one invocation holds a connection's delivery lease without renewing it;
     a lease left by an invocation that died is taken over after this time."""
+    tenant_max_connections: int = Field(default=100, ge=1, le=100_000)
+    """Connections one tenant may hold open at once (all its clients together); one more
+    is refused at ``$connect`` with 429 ``too_many_connections`` (API Gateway refuses the
+    upgrade with that status). Closed ones count out at ``$disconnect``; one whose
+    ``$disconnect`` never came counts out once its item is gone or 2 h 5 min passed."""
+    tenant_max_in_flight: int = Field(default=128, ge=1, le=10_000)
+    """Frames of one tenant being served at once (all its connections together); a frame
+    past it is answered at once with 429 ``slow_down`` before it is routed."""
+    tenant_frame_rate: float = Field(default=200.0, gt=0, le=100_000)
+    """Frames per second one tenant may have served, on average (all its connections
+    together); a frame past it (and past ``tenant_frame_burst``) is answered at once with
+    429 ``slow_down`` and ``retry_after_s``, before it is routed."""
+    tenant_frame_burst: int = Field(default=400, ge=1, le=100_000)
+    """Frames one tenant may send at once above ``tenant_frame_rate`` (the bucket's size)."""
     management_endpoint: str | None = None
     """Where answers are posted (the ``@connections`` API), e.g. ``http://127.0.0.1:3001``
     for local runs; unset: ``https://{domainName}/{stage}`` of the event."""

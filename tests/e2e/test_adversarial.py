@@ -373,3 +373,232 @@ def test_gpu_service_cuts_slow_clients_while_serving_others(
     assert computed <= NEVER_READING * PIPELINED // 2
     assert strict_gpu.child.proc.poll() is None
     assert_still_serves(strict_gpu.base, models_dir)
+
+
+# --- gRPC -------------------------------------------------------------------------------
+
+GRPC_LIMITS: dict[str, Any] = {
+    "grpc_max_rpcs_per_peer": "50",
+    "grpc_stream_idle_s": "2",
+    "write_timeout_s": "2",
+}
+"""Small gRPC limits, so the acme peer's attacks end within seconds."""
+
+
+def test_grpc_door_cuts_one_peers_attacks_while_another_is_served(
+    models_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    import asyncio
+
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    from spillway_cli import procs
+    from tests.integration.test_grpc_limits import (
+        INFER,
+        Forwarder,
+        channel,
+        digits_request,
+        spillway_code,
+    )
+
+    root = tmp_path_factory.mktemp("grpc-adversarial-models")
+    link_model(models_dir, root, "digits")
+    port = procs.free_port()
+    logs = tmp_path_factory.mktemp("grpc-adversarial-logs")
+    with gpu_service(root, logs, grpc_port=str(port), **GRPC_LIMITS) as service:
+        forwarder = Forwarder(port)
+        acme_address = forwarder.address_from("127.0.0.2")
+
+        async def attack_and_serve() -> tuple[Counter[str], Counter[str], list[str]]:
+            acme = [channel(acme_address, i) for i in range(2)]
+            globex = channel(f"127.0.0.1:{port}", 99)
+            # GIVEN acme (one peer) sending garbage as ModelInfer
+            raw = acme[0].unary_unary(INFER, request_serializer=bytes, response_deserializer=bytes)
+            garbage: Counter[str] = Counter()
+            for payload in (b"\x00\xff", b"\x0a\xff\xff\xff", b"garbage" * 100):
+                try:
+                    await raw(payload, timeout=10)
+                except grpc.aio.AioRpcError as error:
+                    garbage[f"{error.code().name} {spillway_code(error)}"] += 1
+            # AND acme opening 150 silent streams
+            streams = [
+                service_pb2_grpc.GRPCInferenceServiceStub(acme[i % 2]).ModelStreamInfer()
+                for i in range(150)
+            ]
+            # WHEN globex calls ModelInfer meanwhile, ten times
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(globex)
+            served = [
+                (await stub.ModelInfer(digits_request(models_dir), timeout=20)).model_name
+                for _ in range(10)
+            ]
+            # THEN every acme stream ends: refused past its slots, or at its idle limit
+            ended: Counter[str] = Counter()
+            for call in streams:
+                try:
+                    async for _ in call:
+                        pass
+                except grpc.aio.AioRpcError as error:
+                    ended[f"{error.code().name} {spillway_code(error)}"] += 1
+            for ch in (*acme, globex):
+                await ch.close()
+            return garbage, ended, served
+
+        try:
+            garbage, ended, served = asyncio.run(asyncio.wait_for(attack_and_serve(), 90))
+        finally:
+            forwarder.close()
+        assert service.child.proc.poll() is None
+    print(json.dumps({"grpc": {"garbage": garbage, "streams": ended, "globex": len(served)}}))
+    assert garbage == Counter({"INVALID_ARGUMENT malformed_message": 3})
+    assert ended == Counter(
+        {"RESOURCE_EXHAUSTED too_many_rpcs": 100, "DEADLINE_EXCEEDED idle_timeout": 50}
+    )
+    # AND globex was answered every time
+    assert served == ["digits"] * 10
+
+
+# --- The WebSocket door, fair between tenants ------------------------------------------
+# GIVEN the WebSocket API of the local stack (``spillway up``'s: the local API Gateway
+# stand-in running the WebSocket function) — WHEN acme floods one connection with 1,000
+# frames, or opens connections past its tenant's cap — THEN globex's frames are still
+# answered within 2 s, and globex still connects.
+
+WS_FLOOD = 1000
+WS_FAIR_S = 2.0
+"""How long globex's frame may wait while acme floods (the issue's bound, locally)."""
+
+
+def _ws_digits(frame_id: str, image: list[float]) -> str:
+    inputs = [{"name": "image", "shape": [1, 8, 8], "datatype": "FP32", "data": image}]
+    return json.dumps({"id": frame_id, "model": "digits", "inputs": inputs})
+
+
+async def _ws_flood(url: str, image: list[float]) -> tuple[list[float], dict[str, Any]]:
+    import asyncio
+
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        acme = await session.ws_connect(url, headers={"x-spillway-tenant": "acme"})
+        globex = await session.ws_connect(url, headers={"x-spillway-tenant": "globex"})
+        await globex.send_str(_ws_digits("warm", image))
+        assert json.loads(await globex.receive_str(timeout=60))["id"] == "warm"
+        for i in range(WS_FLOOD):
+            await acme.send_str(_ws_digits(f"a{i}", image))
+
+        async def drain() -> dict[str, Any]:
+            """acme's replies until each frame has one, or none came for 60 s."""
+            ids: Counter[str] = Counter()
+            codes: Counter[str] = Counter()
+            while sum(codes.values()) < WS_FLOOD:
+                try:
+                    reply = json.loads(await acme.receive_str(timeout=60))
+                except TimeoutError:
+                    break
+                if "id" in reply:
+                    ids[reply["id"]] += 1
+                kind = reply.get("code") or reply.get("message") or "answered"
+                codes["answered" if "outputs" in reply else kind] += 1
+            return {"ids": ids, "codes": codes}
+
+        drained = asyncio.ensure_future(drain())
+        waits, labels = [], []
+        for j in range(5):
+            sent = time.monotonic()
+            await globex.send_str(_ws_digits(f"g{j}", image))
+            reply = json.loads(await globex.receive_str(timeout=120))
+            waits.append(time.monotonic() - sent)
+            assert reply["id"] == f"g{j}", reply
+            labels.append({o["name"]: o["data"] for o in reply["outputs"]}["label"])
+        got = await asyncio.wait_for(drained, 180)
+        await acme.close()
+        await globex.close()
+        return waits, {**got, "labels": labels}
+
+
+def test_websocket_flood_from_one_tenant_leaves_anothers_frames_answered(
+    stack: Any, models_dir: Path
+) -> None:
+    import asyncio
+
+    image = np.load(models_dir / "digits/samples/images.npy").astype(np.float32)[0]
+    label = load_engine(models_dir, "digits").infer({"image": image[None]})["label"]
+    want = [int(label.ravel()[0])]
+    # WHEN acme sends 1,000 frames on one connection at once, then globex 5, one at a time
+    waits, got = asyncio.run(
+        asyncio.wait_for(_ws_flood(stack.websocket_url, image.ravel().tolist()), 300)
+    )
+    # THEN every globex frame got its own right answer within the bound
+    print(f"globex waits during the flood: {[round(w, 3) for w in waits]} s")
+    assert got["labels"] == [want] * 5
+    assert max(waits) < WS_FAIR_S, waits
+    # AND every acme frame got exactly one reply: its answer, a slow_down, or API Gateway's
+    # throttle frame (no id: the stand-in refused it before any invocation)
+    ids, codes = got["ids"], got["codes"]
+    assert set(ids.values()) <= {1}
+    assert sum(codes.values()) == WS_FLOOD, codes
+    assert set(codes) <= {"answered", "slow_down", "Too Many Requests"}, codes
+    assert codes["answered"] + codes["slow_down"] == len(ids)
+
+
+async def _ws_connect_many(url: str, tenant: str, count: int) -> tuple[list[Any], Counter[int]]:
+    import asyncio
+
+    import aiohttp
+
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    opened: list[Any] = []
+    refused: Counter[int] = Counter()
+
+    async def one() -> None:
+        try:
+            opened.append(await session.ws_connect(url, headers={"x-spillway-tenant": tenant}))
+        except aiohttp.WSServerHandshakeError as refusal:
+            refused[refusal.status] += 1
+
+    for start in range(0, count, 25):
+        await asyncio.gather(*(one() for _ in range(min(25, count - start))))
+    return [session, *opened], refused
+
+
+async def _ws_past_the_cap(url: str, cap: int) -> dict[str, Any]:
+    held, refused = await _ws_connect_many(url, "acme-conns", cap + 5)
+    session, opened = held[0], held[1:]
+    try:
+        upgrade = {
+            "Upgrade": "websocket",
+            "Connection": "Upgrade",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": base64.b64encode(os.urandom(16)).decode(),
+            "x-spillway-tenant": "acme-conns",
+        }
+        async with session.get(url.replace("ws", "http", 1), headers=upgrade) as answer:
+            body = json.loads(await answer.text())
+        globex = await session.ws_connect(url, headers={"x-spillway-tenant": "globex-conns"})
+        await globex.send_str(json.dumps({"id": "s", "action": "stats"}))
+        stats = json.loads(await globex.receive_str(timeout=60))
+        await globex.close()
+    finally:
+        for ws in opened:
+            await ws.close()
+        await session.close()
+    return {"opened": len(opened), "refused": refused, "body": body, "stats": stats}
+
+
+def test_websocket_connections_past_a_tenants_cap_leave_another_tenant_connecting(
+    stack: Any,
+) -> None:
+    import asyncio
+
+    from spillway.streams.settings import StreamSettings
+
+    cap = StreamSettings().tenant_max_connections
+    # WHEN acme opens 5 connections past its tenant's cap, then globex one
+    got = asyncio.run(asyncio.wait_for(_ws_past_the_cap(stack.websocket_url, cap), 240))
+    # THEN acme got exactly its cap, the rest refused 429 too_many_connections at $connect
+    assert (got["opened"], got["refused"]) == (cap, Counter({429: 5}))
+    assert got["body"]["code"] == "too_many_connections", got["body"]
+    # AND globex's connection was accepted and serves frames
+    assert got["stats"]["id"] == "s"
+    assert got["stats"]["connection"]["frames_in"] == 1

@@ -157,6 +157,14 @@ class MemoryConnections:
             if item is not None and item.lease_owner == owner:
                 item.lease_owner, item.lease_until = None, 0.0
 
+    def withdraw(self, connection_id: str, seq: int | None) -> None:
+        with self.lock:
+            item = self.items.get(connection_id)
+            if item is not None and (seq is None or seq in item.pending):
+                if seq is not None:
+                    del item.pending[seq]
+                item.add({"in_flight": -1, "frames_refused": 1}, None)
+
     def close(self, connection_id: str, now: float, window: int) -> Connection | None:
         with self.lock:
             item = self.items.pop(connection_id, None)

@@ -19,6 +19,7 @@ from spillway.fallback.settings import CpuSettings
 from spillway.protocol.errors import SpillwayError
 from spillway.router.settings import RouterSettings
 from spillway.streams.settings import StreamSettings
+from spillway.tenancy.proof import ProofSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -35,6 +36,7 @@ ERRORS = ROOT / "docs" / "errors.md"
         (JobsSettings, "JOBS_"),
         (AsyncSettings, "ASYNC_"),
         (StreamSettings, "WS_"),
+        (ProofSettings, "SCOPE_PROOF_"),
     ],
 )
 def test_every_setting_is_documented(settings: type[BaseModel], prefix: str) -> None:

@@ -487,12 +487,74 @@ def test_gpu_service_gets_its_admin_token_from_a_generated_secret() -> None:
         if "secretsmanager:GetSecretValue" in _as_list(s["Action"])
     ]
     assert [(s["Effect"], s["Resource"]) for s in reads] == [("Allow", {"Ref": secrets[0]})]
-    # AND only the task's startup reads it: the task role has no Secrets Manager access
+    # AND only the task's startup reads it: the task role's one Secrets Manager read is
+    # of the tenant scope proof key (the storage stack's), never of the admin token
     task_role = _statements(resources["TaskRole"]["Properties"]["Policies"])
-    assert not any(
-        a.startswith("secretsmanager:") for s in task_role for a in _as_list(s["Action"])
-    )
+    secret_reads = [
+        (a, s["Resource"])
+        for s in task_role
+        for a in _as_list(s["Action"])
+        if a.startswith("secretsmanager:")
+    ]
+    assert secret_reads == [("secretsmanager:GetSecretValue", SCOPE_PROOF_KEY_IMPORT)]
 
 
 def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
+
+
+SCOPE_PROOF_KEY_IMPORT = {"Fn::ImportValue": {"Fn::Sub": "${StorageStack}-ScopeProofKeySecretArn"}}
+
+
+def _secret_readers(resources: dict[str, Any], secret: Any) -> set[str]:
+    """The roles whose policies allow ``secretsmanager:GetSecretValue`` on ``secret``."""
+    return {
+        name
+        for name, resource in resources.items()
+        if resource.get("Type") == "AWS::IAM::Role"
+        for s in _statements(resource.get("Properties", {}))
+        if s["Effect"] == "Allow"
+        and "secretsmanager:GetSecretValue" in _as_list(s["Action"])
+        and secret in _as_list(s["Resource"])
+    }
+
+
+def test_the_scope_proof_key_is_generated_and_read_by_the_router_and_backends_only(
+    sam: dict[str, Any], sls: dict[str, Any]
+) -> None:
+    # GIVEN the storage stack, the GPU stack and both forms of the application
+    storage = load_cfn(ROOT / "infra/storage.yaml")
+    gpu = load_cfn(ROOT / "infra/ecs-gpu-service.yaml")["Resources"]
+    sls_resources = SlsResolver(
+        yaml.safe_load((ROOT / "serverless.yml").read_text(encoding="utf-8"))
+    ).resolve(yaml.safe_load((ROOT / "infra/serverless-resources.yml").read_text("utf-8")))
+    secret = storage["Resources"]["ScopeProofKeySecret"]["Properties"]
+    # THEN Secrets Manager generates the key (never the template), under the storage key,
+    # and the storage stack exports the secret's ARN (a Ref of a secret is its ARN)
+    assert secret["GenerateSecretString"]["PasswordLength"] >= 64
+    assert "SecretString" not in secret
+    assert secret["KmsKeyId"] == {"Fn::GetAtt": ["Key", "Arn"]}
+    output = storage["Outputs"]["ScopeProofKeySecretArn"]
+    assert output["Value"] == {"Ref": "ScopeProofKeySecret"}
+    assert output["Export"]["Name"] == {"Fn::Sub": "${AWS::StackName}-ScopeProofKeySecretArn"}
+    # AND exactly the router's role (router and WebSocket functions), the CPU fallback's
+    # role and the GPU service's task role may read it, in either application form
+    assert _secret_readers(sam["Resources"], SCOPE_PROOF_KEY_IMPORT) == {
+        "RouterRole",
+        "CpuInferRole",
+    }
+    sls_import = {"Fn::ImportValue": "spillway-storage-ScopeProofKeySecretArn"}
+    assert _secret_readers(sls_resources, sls_import) == {"RouterRole", "CpuInferRole"}
+    assert _secret_readers(gpu, SCOPE_PROOF_KEY_IMPORT) == {"TaskRole"}
+    # AND every process is told where it is, as the ARN in SCOPE_PROOF_SECRET_ID (read at run
+    # time and again as it rotates, so never an ECS container secret)
+    env = sam["Globals"]["Function"]["Environment"]["Variables"]
+    assert env["SCOPE_PROOF_SECRET_ID"] == SCOPE_PROOF_KEY_IMPORT
+    assert sls["provider"]["environment"]["SCOPE_PROOF_SECRET_ID"] == sls_import
+    container = next(
+        c
+        for c in gpu["TaskDefinition"]["Properties"]["ContainerDefinitions"]
+        if c["Name"] == "gpu-service"
+    )
+    variables = {e["Name"]: e["Value"] for e in container["Environment"]}
+    assert variables["SCOPE_PROOF_SECRET_ID"] == SCOPE_PROOF_KEY_IMPORT

@@ -122,7 +122,15 @@ def test_the_function_is_the_router_with_the_stream_settings() -> None:
             k: v for k, v in router.items() if k != "POWERTOOLS_SERVICE_NAME"
         }
         own = {k.removeprefix(ENV_PREFIX).lower() for k in set(websocket) - set(router)}
-        assert own == {"max_in_flight", "management_endpoint", "tracing"}
+        assert own == {
+            "max_in_flight",
+            "management_endpoint",
+            "tracing",
+            "tenant_max_connections",
+            "tenant_max_in_flight",
+            "tenant_frame_rate",
+            "tenant_frame_burst",
+        }
         assert own <= set(StreamSettings.model_fields)
     sam_fn = deploy().sam.properties("WebSocketFunction")
     assert sam_fn["Handler"] == "functions.websocket.handler.handler"
