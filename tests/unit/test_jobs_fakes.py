@@ -12,6 +12,7 @@ import numpy as np
 from spillway.models.config import ModelConfig, TensorConfig
 from spillway.models.processing import Prepared, Tensors, outcomes
 from spillway.protocol.errors import InvalidInputError, SpillwayError
+from spillway.protocol.tensors import check_finite
 from tests.fakes import sum_rows
 
 
@@ -45,6 +46,7 @@ class FakeModel:
         x = inputs["x"]
         if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != 2:
             raise InvalidInputError(f"input 'x' must be FP32 [-1, 2], got {list(x.shape)}")
+        check_finite("x", x)  # the engine's rule for floating-point inputs
         return Prepared({"x": x}, len(x))
 
     def prepare_many(self, requests: Sequence[Tensors]) -> list[Prepared | SpillwayError]:
