@@ -54,6 +54,8 @@ APP_ZIP = ROOT / "build" / "lambda" / "app.zip"  # serverless.yml's package.arti
 # seconds on an idle machine, more than a minute on a loaded 2-core one (as long as the
 # other services are given), and `auto` must not pick the runtime by the machine's load.
 FALLBACK_WAIT_S = 180.0
+SCOPE_PROOF_ENV = "SCOPE_PROOF_SECRET_ID"
+"""The variable naming the tenant scope proof key (``spillway.tenancy.proof``)."""
 STATE_MACHINES = {
     "topics": f"arn:aws:states:{REGION}:123456789012:stateMachine:spillway-local-topics"
 }
@@ -172,14 +174,17 @@ class LocalStack:
             "AWS_REGION": REGION,
             # The tenant scope proof key (spillway.tenancy.proof): the router signs with
             # it, the GPU service and the CPU fallback verify.
-            "SCOPE_PROOF_SECRET_ID": SCOPE_PROOF_KEY_NAME,
+            SCOPE_PROOF_ENV: SCOPE_PROOF_KEY_NAME,
             **self.async_vars,
         }
 
     def start(self) -> None:
         """Bring every part up, in dependency order; the stack env file last."""
         self.ports = self.ports.resolved()
-        os.environ.update(self.aws_env())
+        # boto3's variables for this process's own clients. The scope proof key goes only
+        # to the parts started: a process that goes on after the stack (a test session)
+        # must not sign or verify scopes with a key whose server is gone.
+        os.environ.update({k: v for k, v in self.aws_env().items() if k != SCOPE_PROOF_ENV})
         try:
             self._moto()
             started = time.monotonic()

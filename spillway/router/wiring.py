@@ -182,9 +182,14 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
     if o.backends is not None:
         backends = o.backends
     else:
-        # The scope proof key from SCOPE_PROOF_* (spillway.tenancy.proof): read on the
-        # first request and cached, so a rotation reaches a warm router without a deploy.
-        proofs = o.proofs or ScopeProofs.from_env()
+        # The scope proof key from SCOPE_PROOF_* (spillway.tenancy.proof): read as the
+        # router starts (a Lambda's init), then again in the background once its refresh
+        # is due, so a rotation reaches a warm router without a deploy and no request
+        # waits for a read (one with a 150 ms budget would spend it there).
+        proofs = o.proofs
+        if proofs is None:
+            proofs = ScopeProofs.from_env(wait=False)
+            proofs.prime()
         backends = make_backends(settings, o.submitter, store, signed_scopes(proofs))
     spills = SpillState(rng)
     epoch = o.epoch or time.time

@@ -153,7 +153,7 @@ def test_no_auth_cookie_or_hop_by_hop_header_reaches_the_backend(recorder: str) 
         "x-spillway-tenant-scope",
     }
     scopes = [v for k, v in seen["headers"].items() if k.lower() == "x-spillway-tenant-scope"]
-    assert scopes == ["-"]
+    assert [s.partition(".")[0] for s in scopes] == ["-"]  # signed when a key is held
     assert seen["headers"]["Host"] == recorder.removeprefix("http://")
     assert seen["headers"]["x-request-id"] == "trace-7"
     assert seen["path"] == "/v2/models/digits/infer"
