@@ -102,8 +102,11 @@ class Connection:
         return self.lease_owner not in (None, owner) and self.lease_until > now
 
     def refusal(self, seq: int | None, limit: int) -> str | None:
-        """Why a frame of this ``seq`` may not be admitted now; ``None``: it may."""
-        if self.in_flight >= limit:
+        """Why a frame of this ``seq`` may not be admitted now; ``None``: it may. The frame
+        every held answer waits for (``seq == next_seq``) is never told to slow down: its
+        answer is what frees the others (refused, a client that waits for an answer before
+        sending it again would wait for good), so ``in_flight`` is at most ``limit`` + 1."""
+        if self.in_flight >= limit and (seq is None or seq != self.next_seq):
             return SLOW_DOWN
         if seq is None:
             return None
@@ -280,9 +283,10 @@ class DynamoConnections:
         update = "ADD in_flight :one, frames_in :one, bytes_in :size"
         names: dict[str, str] = {}
         values: dict[str, Any] = {"one": 1, "size": size, "limit": limit, "now": now}
-        if seq is not None:
+        if seq is not None:  # the frame held answers wait for passes the bound (refusal)
             update = f"SET #pending.#seq = :token {update}"
-            condition += (
+            condition = (
+                f"{_LIVE} AND (in_flight < :limit OR next_seq = :seq)"
                 " AND next_seq <= :seq AND next_seq > :low AND attribute_not_exists(#pending.#seq)"
             )
             names = {"#pending": "pending", "#seq": str(seq)}

@@ -113,6 +113,27 @@ def test_admission_is_bounded_and_counters_add_up(store: DynamoConnections) -> N
     assert store.get("gone", NOW) is None
 
 
+def test_the_frame_held_answers_wait_for_passes_a_full_bound(store: DynamoConnections) -> None:
+    # GIVEN a connection with a bound of 3, full: seq 1 and 2 (held for seq 0) and a
+    # frame without seq
+    store.open("c2", "acme", NOW, 600)
+    full = [store.admit("c2", 10, 3, NOW, seq, f"f{seq}") for seq in (1, 2, None)]
+    assert [(a.admitted, a.in_flight) for a in full if a] == [(True, 1), (True, 2), (True, 3)]
+    # WHEN another frame without seq, then seq 0, arrive
+    unordered = store.admit("c2", 10, 3, NOW, None, "u")
+    zero = store.admit("c2", 10, 3, NOW, 0, "f0")
+    # THEN the first is told to slow down, and seq 0, whose answer frees the held ones,
+    # is admitted past the bound, by one (refused, a client that sends it again after
+    # the next answer would wait for an answer only it can bring)
+    assert unordered is not None and zero is not None
+    assert (unordered.admitted, unordered.refusal) == (False, "slow_down")
+    assert (zero.admitted, zero.in_flight) == (True, 4)
+    # AND a second seq 0 is a duplicate, not admitted
+    again = store.admit("c2", 10, 3, NOW, 0, "f0-again")
+    assert again is not None and not again.admitted
+    assert again.refusal == "duplicate_seq"
+
+
 class _Churning:
     """A DynamoDB client on a full connection under a burst, as concurrent invocations
     make it: each time a write's condition fails, a frame finishes before the caller hears
