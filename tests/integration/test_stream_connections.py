@@ -125,12 +125,14 @@ def test_the_frame_held_answers_wait_for_passes_a_full_bound(store: DynamoConnec
     # THEN the first is told to slow down, and seq 0, whose answer frees the held ones,
     # is admitted past the bound, by one (refused, a client that sends it again after
     # the next answer would wait for an answer only it can bring)
-    assert unordered is not None and zero is not None
+    assert unordered is not None
+    assert zero is not None
     assert (unordered.admitted, unordered.refusal) == (False, "slow_down")
     assert (zero.admitted, zero.in_flight) == (True, 4)
     # AND a second seq 0 is a duplicate, not admitted
     again = store.admit("c2", 10, 3, NOW, 0, "f0-again")
-    assert again is not None and not again.admitted
+    assert again is not None
+    assert not again.admitted
     assert again.refusal == "duplicate_seq"
 
 
