@@ -138,13 +138,7 @@ class DynamoTenantBudgets:
         )
 
     def disconnect(self, tenant: str | None, connection_id: str) -> None:
-        self._call(
-            "update_item",
-            Key=_key(tenant_key(tenant, "connections")),
-            UpdateExpression="REMOVE #conns.#id",
-            ConditionExpression=f"attribute_exists({KEY})",
-            ExpressionAttributeNames={"#conns": "conns", "#id": connection_id},
-        )
+        self._forget(tenant_key(tenant, "connections"), "conns", connection_id)
 
     def _stale_connections(self, key: str, conns: dict[str, float], now: float) -> list[str]:
         """Entries that lapsed, and those whose connection item is gone (closed, or a
@@ -221,12 +215,17 @@ class DynamoTenantBudgets:
         raise StateUnavailableError("the tenant's frame could not be counted", retry_after_s=1.0)
 
     def release(self, tenant: str | None, token: str) -> None:
+        self._forget(tenant_key(tenant, "frames"), "slots", token)
+
+    def _forget(self, key: str, attribute: str, entry: str) -> None:
+        """Remove ``entry`` from the map ``attribute`` of the tenant item ``key`` (an item
+        that is not there is left so)."""
         self._call(
             "update_item",
-            Key=_key(tenant_key(tenant, "frames")),
-            UpdateExpression="REMOVE #slots.#t",
+            Key=_key(key),
+            UpdateExpression="REMOVE #m.#e",
             ConditionExpression=f"attribute_exists({KEY})",
-            ExpressionAttributeNames={"#slots": "slots", "#t": token},
+            ExpressionAttributeNames={"#m": attribute, "#e": entry},
         )
 
     def _remember(self, tenant: str | None, tat: float) -> None:

@@ -29,6 +29,7 @@ from spillway.fallback.app import CpuApp
 from spillway.fallback.direct import handle_direct
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
+from spillway.protocol.codec import encode_request
 from spillway.protocol.wire import HEADER_LENGTH
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
@@ -57,22 +58,12 @@ def _data(values: str) -> bytes:
 
 def _binary(first: float) -> tuple[bytes, int]:
     """A binary-extension body whose FP32 image starts with ``first`` (then 0.5s)."""
-    pixels = np.full(64, 0.5, dtype="<f4")
+    pixels = np.full((1, 8, 8), 0.5, dtype=np.float32)
     with np.errstate(over="ignore"):  # 1e39: infinite, as a float32 client sends it
-        pixels[0] = first
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "image",
-                    "shape": [1, 8, 8],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": 256},
-                }
-            ]
-        }
-    ).encode()
-    return header + pixels.tobytes(), len(header)
+        pixels[0, 0, 0] = first
+    body, length = encode_request({"image": pixels}, binary=True)
+    assert length is not None
+    return body, length
 
 
 _BINARY_INF, _BINARY_LENGTH = _binary(math.inf)
