@@ -34,6 +34,8 @@ from batch_job.settings import JobsSettings
 from spillway.protocol.errors import InvalidInputError, PayloadTooLargeError, RouteNotFoundError
 from spillway.protocol.messages import DirectInvokeAnswer, JobRequest, JobStatus, SubmitReceipt
 from spillway.protocol.wire import Reply, allow, guarded, json_reply, strip_stage
+from spillway.state.table import open_state_store
+from spillway.tenancy.directory import LiveConfigCache, TenantDirectory, apply_log_level
 from spillway.tenancy.identity import Authenticator, event_header
 
 log = logging.getLogger("spillway.jobs.api")
@@ -54,9 +56,22 @@ class Jobs(Protocol):
         """The tenant's job's combined status."""
 
 
-def authenticator(settings: JobsSettings) -> Authenticator:
-    """Who may call, from the settings (``JOBS_IDENTITY_TENANTS``, ``_TRUST_TENANT_HINTS``)."""
-    return Authenticator(settings.identity_tenants, settings.trust_tenant_hints)
+def authenticator(settings: JobsSettings, live: LiveConfigCache | None = None) -> Authenticator:
+    """Who may call: the live configuration's identity map (``JOBS_CONFIG_TABLE``, over
+    ``JOBS_IDENTITY_TENANTS``) and ``JOBS_TRUST_TENANT_HINTS``."""
+    return Authenticator(
+        TenantDirectory(live or live_config(settings)), settings.trust_tenant_hints
+    )
+
+
+def live_config(settings: JobsSettings) -> LiveConfigCache:
+    """The live configuration the settings name; its log level is set on ``spillway``."""
+    return LiveConfigCache(
+        open_state_store(settings.config_table),
+        ttl_s=settings.config_ttl_s,
+        base=settings.identity_tenants,
+        listeners=[apply_log_level],
+    )
 
 
 def is_scheduled(event: Mapping[str, Any]) -> bool:
@@ -64,7 +79,9 @@ def is_scheduled(event: Mapping[str, Any]) -> bool:
     return event.get("source") == "aws.events" and event.get("detail-type") == "Scheduled Event"
 
 
-def answer(event: Mapping[str, Any], jobs: JobService) -> dict[str, Any]:
+def answer(
+    event: Mapping[str, Any], jobs: JobService, callers: Authenticator | None = None
+) -> dict[str, Any]:
     """The answer to one event of the jobs function: the scheduled run's receipt, or the
     API Gateway proxy response (callers from ``jobs.settings``)."""
     if is_scheduled(event):
@@ -73,7 +90,7 @@ def answer(event: Mapping[str, Any], jobs: JobService) -> dict[str, Any]:
         receipt = jobs.scheduled(event)
         log.info("scheduled run", extra={"event_id": event.get("id"), "job": receipt.job.job_id})
         return receipt.model_dump()
-    return dispatch(event, jobs, authenticator(jobs.settings))
+    return dispatch(event, jobs, callers or authenticator(jobs.settings))
 
 
 def dispatch(

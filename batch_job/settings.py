@@ -82,7 +82,13 @@ class JobsSettings(BaseSettings):
     read and write under ``<staging>/<scope>/``, where the router staged its requests."""
     identity_tenants: dict[str, str] = Field(default_factory=dict)
     """Tenants of authenticated identities, as JSON: ``{"<API key id or IAM principal
-    ARN>": "<tenant>"}``; an unmapped identity is its own tenant (as the router's)."""
+    ARN>": "<tenant>"}``; an unmapped identity is its own tenant (as the router's). A base
+    under the live configuration's map (``config_table``), which deployments use instead."""
+    config_table: str | None = None
+    """The router's state table, whose ``config#live`` item holds the live configuration
+    (``spillway tenants``, ``spillway config``): the identity map and the log level."""
+    config_ttl_s: float = Field(default=30.0, ge=0, le=3600)
+    """How long the live configuration is used before it is read again."""
     trust_tenant_hints: bool = False
     """Let a caller nothing authenticated name its tenant (``x-spillway-tenant``), or be
     the anonymous tenant without one. Off by default: unauthenticated calls get 401

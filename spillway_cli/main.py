@@ -16,6 +16,7 @@ from spillway_cli.jobs_cli import jobs_app
 from spillway_cli.models_add import models_add
 from spillway_cli.ops_cli import dashboard, plan, policy_apply, tune
 from spillway_cli.router_cli import cost_app, policy_app, serve_cpu, serve_router
+from spillway_cli.tenants_cli import config_app, tenants_app
 from spillway_cli.up_cli import RUNTIME_HELP, up
 
 app = typer.Typer(help="Spillway: AI inference as a service.", no_args_is_help=True)
@@ -26,6 +27,8 @@ app.add_typer(serve_app, name="serve")
 app.add_typer(policy_app, name="policy")
 app.add_typer(cost_app, name="cost")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(tenants_app, name="tenants")
+app.add_typer(config_app, name="config")
 serve_app.command("router")(serve_router)
 models_app.command("add")(models_add)
 models_app.command("canary")(models_canary)
@@ -144,7 +147,7 @@ def serve_jobs(
     it, as the router's batch mode calls it on AWS); JOBS_* variables apply. Locally moto
     accepts the Batch job but runs nothing, so each new job's array children are run here
     as processes, as `spillway jobs submit --local` does."""
-    from batch_job.api import answer
+    from batch_job.api import answer, authenticator
     from batch_job.service import JobService
     from batch_job.settings import JobsSettings
     from spillway_cli.jobs_cli import run_submitted_locally
@@ -153,8 +156,9 @@ def serve_jobs(
 
     _logging(False)
     jobs = JobService(JobsSettings())
+    callers = authenticator(jobs.settings)
     served = wsgi_app(
-        run_submitted_locally(lambda event, _context: answer(event, jobs)),
+        run_submitted_locally(lambda event, _context: answer(event, jobs, callers)),
         "/v1/health",
         function_name,
     )

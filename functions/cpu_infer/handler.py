@@ -23,6 +23,8 @@ from spillway.fallback.events import CpuEvents
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
 from spillway.powertools import API_GATEWAY_REQUEST_ID, NAMESPACE, traced
+from spillway.state.table import open_state_store
+from spillway.tenancy.directory import LiveConfigCache, apply_log_level
 
 SERVICE = "spillway-cpu-infer"
 
@@ -32,6 +34,14 @@ logger = Logger(service="spillway.cpu_infer", level=settings.log_level)
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
 service = CpuService.load(settings)
 app = CpuApp(service)
+# The live configuration's log level (``spillway config log-level``), read at init and
+# every CPU_CONFIG_TTL_S; the fallback looks up no tenants (the router vouches for them).
+live = LiveConfigCache(
+    open_state_store(settings.config_table),
+    ttl_s=settings.config_ttl_s,
+    listeners=[lambda config: apply_log_level(config, logger)],
+)
+live.poll()
 events = CpuEvents(service, proxy=functools.partial(serverless_wsgi.handle_request, app))
 
 
@@ -41,4 +51,5 @@ events = CpuEvents(service, proxy=functools.partial(serverless_wsgi.handle_reque
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Serve a direct-invoke, an API Gateway, an async queue, a drain-check or a
     pipeline-state event."""
+    live.poll()
     return events.answer(event, context)

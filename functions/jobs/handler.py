@@ -14,10 +14,11 @@ from typing import Any
 from aws_lambda_powertools.logging import Logger
 from aws_lambda_powertools.metrics import Metrics
 
-from batch_job.api import answer
+from batch_job.api import answer, authenticator, live_config
 from batch_job.service import JobService
 from batch_job.settings import JobsSettings
 from spillway.powertools import API_GATEWAY_REQUEST_ID, NAMESPACE, traced
+from spillway.tenancy.directory import apply_log_level
 
 SERVICE = "spillway-jobs"
 
@@ -26,6 +27,11 @@ settings = JobsSettings()
 logger = Logger(service="spillway.jobs")
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
 jobs = JobService(settings)
+# The live configuration (identity map, log level), read at init and every JOBS_CONFIG_TTL_S.
+live = live_config(settings)
+live.subscribe(lambda config: apply_log_level(config, logger))
+live.poll()
+callers = authenticator(settings, live)
 
 
 @traced(settings.tracing, SERVICE)
@@ -33,4 +39,5 @@ jobs = JobService(settings)
 @logger.inject_lambda_context(correlation_id_path=API_GATEWAY_REQUEST_ID)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Serve one API Gateway or scheduled event."""
-    return answer(event, jobs)
+    live.poll()
+    return answer(event, jobs, callers)

@@ -28,6 +28,7 @@ from spillway.protocol.wire import (
 )
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
+from spillway.tenancy.directory import apply_log_level
 
 # The longest body text a proxy response may carry (base64 for a binary body).
 RESPONSE_BODY_LIMIT = LAMBDA_PAYLOAD_BYTES - EVENT_ENVELOPE_BYTES
@@ -39,6 +40,9 @@ settings = RouterSettings.from_env()
 logger = Logger(service="spillway.router", level=settings.log_level)
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
 app = create_app(settings)
+if app.live is not None:  # read at init; its log level set on this logger too
+    app.live.subscribe(lambda config: apply_log_level(config, logger))
+    app.live.poll()
 
 
 @traced(settings.tracing, SERVICE)
@@ -46,6 +50,8 @@ app = create_app(settings)
 @logger.inject_lambda_context(correlation_id_path=API_GATEWAY_REQUEST_ID)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Serve one API Gateway event with the router application."""
+    if app.live is not None:
+        app.live.poll()
     response: dict[str, Any] = serverless_wsgi.handle_request(app, event, context)
     return within_payload_limit(response)
 

@@ -47,7 +47,12 @@ class CpuSettings(BaseSettings):
     port: int = Field(default=8081, ge=0, le=65535)
     """Port ``spillway serve cpu`` listens on."""
     log_level: str = "INFO"
-    """Log level of the function."""
+    """Log level of the function (until the live configuration names one)."""
+    config_table: str | None = None
+    """The router's state table, whose ``config#live`` item holds the live configuration
+    (``spillway config log-level``): read at init and every ``config_ttl_s``."""
+    config_ttl_s: float = Field(default=30.0, ge=0, le=3600)
+    """How long the live configuration is used before it is read again."""
     tracing: bool = False
     """Create the function's X-Ray tracer (imported only when true, so cold starts do not
     pay for it)."""

@@ -38,6 +38,7 @@ from spillway.router.dispatch import Router
 from spillway.router.sessions import PREFIX as SESSIONS_PREFIX
 from spillway.router.sessions import Sessions
 from spillway.routing.facts import Call
+from spillway.tenancy.directory import LiveConfigCache
 from spillway.tenancy.identity import vouched_tenant
 
 log = logging.getLogger("spillway.router")
@@ -59,12 +60,19 @@ class RouterApp:
         openapi: bytes,
         identity_tenants: Mapping[str, str] | None = None,
         sessions: Sessions | None = None,
+        live: LiveConfigCache | None = None,
     ) -> None:
         self.router = router
         self.max_body_bytes = max_body_bytes
         self.openapi = openapi
-        self.identity_tenants = dict(identity_tenants or {})
+        # Kept as given: a ``TenantDirectory`` is read afresh at each lookup.
+        self.identity_tenants: Mapping[str, str] = (
+            identity_tenants if identity_tenants is not None else {}
+        )
         self.sessions = sessions
+        self.live = live
+        """The live configuration behind ``identity_tenants``; the handler polls it for
+        the log level (``None``: a static map)."""
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         request_id = _request_id(environ)

@@ -111,7 +111,12 @@ class RouterSettings(BaseModel):
     identity_tenants: dict[str, str] = Field(default_factory=dict)
     """Tenants of authenticated identities, as JSON: ``{"<API key id or IAM principal
     ARN>": "<tenant>"}``; an unmapped identity is its own tenant (list it in the policy's
-    ``tenants`` to give it a tier)."""
+    ``tenants`` to give it a tier). A base under the live configuration's map
+    (``spillway tenants``, in ``state_table``), which deployments use instead."""
+    config_ttl_s: float = Field(default=30.0, ge=0, le=3600)
+    """How long the live configuration (``spillway tenants``, ``spillway config``: the
+    identity map and the log level, one item of ``state_table``) is used before it is read
+    again: a change reaches every router within this time, without a deploy."""
     state_table: str | None = None
     """DynamoDB table shared by every router instance: canary settings, session affinity
     and session state (TTL attribute ``expires_at``); unset: no canaries, no sessions."""

@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+
+from pydantic import ValidationError
 
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
@@ -27,11 +28,17 @@ from spillway.router.dispatch import Router
 from spillway.router.lambda_backend import LambdaBackend, Payload, cpu_payload, jobs_payload
 from spillway.router.openapi import document_bytes
 from spillway.router.sessions import Sessions
-from spillway.router.settings import RouterSettings
+from spillway.router.settings import ENV_PREFIX, RouterSettings
 from spillway.routing.accounting import EmfSink, Pricing, event_metric, load_pricing
 from spillway.routing.decision import SpillState
 from spillway.routing.policy_store import FileSource, PolicySource, PolicyStore, SsmSource
-from spillway.state.table import DynamoStateStore, StateStore, scope
+from spillway.state.table import StateStore, open_state_store, scope
+from spillway.tenancy.directory import (
+    LiveConfig,
+    LiveConfigCache,
+    TenantDirectory,
+    apply_log_level,
+)
 from spillway.tenancy.proof import ScopeProofs
 
 log = logging.getLogger("spillway.router")
@@ -52,6 +59,7 @@ class Overrides:
     epoch: Callable[[], float] | None = None
     async_store: AsyncStore | None = None
     proofs: ScopeProofs | None = None
+    live: LiveConfigCache | None = None
 
 
 def make_backends(
@@ -114,24 +122,8 @@ def _policy_source(settings: RouterSettings) -> PolicySource | None:
 
 
 def state_store(settings: RouterSettings) -> StateStore | None:
-    """The shared state table the settings name; its client is made on first use, with
-    short timeouts (it is on the request path) and botocore's standard retries."""
-    if not settings.state_table:
-        return None
-
-    def client() -> Any:
-        import boto3
-        from botocore.config import Config
-
-        config = Config(
-            connect_timeout=1,
-            read_timeout=2,
-            retries={"mode": "standard", "max_attempts": 3},
-            max_pool_connections=64,  # one per thread of a local server's pool
-        )
-        return boto3.client("dynamodb", config=config)
-
-    return DynamoStateStore(settings.state_table, client)
+    """The shared state table the settings name (``None``: none)."""
+    return open_state_store(settings.state_table)
 
 
 def canary_router(
@@ -232,10 +224,47 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
         quota_count=settings.session_quota_count,
         quota_bytes=settings.session_quota_bytes,
     )
+    live = o.live or live_config(settings, store)
+    live.subscribe(lambda config: live_settings(router, settings, config))
     return RouterApp(
         router,
         max_body_bytes=settings.max_body_bytes,
         openapi=document_bytes(),
-        identity_tenants=settings.identity_tenants,
+        identity_tenants=TenantDirectory(live),
         sessions=sessions,
+        live=live,
     )
+
+
+def live_config(settings: RouterSettings, store: StateStore | None) -> LiveConfigCache:
+    """The live configuration (identity map, log level) in the state table, under the
+    settings' own identity map; its log level is set on the ``spillway`` loggers."""
+    return LiveConfigCache(
+        store,
+        ttl_s=settings.config_ttl_s,
+        base=settings.identity_tenants,
+        listeners=[apply_log_level],
+    )
+
+
+LIVE_SETTINGS = (
+    "ROUTER_DEFAULT_DEADLINE_MS",
+    "ROUTER_DEADLINE_MARGIN_MS",
+    "ROUTER_FALLBACK_RESERVE",
+)
+"""The router's settings the live configuration may change (``spillway config set``): the
+ones each request reads from ``Router.config``; the rest are built into the router's parts
+at start (a deploy: their template parameters reach the ``live`` alias)."""
+
+
+def live_settings(router: Router, settings: RouterSettings, config: LiveConfig) -> None:
+    """Put the live configuration's router settings in force over ``settings`` (a value
+    that does not validate is logged and the ones in force kept)."""
+    overrides = {
+        name.removeprefix(ENV_PREFIX).lower(): value
+        for name, value in config.overrides(LIVE_SETTINGS).items()
+    }
+    try:
+        router.config = RouterSettings.model_validate({**settings.model_dump(), **overrides})
+    except ValidationError as exc:
+        log.error("live router settings refused, keeping those in force: %s", exc)

@@ -189,6 +189,27 @@ class DynamoStateStore:
         return answer
 
 
+def open_state_store(table: str | None) -> DynamoStateStore | None:
+    """The state table ``table`` names (``None``: none); its client is made on first use,
+    with short timeouts (it is on the request path) and botocore's standard retries."""
+    if not table:
+        return None
+
+    def client() -> Any:
+        import boto3
+        from botocore.config import Config
+
+        config = Config(
+            connect_timeout=1,
+            read_timeout=2,
+            retries={"mode": "standard", "max_attempts": 3},
+            max_pool_connections=64,  # one per thread of a local server's pool
+        )
+        return boto3.client("dynamodb", config=config)
+
+    return DynamoStateStore(table, client)
+
+
 def reach(client: Any, table: str, how: Callable[..., _T], operation: str, **kwargs: Any) -> _T:
     """``how(client.operation, **kwargs)`` (e.g. ``dynamo.conditional``) on the state
     table ``table``, the client's failures raised as ``StateUnavailableError``."""

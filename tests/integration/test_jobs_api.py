@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from batch_job.api import authenticator
 from batch_job.errors import JobConflictError
 from batch_job.plan import RunSpec
 from batch_job.runner import run_job
@@ -43,6 +44,8 @@ def lambda_env(settings: JobsSettings, monkeypatch: pytest.MonkeyPatch) -> JobsS
         monkeypatch.setenv(f"JOBS_{name.upper()}", str(getattr(settings, name)))
     monkeypatch.setenv("JOBS_TENANTS_ROOT", "s3://spillway-data/tenants")
     monkeypatch.setattr(jobs_handler, "jobs", JobService(JobsSettings()))
+    # The handler's callers were built at its import, from that moment's settings.
+    monkeypatch.setattr(jobs_handler, "callers", authenticator(JobsSettings()))
     return settings
 
 
@@ -188,6 +191,8 @@ def test_scheduled_event_starts_the_configured_job_once(
     monkeypatch.setenv("JOBS_SCHEDULE_INPUT", f"s3://{bucket}/content/")
     monkeypatch.setenv("JOBS_SCHEDULE_OUTPUT", f"s3://{bucket}/rescored")
     monkeypatch.setattr(jobs_handler, "jobs", JobService(JobsSettings()))
+    # The handler's callers were built at its import, from that moment's settings.
+    monkeypatch.setattr(jobs_handler, "callers", authenticator(JobsSettings()))
 
     # WHEN EventBridge delivers the scheduled event (events/jobs/nightly.json), twice
     event = _event("nightly")

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from batch_job.api import authenticator
 from batch_job.service import JobService
 from batch_job.settings import JobsSettings
 from functions.jobs import handler as jobs_handler
@@ -64,6 +65,8 @@ def tenant_deployment(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(jobs_handler, "jobs", JobService(JobsSettings()))
+    # The handler's callers were built at its import, from that moment's settings.
+    monkeypatch.setattr(jobs_handler, "callers", authenticator(JobsSettings()))
     return Deployment(data, models), settings
 
 

@@ -99,10 +99,14 @@ def test_the_documented_payload_limit_is_the_code_s() -> None:
         assert "`ROUTER_MAX_BODY_BYTES` (6 MiB)" not in text
 
 
-def test_tenants_reach_both_template_forms() -> None:
-    # GIVEN the identity map the router and the jobs API read
+def test_tenants_reach_both_template_forms_live() -> None:
+    # GIVEN the live configuration (the identity map) the doors read from the state table
     for name in ("template.yaml", "serverless.yml"):
         text = (ROOT / name).read_text()
-        # THEN both forms set it for both functions, so tenant tiers work on AWS
-        assert "ROUTER_IDENTITY_TENANTS:" in text, name
-        assert "JOBS_IDENTITY_TENANTS:" in text, name
+        # THEN both forms point the router and the WebSocket function (ROUTER_STATE_TABLE),
+        # the jobs and the CPU functions at it, and none carries a map in its environment
+        # (4 KB in all; each new tenant would be a deploy)
+        assert text.count("ROUTER_STATE_TABLE:") == 2, name
+        assert "JOBS_CONFIG_TABLE:" in text, name
+        assert "CPU_CONFIG_TABLE:" in text, name
+        assert "IDENTITY_TENANTS:" not in text, name

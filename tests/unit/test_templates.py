@@ -289,11 +289,11 @@ def test_the_jobs_api_knows_callers_and_areas_as_the_router_does(
     sam_router = sam_function(sam, "RouterFunction")["Environment"]["Variables"]
     # THEN both read one identity map, and the jobs function's staging area is the
     # router's staging prefix
-    assert sam_jobs["JOBS_IDENTITY_TENANTS"] == sam_router["ROUTER_IDENTITY_TENANTS"]
+    assert sam_jobs["JOBS_CONFIG_TABLE"] == sam_router["ROUTER_STATE_TABLE"]
     assert sam_jobs["JOBS_STAGING"] == sam_router["ROUTER_JOBS_STAGING"]
     assert sam_jobs["JOBS_TENANTS_ROOT"]["Fn::Sub"][0] == "s3://${Bucket}/tenants"
     jobs, router = (sls["functions"][k]["environment"] for k in ("jobs", "router"))
-    assert jobs["JOBS_IDENTITY_TENANTS"] == router["ROUTER_IDENTITY_TENANTS"]
+    assert jobs["JOBS_CONFIG_TABLE"] == router["ROUTER_STATE_TABLE"]
     assert jobs["JOBS_STAGING"] == router["ROUTER_JOBS_STAGING"]
 
 
