@@ -21,9 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from batch_job.errors import JobConflictError
 from batch_job.storage import ObjectStore, open_location
 from spillway.models.repository import ModelRepository
+from spillway.protocol.aws_limits import S3_KEY_BYTES
 from spillway.protocol.errors import InvalidInputError, ModelNotFoundError
 from spillway.protocol.messages import STAGED_SUFFIX
 from spillway.protocol.names import validate_model_name
+from spillway.protocol.wire import is_s3_url
 
 InputFormat = Literal["jsonl", "npy", "staged", "images"]
 SUFFIXES: dict[str, InputFormat] = {
@@ -121,6 +123,27 @@ class OutputLayout:
     def temp(self, final_key: str) -> str:
         """The temporary key a final object is staged at before the commit."""
         return f"{self.prefix}_tmp/{final_key.removeprefix(self.prefix)}"
+
+
+def check_output_keys(output: str) -> None:
+    """Every key a job writes under ``output`` (an ``s3://`` folder) fits S3's 1,024 bytes
+    (``aws_limits.S3_KEY_BYTES``) and its URL the 1,024 characters a location may have;
+    else a 400 when the job is submitted, not a failed write once its shards have run.
+    The longest key is a shard's staged manifest, ``_tmp/part-<index>.manifest.json``
+    (an index of ten digits allowed for)."""
+    if not is_s3_url(output):
+        return
+    key = output.removeprefix("s3://").partition("/")[2].strip("/")
+    layout = OutputLayout(f"{key}/" if key else "")
+    shard = ShardSpec(index=10**10 - 1, key="", format="jsonl", size=0)
+    longest = layout.temp(layout.manifest(shard))
+    size = len(longest.encode())
+    if size > S3_KEY_BYTES or len(output) > S3_KEY_BYTES:
+        raise InvalidInputError(
+            f"the output location is too long: the job's keys under it would be up to {size} "
+            f"bytes ({len(output)} characters as a URL); S3 and this service allow "
+            f"{S3_KEY_BYTES}"
+        )
 
 
 def plan_shards(store: ObjectStore, prefix: str, input_url: str, model: str, version: int) -> Plan:

@@ -28,7 +28,14 @@ from typing import Any
 from batch_job.errors import EXIT_NO_RETRY, JobConflictError, JobNotFoundError, NotConfiguredError
 from batch_job.jobstore import SUBMITTED, SUBMITTING, JobStore
 from batch_job.manifest import read_markers, totals
-from batch_job.plan import Locations, OutputLayout, Plan, RunSpec, ensure_plan
+from batch_job.plan import (
+    Locations,
+    OutputLayout,
+    Plan,
+    RunSpec,
+    check_output_keys,
+    ensure_plan,
+)
 from batch_job.settings import JobsSettings
 from batch_job.storage import open_location
 from spillway.models.repository import aws_client, open_repository
@@ -101,6 +108,7 @@ class JobService:
         digest = hashlib.sha256(request.model_dump_json().encode()).hexdigest()
         if per_job_output:
             request = request.model_copy(update={"output": f"{request.output}{job_id}/"})
+        check_output_keys(request.output)
         now = time.time()
         record = {
             **request.model_dump(exclude={"version"}),

@@ -123,8 +123,9 @@ def table(results: dict[str, Any]) -> str:
     if ocr:
         lines += [
             "",
-            f"OCR pages (rendered text as PNG, to `ocr-det`; right: a box for each line, "
-            f"where the detector's own code finds them): {ocr['streams']} streams x "
+            f"OCR pages (rendered text as PNG, to `ocr-det`: base64 in a text frame through "
+            f"the WebSocket API, binary data through HTTP and gRPC; right: a box for each "
+            f"line, where the detector's own code finds them): {ocr['streams']} streams x "
             f"{ocr['frames']} pages, {ocr['window']} in flight a stream, same stack and run:",
             "",
             *_door_rows(results["ocr_runs"]),

@@ -431,14 +431,12 @@ def scenario_frame_streams(stack: LocalStack, models: Path) -> list[Check]:
     frames/s on a loaded 2-core machine (docs/benchmarks.md, "Frame streams"), so 400
     frames in flight would wait past API Gateway's 29 s integration timeout; 100 wait
     about 8 s. OCR pages are 20 streams: a page is about half a second of this machine's
-    CPU, so 50 at once would wait about 25 s.
+    CPU, so 50 at once would wait about 25 s. A page travels in a text frame as base64
+    (API Gateway closes the connection on a binary frame).
 
-    Under serverless-offline the WebSocket streams are 8, one frame in flight each:
-    serverless-offline starts a Python process (and keeps its own state for it) for every
-    invocation that finds none idle; in a run with 50 streams of 2 here, its Node.js
-    process (then 8.6 GB) stopped answering, REST included, as the streams began. The
-    gRPC streams do not pass through it."""
-    offline = stack.router_runtime == "serverless-offline"
+    The WebSocket API is ``spillway serve websocket`` under every router runtime (under
+    serverless-offline too: its own WebSocket server started a Python process for every
+    invocation that found none idle, and took binary frames API Gateway refuses)."""
     sets = frame_sets(models)
     made: list[Check] = []
     for frames in sets:
@@ -447,18 +445,11 @@ def scenario_frame_streams(stack: LocalStack, models: Path) -> list[Check]:
             if frames.model == "digits"
             else Scenario(streams=20, frames=2, window=1)
         )
-        websocket = Scenario(streams=8, frames=scenario.frames, window=1)
-        doors = {"websocket": websocket if offline else scenario, "grpc": scenario}
         say(
             f"\n10. frame streams: {scenario.streams} streams x {scenario.frames} "
             f"{frames.what}, {scenario.window} in flight a stream"
         )
-        if offline:
-            say(
-                "   (WebSocket: 8 streams, 1 frame in flight each: serverless-offline starts "
-                "a Python process for each concurrent invocation)"
-            )
-        for door, scenario in doors.items():
+        for door in ("websocket", "grpc"):
             run = run_door(door, Endpoints.of_stack(stack), scenario, frames)
             say(f"   {run.line()}")
             made += run.checks()

@@ -7,22 +7,54 @@ API keys does, the event's ``requestContext.identity.apiKeyId`` names the reques
 The same server answers Lambda's invoke API for the function (``POST
 /2015-03-31/functions/{name}/invocations``, the event as the body, the handler's return
 value as the answer), so ``lambda:Invoke`` callers such as the router's batch mode reach
-it through ``AWS_ENDPOINT_URL_LAMBDA`` as they would reach the function on AWS."""
+it through ``AWS_ENDPOINT_URL_LAMBDA`` as they would reach the function on AWS.
+
+Both doors refuse what AWS refuses, with AWS's answer (``spillway.protocol.aws_limits``):
+
+* REST: a body over 10 MB (``REST_PAYLOAD_BYTES``) is API Gateway's own 413, text
+  ``HTTP content length exceeded 10485760 bytes.``, the function never called
+  (https://docs.aws.amazon.com/apigateway/latest/developerguide/limits.html; the
+  REQUEST_TOO_LARGE gateway response cannot be customised:
+  https://docs.aws.amazon.com/apigateway/latest/developerguide/supported-gateway-response-types.html);
+  an event over Lambda's 6 MB (``LAMBDA_SYNC_PAYLOAD_BYTES``: the body base64-encoded
+  with its headers) is 413 ``{"message": "Request Too Long"}``; a function answer over
+  6 MB is Lambda's ``Function.ResponseSizeTooLarge``, which API Gateway answers as 502
+  ``{"message": "Internal server error"}`` (INTEGRATION_FAILURE)
+  (https://docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html; the answers
+  as observed on AWS: github.com/koki-develop/lgtm-generator/issues/10,
+  github.com/DataBiosphere/azul/issues/8258).
+* Invoke: a synchronous payload over 6 MB is 413 ``RequestTooLargeException``, an
+  ``Event`` one over 1 MB (``LAMBDA_ASYNC_PAYLOAD_BYTES``) too; an answer over 6 MB is a
+  function error (``X-Amz-Function-Error: Unhandled``, ``Function.ResponseSizeTooLarge``)
+  (https://docs.aws.amazon.com/lambda/latest/api/API_Invoke.html). An ``Event``
+  invocation runs before its 202 here: there is no queue in front of the function.
+"""
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
+from spillway.protocol.aws_limits import (
+    LAMBDA_ASYNC_PAYLOAD_BYTES,
+    LAMBDA_SYNC_PAYLOAD_BYTES,
+    REST_PAYLOAD_BYTES,
+)
+
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
-_MAX_BODY = 10 * 1024 * 1024  # API Gateway's limit
+Answer = tuple[str, list[tuple[str, str]], bytes]
+"""A status line, headers and body."""
 _INVOKE_PATH = re.compile(r"^/2015-03-31/functions/(?P<name>[^/]+)/invocations$")
-_INVOKE_LIMIT = 6 * 1024 * 1024  # Lambda's synchronous payload
+_JSON = "application/json"
+RESPONSE_TOO_LARGE = "Function.ResponseSizeTooLarge"
+"""Lambda's error type for a function answer over the synchronous payload limit."""
+log = logging.getLogger("spillway.lambda_http")
 
 
 class _Context:
@@ -40,9 +72,10 @@ class _Context:
 
 
 def event_from_environ(environ: dict[str, Any]) -> dict[str, Any]:
-    """A REST API v1 proxy event for one WSGI request."""
+    """A REST API v1 proxy event for one WSGI request (its length within API Gateway's
+    limit: ``_rest`` checks it first)."""
     length = int(environ.get("CONTENT_LENGTH") or 0)
-    body = environ["wsgi.input"].read(min(length, _MAX_BODY)) if length else b""
+    body = environ["wsgi.input"].read(length) if length else b""
     headers = {
         k[5:].replace("_", "-").title(): v for k, v in environ.items() if k.startswith("HTTP_")
     }
@@ -68,19 +101,80 @@ def event_from_environ(environ: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _invoke(
-    handler: Handler, function_name: str, environ: dict[str, Any], name: str
-) -> tuple[str, bytes]:
-    """Lambda's invoke API for the one function served here: its status and JSON body."""
+def _size(value: Any) -> int:
+    """Bytes of ``value`` as JSON: what Lambda counts of an event or an answer."""
+    return len(json.dumps(value).encode())
+
+
+def _json(status: str, value: Any, *headers: tuple[str, str]) -> Answer:
+    return status, [("Content-Type", _JSON), *headers], json.dumps(value).encode()
+
+
+def _too_large(length: int, kind: str, limit: int) -> Answer:
+    message = (
+        f"{length} byte payload is too large for the {kind} invocation type (limit {limit} bytes)"
+    )
+    error = ("x-amzn-ErrorType", "RequestTooLargeException")
+    return _json("413 Request Entity Too Large", {"Type": "User", "message": message}, error)
+
+
+def _answer_too_large(size: int, function_name: str) -> dict[str, str]:
+    """Lambda's function error for an answer over the synchronous limit (logged)."""
+    log.error(
+        "function answer over Lambda's payload limit",
+        extra={"function": function_name, "bytes": size, "error_type": RESPONSE_TOO_LARGE},
+    )
+    return {
+        "errorMessage": "Response payload size exceeded maximum allowed payload size "
+        f"({LAMBDA_SYNC_PAYLOAD_BYTES} bytes).",
+        "errorType": RESPONSE_TOO_LARGE,
+    }
+
+
+def _invoke(handler: Handler, function_name: str, environ: dict[str, Any], name: str) -> Answer:
+    """Lambda's invoke API for the one function served here."""
     if name.rsplit(":", 1)[-1] != function_name and name != function_name:
         message = {"Type": "User", "message": f"Function not found: {name[:64]}"}
-        return "404 Not Found", json.dumps(message).encode()
+        return _json("404 Not Found", message, ("x-amzn-ErrorType", "ResourceNotFoundException"))
     length = int(environ.get("CONTENT_LENGTH") or 0)
-    if length > _INVOKE_LIMIT:
-        message = {"Type": "User", "message": f"{length} byte payload is too large"}
-        return "413 Request Entity Too Large", json.dumps(message).encode()
+    kind = str(environ.get("HTTP_X_AMZ_INVOCATION_TYPE") or "RequestResponse")
+    limit = LAMBDA_ASYNC_PAYLOAD_BYTES if kind == "Event" else LAMBDA_SYNC_PAYLOAD_BYTES
+    if length > limit:
+        return _too_large(length, kind, limit)
     event = json.loads(environ["wsgi.input"].read(length) or b"{}")
-    return "200 OK", json.dumps(handler(event, _Context())).encode()
+    result = handler(event, _Context())
+    if kind == "Event":
+        return "202 Accepted", [("Content-Type", _JSON)], b""
+    if (size := _size(result)) > LAMBDA_SYNC_PAYLOAD_BYTES:
+        error = _answer_too_large(size, function_name)
+        return _json("200 OK", error, ("X-Amz-Function-Error", "Unhandled"))
+    return _json("200 OK", result)
+
+
+def _rest(handler: Handler, function_name: str, environ: dict[str, Any]) -> Answer:
+    """One REST API request through the proxy integration, API Gateway's limits first."""
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    if length > REST_PAYLOAD_BYTES:  # refused before the body is read
+        text = f"HTTP content length exceeded {REST_PAYLOAD_BYTES} bytes."
+        return (
+            "413 Request Entity Too Large",
+            [("Content-Type", "text; charset=utf-8")],
+            text.encode(),
+        )
+    event = event_from_environ(environ)
+    if _size(event) > LAMBDA_SYNC_PAYLOAD_BYTES:
+        error = ("x-amzn-ErrorType", "BadRequestException")
+        return _json("413 Request Entity Too Large", {"message": "Request Too Long"}, error)
+    result = handler(event, _Context())
+    if (size := _size(result)) > LAMBDA_SYNC_PAYLOAD_BYTES:
+        _answer_too_large(size, function_name)
+        error = ("x-amzn-ErrorType", "InternalServerErrorException")
+        return _json("502 Bad Gateway", {"message": "Internal server error"}, error)
+    raw = result.get("body") or ""
+    body = base64.b64decode(raw) if result.get("isBase64Encoded") else raw.encode()
+    status = int(result.get("statusCode", 200))
+    headers = [(k, str(v)) for k, v in (result.get("headers") or {}).items()]
+    return f"{status} -", headers, body
 
 
 def wsgi_app(
@@ -92,19 +186,14 @@ def wsgi_app(
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == health_path:
-            start_response("200 OK", [("Content-Type", "application/json")])
+            start_response("200 OK", [("Content-Type", _JSON)])
             return [b"{}"]
         invoke = _INVOKE_PATH.match(environ.get("PATH_INFO", ""))
         if invoke and environ["REQUEST_METHOD"] == "POST":
-            line, answer = _invoke(handler, function_name, environ, invoke["name"])
-            start_response(line, [("Content-Type", "application/json")])
-            return [answer]
-        result = handler(event_from_environ(environ), _Context())
-        raw = result.get("body") or ""
-        body = base64.b64decode(raw) if result.get("isBase64Encoded") else raw.encode()
-        status = int(result.get("statusCode", 200))
-        headers = [(k, str(v)) for k, v in (result.get("headers") or {}).items()]
-        start_response(f"{status} -", headers)
+            line, headers, body = _invoke(handler, function_name, environ, invoke["name"])
+        else:
+            line, headers, body = _rest(handler, function_name, environ)
+        start_response(line, headers)
         return [body]
 
     return app

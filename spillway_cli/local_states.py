@@ -14,11 +14,21 @@ lean on a feature this interpreter would silently get wrong.
 
 A Lambda function that raises fails its task with the exception's class name as the
 error and ``{"errorMessage", "errorType"}`` as the cause, as the Lambda integration
-reports them.
+reports them. A state whose input (after ``Parameters``), task result or output is larger
+than ``aws_limits.SFN_PAYLOAD_BYTES`` fails the execution with
+``States.DataLimitExceeded``, a terminal error that no retrier or catcher takes
+(https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html).
 
 ``LocalStepFunctions`` serves the two calls of Step Functions' API that Spillway makes
 (``StartExecution``, ``DescribeExecution``) over HTTP, so the router's boto3 client
-(``AWS_ENDPOINT_URL_SFN``) starts executions that this interpreter runs.
+(``AWS_ENDPOINT_URL_SFN``) starts executions that this interpreter runs. It refuses a
+start as StartExecution does
+(https://docs.aws.amazon.com/step-functions/latest/apireference/API_StartExecution.html):
+a name longer than 80 characters or an input over 262,144 bytes of UTF-8 is a
+``ValidationException``, a name with a forbidden character ``InvalidName``, input that is
+no JSON ``InvalidExecutionInput``, and a name already used ``ExecutionAlreadyExists``
+unless its execution is still running with the same input (Standard workflows keep a
+name for 90 days after the execution ends; here, for the life of the stack).
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from spillway.protocol.aws_limits import SFN_EXECUTION_NAME_CHARS, SFN_PAYLOAD_BYTES
 
 PARTITIONS = ("aws", "aws-cn", "aws-us-gov")
 _PARTITION = "(" + "|".join(re.escape(p) for p in PARTITIONS) + ")"
@@ -60,6 +72,9 @@ _INTRINSIC = re.compile(r"^(States\.[A-Za-z]+)\((.*)\)$", re.DOTALL)
 _ARGUMENT = re.compile(r"\s*('(?:[^'\\]|\\.)*'|\$[^,]*)\s*(?:,|$)")
 
 Function = Callable[[dict[str, Any]], Any]
+DATA_LIMIT = "States.DataLimitExceeded"
+_TERMINAL = frozenset({"States.Runtime", DATA_LIMIT})
+"""Errors that fail the execution whatever its retriers and catchers say."""
 
 
 class DefinitionError(ValueError):
@@ -154,7 +169,20 @@ def _place(document: Any, result: Any, path: str | None) -> Any:
     return out
 
 
+def _within_limit(value: Any, what: str) -> Any:
+    """``value``, unless its JSON (UTF-8, compact) is larger than a state's data may be:
+    ``States.DataLimitExceeded``."""
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > SFN_PAYLOAD_BYTES:
+        raise StatesError(
+            DATA_LIMIT, f"the {what} ({size} bytes) is larger than {SFN_PAYLOAD_BYTES} bytes"
+        )
+    return value
+
+
 def _matches(names: list[str], error: str) -> bool:
+    if error in _TERMINAL:
+        return False
     if "States.ALL" in names or error in names:
         return True
     return "States.TaskFailed" in names and error != "States.Timeout"
@@ -226,16 +254,19 @@ class LocalStateMachine:
                     (c for c in state.get("Catch", []) if _matches(c["ErrorEquals"], error.name)),
                     None,
                 )
-                if catcher is None or error.name == "States.Runtime":
-                    execution.error, execution.cause = error.name, error.cause
-                    execution.history.append((name, f"failed {error.name}"))
-                    return execution
+                if catcher is None:
+                    return _failed(execution, name, error)
                 execution.history.append((name, f"caught {error.name}"))
                 failure = {"Error": error.name, "Cause": error.cause}
                 document = _place(document, failure, catcher.get("ResultPath", "$"))
                 name = catcher["Next"]
                 continue
-            document = _place(document, result, state.get("ResultPath", "$"))
+            try:
+                document = _within_limit(
+                    _place(document, result, state.get("ResultPath", "$")), "state's output"
+                )
+            except StatesError as error:
+                return _failed(execution, name, error)
             if state.get("End"):
                 execution.status, execution.output = "SUCCEEDED", document
                 return execution
@@ -253,7 +284,9 @@ class LocalStateMachine:
         tries = [0] * len(state.get("Retry", []))
         while True:
             try:
-                raw = self._task(state, _fill(state.get("Parameters", document), document, context))
+                parameters = _fill(state.get("Parameters", document), document, context)
+                raw = self._task(state, _within_limit(parameters, "state's input"))
+                _within_limit(raw, "task's result")
                 return (
                     _fill(state["ResultSelector"], raw, context)
                     if "ResultSelector" in state
@@ -264,7 +297,7 @@ class LocalStateMachine:
                 found = next(
                     ((i, r) for i, r in retriers if _matches(r["ErrorEquals"], error.name)), None
                 )
-                if found is None or error.name == "States.Runtime":
+                if found is None:
                     raise
                 index, retrier = found
                 if tries[index] >= retrier.get("MaxAttempts", 3):
@@ -349,6 +382,13 @@ class LocalStateMachine:
         return {"ETag": answer.get("ETag")}
 
 
+def _failed(execution: Execution, state: str, error: StatesError) -> Execution:
+    """The execution, failed in ``state`` with ``error``."""
+    execution.error, execution.cause = error.name, error.cause
+    execution.history.append((state, f"failed {error.name}"))
+    return execution
+
+
 def _known_resource(resource: str) -> bool:
     return bool(LAMBDA_INVOKE.match(resource) or S3_PUT_OBJECT.match(resource))
 
@@ -368,6 +408,34 @@ def substituted(definition: Mapping[str, Any], values: Mapping[str, str]) -> dic
 _TARGET = "AWSStepFunctions."
 _JSON = "application/x-amz-json-1.0"
 _STATUS = {"SUCCEEDED": "SUCCEEDED", "FAILED": "FAILED"}
+_FORBIDDEN = re.compile(r'[\s<>{}\[\]?*"#%\\^|~`$&,;:/\x00-\x1f\x7f-\x9f]')
+"""What an execution name must not contain (API_StartExecution): whitespace, brackets,
+wildcards, ``"#%\\^|~`$&,;:/`` and control characters."""
+_REQUEST_BYTES = 6 * SFN_PAYLOAD_BYTES + (64 << 10)
+"""The longest StartExecution body read: an input at its limit with every character
+escaped (``\\uXXXX``) still fits, so the input's own limit decides."""
+
+
+def _check_start(name: str, document: str) -> None:
+    """StartExecution's refusals of a name and an input, as Step Functions words them."""
+    if not 1 <= len(name) <= SFN_EXECUTION_NAME_CHARS:
+        raise _Refused(
+            "ValidationException",
+            "1 validation error detected: Value at 'name' failed to satisfy constraint: "
+            f"Member must have length less than or equal to {SFN_EXECUTION_NAME_CHARS}",
+        )
+    if _FORBIDDEN.search(name):
+        raise _Refused("InvalidName", f"Invalid Name: '{name}'")
+    if len(document.encode()) > SFN_PAYLOAD_BYTES:
+        raise _Refused(
+            "ValidationException",
+            "1 validation error detected: Value at 'input' failed to satisfy constraint: "
+            f"Member must have length less than or equal to {SFN_PAYLOAD_BYTES}",
+        )
+    try:
+        json.loads(document)
+    except ValueError:
+        raise _Refused("InvalidExecutionInput", "Invalid State Machine Execution Input") from None
 
 
 @dataclass
@@ -385,8 +453,9 @@ class LocalStepFunctions:
     known state machine with ``LocalStateMachine`` on a bounded pool of threads.
 
     As on AWS, a standard workflow's execution name is unique per machine: starting the
-    same name with the same input again answers the first execution, with another input
-    ``ExecutionAlreadyExists``."""
+    same name with the same input while its execution runs answers that execution; with
+    another input, or once it has ended, ``ExecutionAlreadyExists`` (for the life of this
+    object: AWS keeps the name 90 days)."""
 
     def __init__(self, machines: Mapping[str, LocalStateMachine], workers: int = 4) -> None:
         self.machines = dict(machines)
@@ -414,13 +483,14 @@ class LocalStepFunctions:
         machine = self.machines.get(machine_arn)
         if machine is None:
             raise _Refused("StateMachineDoesNotExist", f"no state machine {machine_arn}")
+        _check_start(name, document)
         parts = machine_arn.split(":")
         arn = ":".join([*parts[:5], "execution", parts[-1], name])
         with self._lock:
             found = self._runs.get(arn)
             if found is not None:
-                if found.input != document:
-                    raise _Refused("ExecutionAlreadyExists", f"execution {name} exists")
+                if found.input != document or found.future.done():
+                    raise _Refused("ExecutionAlreadyExists", f"Execution Already Exists: '{arn}'")
                 return arn
             future = self._pool.submit(machine.run, json.loads(document), arn)
             self._runs[arn] = _Run(machine_arn, name, document, time.time(), future)
@@ -455,7 +525,9 @@ class LocalStepFunctions:
         size = int(environ.get("CONTENT_LENGTH") or 0)
         status, body = "200 OK", {}
         try:
-            request = json.loads(environ["wsgi.input"].read(min(size, 1 << 20)) or b"{}")
+            if size > _REQUEST_BYTES:
+                raise _Refused("ValidationException", f"a {size}-byte request is too large")
+            request = json.loads(environ["wsgi.input"].read(size) or b"{}")
             if target == _TARGET + "StartExecution":
                 arn = self.start(
                     str(request["stateMachineArn"]),

@@ -123,8 +123,9 @@ def local_values(stack: StackEndpoints) -> dict[str, str]:
         "JOBS_REPOSITORY": REPOSITORY,
         "JOBS_TENANTS_ROOT": TENANTS_ROOT,
         "JOBS_STAGING": f"s3://{DATA_BUCKET}/staging/router",
-        "JOBS_IDENTITY_TENANTS": "{}",
-        "ROUTER_IDENTITY_TENANTS": "{}",
+        # The live configuration (identity map, log level): the state table's item.
+        "JOBS_CONFIG_TABLE": STATE_TABLE,
+        "CPU_CONFIG_TABLE": STATE_TABLE,
         "JOBS_SCHEDULE_MODEL": "digits",
         "JOBS_SCHEDULE_INPUT": f"s3://{DATA_BUCKET}/nightly/input/",
         "JOBS_SCHEDULE_OUTPUT": f"s3://{DATA_BUCKET}/nightly/output/",

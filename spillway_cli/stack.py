@@ -54,6 +54,9 @@ APP_ZIP = ROOT / "build" / "lambda" / "app.zip"  # serverless.yml's package.arti
 # seconds on an idle machine, more than a minute on a loaded 2-core one (as long as the
 # other services are given), and `auto` must not pick the runtime by the machine's load.
 FALLBACK_WAIT_S = 180.0
+CONFIG_TTL_S = 2.0
+"""How long the local doors keep the live configuration (`spillway tenants`): 2 s, so a
+change is seen at once; deployed functions keep it 30 s."""
 SCOPE_PROOF_ENV = "SCOPE_PROOF_SECRET_ID"
 """The variable naming the tenant scope proof key (``spillway.tenancy.proof``)."""
 STATE_MACHINES = {
@@ -365,6 +368,8 @@ class LocalStack:
             "JOBS_TENANTS_ROOT": TENANTS_ROOT,
             "JOBS_STAGING": JOBS_STAGING,
             "JOBS_IDENTITY_TENANTS": json.dumps({LOCAL_API_KEY: "local"}),
+            "JOBS_CONFIG_TABLE": STATE_TABLE,
+            "JOBS_CONFIG_TTL_S": str(CONFIG_TTL_S),
             "JOBS_TRUST_TENANT_HINTS": "true",
         }
 
@@ -456,6 +461,7 @@ class LocalStack:
             "ROUTER_JOBS_STAGING": JOBS_STAGING,
             "ROUTER_POLICY_FILE": str(self.policy_copy),
             "ROUTER_STATE_TABLE": STATE_TABLE,
+            "ROUTER_CONFIG_TTL_S": str(CONFIG_TTL_S),
             "ROUTER_METRICS_LOG": str(self.log_dir / "router-metrics.jsonl"),
         }
 
@@ -478,19 +484,20 @@ class LocalStack:
         }
 
     def _websocket(self) -> None:
-        """The WebSocket API: under serverless-offline, serverless.yml's ``websocket``
-        function in the router's process (``--websocketPort``); otherwise ``spillway
-        serve websocket`` running the same handler as API Gateway would."""
+        """The WebSocket API, under every router runtime: ``spillway serve websocket``
+        running the WebSocket function as API Gateway would, and as strict (binary
+        frames, frame and message sizes, idle and lifetime: ``spillway_cli.ws_gateway``).
+        serverless-offline's own WebSocket server takes binary frames and messages over
+        128 KB, so it is not used (``_router_offline`` moves it to a port nobody uses);
+        under it, the function reads the policy where the offline router does."""
         started = time.monotonic()
+        env = {**self.aws_env(), **self.websocket_env()}
         if self.router_runtime == "serverless-offline":
-            child, how = self.children["router"], "serverless-offline"
-        else:
-            argv = [*_spillway(), "serve", "websocket", "--port", str(self.ports.websocket)]
-            child = procs.start(
-                "websocket", argv, self.log_dir, {**self.aws_env(), **self.websocket_env()}
-            )
-            self.children["websocket"] = child
-            how = f"pid {child.pid}"
+            env["ROUTER_POLICY_PARAMETER"] = POLICY_PARAMETER
+        argv = [*_spillway(), "serve", "websocket", "--port", str(self.ports.websocket)]
+        child = procs.start("websocket", argv, self.log_dir, env)
+        self.children["websocket"] = child
+        how = f"pid {child.pid}"
         try:
             _wait_accepting(self.ports.websocket, 180, child.proc)
         except (RuntimeError, TimeoutError) as exc:
@@ -574,9 +581,11 @@ class LocalStack:
             f"--param=lambdaEndpointUrl={self.url('cpu')}",
             # serverless.yml's local value is "{}": the local Step Functions endpoint's.
             f"--param=asyncStateMachines={json.dumps(STATE_MACHINES)}",
-            # The websocket function's API on its own port, @connections served there too.
+            # serverless-offline 13 cannot leave out serverless.yml's websocket events:
+            # its WebSocket server goes to a free port nobody is told of, and the API is
+            # served by `spillway serve websocket` (_websocket).
             "--websocketPort",
-            str(self.ports.websocket),
+            str(procs.free_port()),
             f"--param=wsManagementEndpoint={self.url('websocket')}",
         ]
         venv = Path(sys.executable).parent.parent
@@ -627,8 +636,6 @@ class LocalStack:
             lines.append(
                 f"  {'websocket':<9} {self.websocket_url}  (pid {child.pid}, log {child.log_path})"
             )
-        elif self.router_runtime == "serverless-offline" and "router" in self.children:
-            lines.append(f"  {'websocket':<9} {self.websocket_url}  (serverless-offline)")
         if "gpu" in self.children:  # the GPU service's second door
             lines.append(f"  {'gpu-grpc':<9} 127.0.0.1:{self.ports.gpu_grpc}  (KServe V2 gRPC)")
         if self._states_server is not None:

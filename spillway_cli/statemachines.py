@@ -11,8 +11,9 @@ integrations' ARNs in the stack's partition (no ARN in the file names ``aws``; a
 value substituted, so cfn-lint's partition-pinned ARN pattern still checks the rest).
 
 The router starts an execution for an async request of the pipeline
-(``spillway.router.async_mode``; ``ASYNC_STATE_MACHINES`` names the machine) with the
-input ``{"id": "<request id>", "tenant_scope": "<its caller's scope>"}``; the request's
+(``spillway.router.async_mode``; ``ASYNC_STATE_MACHINES`` names the machine), named by
+the request id and its attempt (``spillway.async_inference.records.execution_name``), with
+the input ``{"id": "<request id>", "tenant_scope": "<its caller's scope>"}``; the request's
 async record says where its body is. Each step state runs that step (``pipeline-step``,
 the step cache scoped to that tenant), ``Respond`` settles the record with the V2
 response. A step that fails for the service's reasons (``ServerFault``, Lambda throttling

@@ -2,7 +2,10 @@
 flight per stream, all in one event loop:
 
 - the WebSocket API through the router: one connection a stream, ``seq`` on every frame,
-  answers pushed in seq order; a ``slow_down`` answer sends the frame again shortly;
+  answers pushed in seq order; a ``slow_down`` answer sends the frame again shortly. Every
+  frame is a text message (API Gateway closes the connection on a binary frame), an image
+  file in it as base64 (``content_type`` ``base64``), and a message over 32 KiB goes in
+  frames of 32 KiB (``send_text``);
 - gRPC streams straight to the GPU service: one ``tritonclient.grpc`` client a stream,
   ``start_stream`` and ``async_stream_infer``, answers in request order; a stream that
   ends under its frames (the service was killed) reports the frames it had in flight as
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -25,8 +29,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from spillway.protocol.aws_limits import WS_FRAME_BYTES
 from spillway.protocol.codec import encode_request
-from spillway.streams.frames import binary_frame
 from spillway_cli.frame_streams import (
     DoorRun,
     FrameSet,
@@ -124,15 +128,56 @@ def _request(frames: FrameSet, log: StreamLog, seq: int) -> tuple[bytes, int | N
     )
 
 
-def _websocket_message(frames: FrameSet, log: StreamLog, seq: int) -> str | bytes:
-    """Frame ``seq`` as a WebSocket message: the V2 request with the frame's id, model
-    and seq; a binary frame (4-byte header length, JSON header, tensor bytes) when the
-    request has binary data."""
-    body, length = _request(frames, log, seq)
+def websocket_message(frames: FrameSet, log: StreamLog, seq: int) -> str:
+    """Frame ``seq`` as a WebSocket text message: the V2 request as JSON with the frame's
+    id, model and seq; a BYTES input (an image file) as base64 strings."""
+    body, _ = encode_request(
+        frames.tensors(log.stream, seq, log.frames),
+        binary=False,
+        base64_bytes=True,
+        outputs=list(frames.outputs),
+        parameters=frames.parameters or None,
+    )
     frame = {"id": f"s{log.stream}-f{seq}", "model": frames.model, "seq": seq}
-    header = json.loads(body[:length] if length is not None else body)
-    header.update(frame)
-    return json.dumps(header) if length is None else binary_frame(header, body[length:])
+    return json.dumps({**json.loads(body), **frame})
+
+
+_TEXT, _CONTINUATION = 0x1, 0x0
+
+
+async def send_text(
+    ws: aiohttp.ClientWebSocketResponse, text: str, frame_bytes: int = WS_FRAME_BYTES
+) -> None:
+    """Send ``text`` as one message in frames of at most ``frame_bytes``: API Gateway
+    closes the connection on a larger frame, and aiohttp sends a message as one frame
+    (RFC 6455 section 5.4: a text frame without FIN, continuation frames, the last with
+    FIN; a client masks each)."""
+    data = text.encode()
+    if len(data) <= frame_bytes:
+        await ws.send_str(text)
+        return
+    # aiohttp writes no fragmented messages: its transport gets the frames, all written
+    # before the next await, so no other message's frame comes between them
+    transport = ws._writer.transport
+    for start in range(0, len(data), frame_bytes):
+        last = start + frame_bytes >= len(data)
+        opcode = _TEXT if start == 0 else _CONTINUATION
+        transport.write(_client_frame(data[start : start + frame_bytes], opcode, last))
+
+
+def _client_frame(payload: bytes, opcode: int, fin: bool) -> bytes:
+    """One masked client frame (RFC 6455 section 5.2)."""
+    size = len(payload)
+    if size < 126:
+        length = bytes([0x80 | size])
+    elif size < 65536:
+        length = bytes([0x80 | 126]) + size.to_bytes(2, "big")
+    else:
+        length = bytes([0x80 | 127]) + size.to_bytes(8, "big")
+    mask = os.urandom(4)
+    key = (mask * (size // 4 + 1))[:size]
+    masked = (int.from_bytes(payload, "big") ^ int.from_bytes(key, "big")).to_bytes(size, "big")
+    return bytes([(0x80 if fin else 0) | opcode]) + length + mask + masked
 
 
 @dataclass(frozen=True)
@@ -186,11 +231,7 @@ async def _websocket(run: _Shared, log: StreamLog) -> None:
         async def send(seq: int, after_s: float = 0.0) -> None:
             await asyncio.sleep(after_s)
             log.sent_at.setdefault(seq, time.monotonic())
-            message = _websocket_message(frames, log, seq)
-            if isinstance(message, bytes):
-                await ws.send_bytes(message)
-            else:
-                await ws.send_str(message)
+            await send_text(ws, websocket_message(frames, log, seq))
 
         async def sender() -> None:
             for seq in range(log.frames):

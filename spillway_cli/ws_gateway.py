@@ -6,10 +6,10 @@ called the way API Gateway calls it for a WebSocket API with ``$connect``,
 
 - an upgrade request becomes a ``$connect`` event (headers, query string); an answer
   whose ``statusCode`` is not 2xx refuses the upgrade with that status;
-- each message becomes a ``$default`` event (a text frame as the body, a binary frame
-  base64-encoded with ``isBase64Encoded``), invoked in a thread pool and concurrently
-  for one connection, as API Gateway invokes the function; a handler that raises, or runs
-  past the 29 s integration timeout, gets the client the frame API Gateway sends;
+- each text message becomes a ``$default`` event (its text as the body), invoked in a
+  thread pool and concurrently for one connection, as API Gateway invokes the function;
+  a handler that raises, or runs past the 29 s integration timeout, gets the client the
+  frame API Gateway sends;
 - the pool's threads stand for the function's concurrency, where on AWS each invocation
   gets an execution environment of its own and none waits behind another connection's:
   each connection's messages wait in a queue of their own (``max_queued`` at most), the
@@ -21,13 +21,22 @@ called the way API Gateway calls it for a WebSocket API with ``$connect``,
   connections are limited to API Gateway's 500 a second; a message past either (or past
   its connection's queue) gets API Gateway's ``Too Many Requests`` frame and no
   invocation, an upgrade past either is refused with 429;
-- a message over 128 KiB closes the connection with 1009, as API Gateway does;
+- what API Gateway refuses, it refuses the same way, with no invocation: a binary frame
+  closes the connection with 1003 (WebSocket APIs take text frames only:
+  https://docs.aws.amazon.com/apigateway/latest/developerguide/websocket-api-develop-binary-media-types.html),
+  a frame over 32 KiB or a message (all its frames) over 128 KiB with 1009, and a
+  connection idle for 10 minutes or open for 2 hours is closed with 1001 (the quotas:
+  https://docs.aws.amazon.com/apigateway/latest/developerguide/apigateway-execution-service-websocket-limits-table.html;
+  ``spillway.protocol.aws_limits``). A message over 32 KiB must span frames (a client
+  sends it fragmented); permessage-deflate is not negotiated, so a frame's size is what
+  it carries;
 - a closed connection becomes a ``$disconnect`` event.
 
 The same port serves the management API (``POST``/``GET``/``DELETE
 /@connections/{id}``) that boto3's ``apigatewaymanagementapi`` client calls with this
 server's URL as its ``endpoint_url``; a request's signature is not checked. An unknown
-connection answers 410 ``GoneException`` as API Gateway does.
+connection answers 410 ``GoneException`` and a post over 128 KiB 413
+``PayloadTooLargeException``, as API Gateway does.
 
 Each connection opened and closed is one log line. Locally a client's ``x-api-key``
 header stands for its API key id in ``requestContext.identity`` (as the REST door in
@@ -55,30 +64,43 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
+from aiohttp.web_request import BaseRequest
+
+from spillway.protocol.aws_limits import (
+    WS_CLOSE_MESSAGE_TOO_BIG,
+    WS_CLOSE_UNSUPPORTED_DATA,
+    WS_CONNECTION_LIFETIME_S,
+    WS_FRAME_BYTES,
+    WS_IDLE_TIMEOUT_S,
+    WS_INTEGRATION_TIMEOUT_S,
+    WS_MESSAGE_BYTES,
+    WS_NEW_CONNECTIONS_PER_S,
+    WS_POST_BYTES,
+)
 
 log = logging.getLogger("spillway.websocket")
 
 Handler = Callable[[dict[str, Any], Any], Any]
 DEFAULT_HANDLER = "functions.websocket.handler.handler"
-MESSAGE_LIMIT = 128 * 1024
-"""API Gateway's WebSocket message limit (and the management API's payload limit)."""
 WRITE_TIMEOUT_S = 5.0
 """How long a push through ``@connections`` may wait on a client that reads nothing;
 then the connection is dropped and the push answered 410 Gone."""
-INTEGRATION_TIMEOUT_S = 29.0
+INTEGRATION_TIMEOUT_S = float(WS_INTEGRATION_TIMEOUT_S)
 """API Gateway's integration timeout: a handler's context counts down from it."""
-IDLE_TIMEOUT_S = 600.0
-"""API Gateway closes a connection idle for 10 minutes."""
-CONNECTION_LIMIT_S = 7200.0
+IDLE_TIMEOUT_S = float(WS_IDLE_TIMEOUT_S)
+"""API Gateway closes a connection with no message either way for 10 minutes."""
+LIFETIME_S = float(WS_CONNECTION_LIFETIME_S)
 """API Gateway closes every connection after 2 hours."""
+GOING_AWAY = int(WSCloseCode.GOING_AWAY)
+"""The close code of a connection API Gateway ends (idle, past its lifetime)."""
 THROTTLE_RATE = 1000.0
 THROTTLE_BURST = 2000
 """The stage's ``DefaultRouteSettings`` (template.yaml, serverless.yml): a token bucket of
 ``THROTTLE_BURST`` tokens refilled at ``THROTTLE_RATE`` a second, one token a message or
 ``$connect``; past it the client gets ``429 Too Many Requests``
 (https://docs.aws.amazon.com/apigateway/latest/developerguide/websocket-api-protect.html)."""
-NEW_CONNECTIONS_PER_S = 500.0
+NEW_CONNECTIONS_PER_S = float(WS_NEW_CONNECTIONS_PER_S)
 """API Gateway's quota of new WebSocket connections a second (per account and Region):
 https://docs.aws.amazon.com/apigateway/latest/developerguide/apigateway-execution-service-websocket-limits-table.html
 (it sets no quota on concurrent connections; ``max_connections`` is this stand-in's own)."""
@@ -145,6 +167,110 @@ class TokenBucket:
         return True
 
 
+class FrameGuard:
+    """aiohttp's WebSocket parser behind API Gateway's frame rules, read off each frame's
+    header before its payload: a binary frame ends the connection with 1003, a data frame
+    over ``frame_limit`` bytes with 1009 (the module's docstring has the pages). The
+    frames before the refused one are still delivered, none of its bytes; the refusal
+    reaches ``receive`` after them as the ``WebSocketError`` aiohttp raises for its own
+    limits, and aiohttp closes the connection with its code."""
+
+    def __init__(self, parser: Any, queue: Any, frame_limit: int) -> None:
+        self._parser, self._queue, self._limit = parser, queue, frame_limit
+        self._pending = b""
+        """The start of a frame header whose end has not arrived: held back."""
+        self._skip = 0
+        """Payload bytes of the current frame still to pass."""
+        self._refused = False
+
+    def feed_data(self, data: bytes | bytearray | memoryview) -> tuple[bool, bytes]:
+        if self._refused:
+            return True, b""
+        stream = self._pending + bytes(data) if self._pending else data
+        end, refusal = self._scan(stream)
+        result: tuple[bool, bytes] = (False, b"")
+        if end:
+            result = self._parser.feed_data(stream if end == len(stream) else stream[:end])
+        if refusal is None:
+            return result
+        self._refused = True
+        self._queue.set_exception(refusal)
+        return True, b""
+
+    def feed_eof(self) -> None:
+        self._parser.feed_eof()
+
+    def _scan(self, stream: bytes | bytearray | memoryview) -> tuple[int, WebSocketError | None]:
+        """How much of ``stream`` may pass (up to a refused frame, or to a header not yet
+        whole, which is held back), and the refusal (``None``: none)."""
+        at = 0
+        self._pending = b""
+        while at < len(stream):
+            if self._skip:
+                step = min(self._skip, len(stream) - at)
+                self._skip, at = self._skip - step, at + step
+                continue
+            head = bytes(stream[at : at + _MAX_HEADER])
+            size = _header_size(head)
+            if len(head) < size:
+                self._pending = head
+                return at, None
+            refusal = self._refusal(head[0] & 0x0F, _payload_size(head))
+            if refusal is not None:
+                return at, refusal
+            self._skip, at = _payload_size(head), at + size
+        return at, None
+
+    def _refusal(self, opcode: int, size: int) -> WebSocketError | None:
+        if opcode == WSMsgType.BINARY:
+            return WebSocketError(WS_CLOSE_UNSUPPORTED_DATA, "Binary frames are not supported")
+        if opcode in (WSMsgType.CONTINUATION, WSMsgType.TEXT) and size > self._limit:
+            return WebSocketError(
+                WS_CLOSE_MESSAGE_TOO_BIG,
+                f"Frame of {size} bytes exceeds the frame limit of {self._limit} bytes",
+            )
+        return None
+
+
+_MAX_HEADER = 14
+"""A frame header's longest form: 2 bytes, a 64-bit length, a 4-byte mask."""
+
+
+def _header_size(head: bytes) -> int:
+    """A frame header's length (RFC 6455 section 5.2), once its first two bytes are in."""
+    if len(head) < 2:
+        return 2
+    length = head[1] & 0x7F
+    extended = 2 if length == 126 else 8 if length == 127 else 0
+    return 2 + extended + (4 if head[1] & 0x80 else 0)
+
+
+def _payload_size(head: bytes) -> int:
+    length = head[1] & 0x7F
+    if length < 126:
+        return length
+    width = 2 if length == 126 else 8
+    return int.from_bytes(head[2 : 2 + width], "big")
+
+
+class GuardedResponse(web.WebSocketResponse):
+    """aiohttp's WebSocket response whose parser sits behind a ``FrameGuard``."""
+
+    def __init__(self, *, frame_limit: int, **options: Any) -> None:
+        super().__init__(**options)
+        self.frame_limit = frame_limit
+
+    def _post_start(self, request: BaseRequest, protocol: str | None, writer: Any) -> None:
+        super()._post_start(request, protocol, writer)
+        handler = request.protocol
+        # aiohttp has no hook for this: the parser it just gave the connection is wrapped
+        handler._payload_parser = FrameGuard(
+            handler._payload_parser,
+            self._reader,
+            self.frame_limit,
+        )
+
+
 def connection_id() -> str:
     """A new connection id in API Gateway's form (16 base64 characters, ``=`` last),
     from the URL-safe alphabet so that it travels in a path unchanged."""
@@ -181,6 +307,8 @@ class Connection:
     api_key: str | None
     connected_at: float = field(default_factory=time.time)
     last_active_at: float = field(default_factory=time.time)
+    active_at: float = field(default_factory=time.monotonic)
+    """When a message last went either way (the idle timeout's clock)."""
     invocations: set[asyncio.Future[Any]] = field(default_factory=set)
     queue: deque[dict[str, Any]] = field(default_factory=deque)
     """``$default`` events received and not yet given a thread, oldest first."""
@@ -255,13 +383,12 @@ def connect_event(connection: Connection, request: web.Request) -> dict[str, Any
     return event
 
 
-def message_event(connection: Connection, data: str | bytes) -> dict[str, Any]:
-    """The ``$default`` event of one message: text as it is, binary base64-encoded."""
-    binary = isinstance(data, bytes)
+def message_event(connection: Connection, text: str) -> dict[str, Any]:
+    """The ``$default`` event of one (text) message."""
     return {
         "requestContext": request_context(connection, "$default", "MESSAGE", messageId=_short_id()),
-        "body": base64.b64encode(data).decode() if isinstance(data, bytes) else data,
-        "isBase64Encoded": binary,
+        "body": text,
+        "isBase64Encoded": False,
     }
 
 
@@ -288,6 +415,7 @@ class WebSocketGateway:
         workers: int = 64,
         timeout_s: float = INTEGRATION_TIMEOUT_S,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        lifetime_s: float = LIFETIME_S,
         write_timeout_s: float = WRITE_TIMEOUT_S,
         connection_workers: int = CONNECTION_WORKERS,
         max_queued: int = MAX_QUEUED,
@@ -298,10 +426,13 @@ class WebSocketGateway:
             raise ValueError(
                 "max_connections, workers, connection_workers and max_queued must be at least 1"
             )
+        if min(idle_timeout_s, lifetime_s) <= 0:
+            raise ValueError("idle_timeout_s and lifetime_s must be positive")
         self.handler = handler
         self.max_connections = max_connections
         self.timeout_s = timeout_s
         self.idle_timeout_s = idle_timeout_s
+        self.lifetime_s = lifetime_s
         self.write_timeout_s = write_timeout_s
         self.workers = workers
         self.connection_workers = connection_workers
@@ -320,7 +451,9 @@ class WebSocketGateway:
 
     def app(self) -> web.Application:
         """The aiohttp application: the upgrade on ``/``, ``@connections`` beside it."""
-        app = web.Application(client_max_size=MESSAGE_LIMIT + 1)
+        # a body over WS_POST_BYTES is refused by ``_post`` (aiohttp's own 413 has no
+        # error type botocore can read)
+        app = web.Application(client_max_size=WS_POST_BYTES + 1)
         app.router.add_get("/", self._upgrade)
         management = "/@connections/{connection_id}"
         app.router.add_post(management, self._post)
@@ -360,7 +493,14 @@ class WebSocketGateway:
             return _error(429, "LimitExceededException", "too many connections")
         if not (self.new_connections.take() and self.throttle.take()):
             return _error(429, "TooManyRequestsException", "Too Many Requests")
-        socket = web.WebSocketResponse(max_msg_size=MESSAGE_LIMIT, autoping=True)
+        # aiohttp refuses a message of max_msg_size bytes or more; API Gateway takes one
+        # of WS_MESSAGE_BYTES
+        socket = GuardedResponse(
+            frame_limit=WS_FRAME_BYTES,
+            max_msg_size=WS_MESSAGE_BYTES + 1,
+            autoping=True,
+            compress=False,
+        )
         connection = Connection(
             connection_id(),
             socket,
@@ -379,7 +519,7 @@ class WebSocketGateway:
         finally:
             self._opening -= 1
         log.info("connection %s opened from %s", connection.id, connection.source_ip)
-        code, reason = int(WSCloseCode.GOING_AWAY), "Going away"
+        code, reason = GOING_AWAY, "Going away"
         try:
             code, reason = await self._serve(connection)
         finally:
@@ -403,31 +543,38 @@ class WebSocketGateway:
         return web.Response(status=status, text=body if isinstance(body, str) else "")
 
     async def _serve(self, connection: Connection) -> tuple[int, str]:
-        """Receive until the connection closes; its close code and reason."""
+        """Receive until the connection closes; its close code and reason. API Gateway
+        ends a connection idle for ``idle_timeout_s`` (no message either way) or open for
+        ``lifetime_s`` with 1001."""
         socket = connection.socket
-        opened = time.monotonic()
+        ends_at = time.monotonic() + self.lifetime_s
         while True:
-            idle_left = self.idle_timeout_s - (time.time() - connection.last_active_at)
-            hard_left = CONNECTION_LIMIT_S - (time.monotonic() - opened)
+            now = time.monotonic()
+            idle_ends_at = connection.active_at + self.idle_timeout_s
+            if now >= min(ends_at, idle_ends_at):
+                why = "its lifetime ended" if now >= ends_at else "idle"
+                log.info("connection %s closed by the gateway: %s", connection.id, why)
+                await socket.close(code=GOING_AWAY, message=b"Going away")
+                return GOING_AWAY, "Going away"
             try:
-                message = await socket.receive(timeout=max(0.0, min(idle_left, hard_left)))
+                message = await socket.receive(timeout=min(ends_at, idle_ends_at) - now)
             except TimeoutError:
-                if time.time() - connection.last_active_at < self.idle_timeout_s:
-                    continue  # a post to the connection kept it active
-                await socket.close(code=WSCloseCode.GOING_AWAY, message=b"Going away")
-                return WSCloseCode.GOING_AWAY, "Going away"
-            if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                connection.last_active_at = time.time()
+                continue  # the loop's check decides (a post may have kept it active)
+            if message.type == WSMsgType.TEXT:
+                connection.last_active_at, connection.active_at = time.time(), time.monotonic()
                 self._receive(connection, message.data)
                 continue
             if message.type == WSMsgType.ERROR:
-                # aiohttp closed the connection (1009 for a message over the limit)
-                code = socket.close_code or WSCloseCode.MESSAGE_TOO_BIG
-                return code, f"{message.data}"
+                # closed by aiohttp with the error's code: FrameGuard's 1003 and 1009, or
+                # aiohttp's own 1009 for a message over the limit
+                error = message.data
+                code = error.code if isinstance(error, WebSocketError) else socket.close_code
+                log.warning("connection %s refused: %s", connection.id, error)
+                return int(code or WSCloseCode.PROTOCOL_ERROR), f"{error}"
             if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
                 return socket.close_code or WSCloseCode.OK, str(message.extra or "")
 
-    def _receive(self, connection: Connection, data: str | bytes) -> None:
+    def _receive(self, connection: Connection, data: str) -> None:
         """Queue ``$default`` for one message without waiting for it: the next message
         of the connection is read at once, as API Gateway does. Past the stage's throttle
         or the connection's queue, the client gets API Gateway's throttle frame."""
@@ -505,10 +652,15 @@ class WebSocketGateway:
             log.exception("$disconnect of %s: the handler failed", connection.id)
 
     async def _post(self, request: web.Request) -> web.Response:
+        """``PostToConnection``: over ``WS_POST_BYTES``, 413 ``PayloadTooLargeException``
+        (refused before the body is read when its length is announced)."""
         connection = self._connection(request)
-        data = await request.read()
-        if len(data) > MESSAGE_LIMIT:
-            return _error(413, "PayloadTooLargeException", "Request entity too large")
+        if (request.content_length or 0) > WS_POST_BYTES:
+            return _too_large()
+        try:
+            data = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _too_large()
         try:
             text: str | None = data.decode("utf-8")
         except UnicodeDecodeError:
@@ -528,7 +680,7 @@ class WebSocketGateway:
             if connection.transport is not None:
                 connection.transport.abort()
             raise _gone(connection.id) from None
-        connection.last_active_at = time.time()
+        connection.last_active_at, connection.active_at = time.time(), time.monotonic()
         return web.Response(status=200)
 
     async def _get(self, request: web.Request) -> web.Response:
@@ -555,6 +707,14 @@ def _error(status: int, error_type: str | None, message: str) -> web.Response:
     """An error in API Gateway's shape: ``{"message"}`` and the type botocore reads."""
     headers = {"x-amzn-errortype": error_type} if error_type else {}
     return web.json_response({"message": message}, status=status, headers=headers)
+
+
+def _too_large() -> web.Response:
+    return _error(
+        413,
+        "PayloadTooLargeException",
+        f"Request entity too large: a message is at most {WS_POST_BYTES} bytes",
+    )
 
 
 def _gone(connection: str) -> web.HTTPException:

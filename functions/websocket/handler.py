@@ -11,7 +11,6 @@ and cost) and, with ``WS_TRACING`` on, Tracer around one ``StreamGateway.handle`
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 from aws_lambda_powertools.logging import Logger
@@ -25,6 +24,7 @@ from spillway.streams.connections import Connection, DynamoConnections
 from spillway.streams.gateway import ApiGatewayPoster, StreamGateway
 from spillway.streams.settings import StreamSettings
 from spillway.streams.tenants import DynamoTenantBudgets
+from spillway.tenancy.directory import apply_log_level
 from spillway.tenancy.identity import Authenticator
 
 SERVICE = "spillway-websocket"
@@ -46,7 +46,13 @@ router_settings = RouterSettings.from_env()
 logger = Logger(service="spillway", level=router_settings.log_level)
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
 state = state_store(router_settings)
-router = create_app(router_settings, Overrides(state=state)).router
+app = create_app(router_settings, Overrides(state=state))
+router = app.router
+# The live configuration (``spillway tenants``): the identity map ``$connect`` resolves
+# tenants with, read at init and every ROUTER_CONFIG_TTL_S, as the REST door's.
+if app.live is not None:
+    app.live.subscribe(lambda config: apply_log_level(config, logger))
+    app.live.poll()
 
 
 def closed(connection: Connection) -> None:
@@ -62,7 +68,7 @@ gateway = StreamGateway(
     ApiGatewayPoster(),
     settings,
     Authenticator(
-        identity_tenants=router_settings.identity_tenants,
+        identity_tenants=app.identity_tenants,
         trust_tenant_hints=router_settings.trust_tenant_hints,
     ),
     on_close=closed,
@@ -75,20 +81,6 @@ gateway = StreamGateway(
 @logger.inject_lambda_context(correlation_id_path=API_GATEWAY_REQUEST_ID)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Serve one API Gateway WebSocket event (``$connect``, ``$disconnect``, ``$default``)."""
-    return gateway.handle(offline_binary(event), remaining_ms(context))
-
-
-def offline_binary(event: dict[str, Any]) -> dict[str, Any]:
-    """A binary frame as API Gateway hands it over (base64 text, ``isBase64Encoded``).
-
-    serverless-offline passes a binary frame's bytes as Node's JSON form of a Buffer,
-    ``{"type": "Buffer", "data": [byte, ...]}``; API Gateway never sends a body that is
-    not text, so only that local shape is rewritten here (anything else is left for the
-    gateway to judge)."""
-    body = event.get("body")
-    if not (isinstance(body, dict) and body.get("type") == "Buffer"):
-        return event
-    data = body.get("data")
-    if not (isinstance(data, list) and all(type(b) is int and 0 <= b < 256 for b in data)):
-        return event
-    return {**event, "body": base64.b64encode(bytes(data)).decode(), "isBase64Encoded": True}
+    if app.live is not None:
+        app.live.poll()
+    return gateway.handle(event, remaining_ms(context))

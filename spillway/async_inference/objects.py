@@ -5,7 +5,10 @@ Every place a request names lies in its caller's own *area* (``spillway.tenancy.
 anything else is 403 ``outside_tenant_area``; an input that is not there is a 400
 ``input_not_found``. The server's own keys (``<location>/<id>/...``: staged bodies and
 results) are in no tenant's area, and results go to keys the server chooses
-(``<output>/<id>/result-<attempt>``), never to a key a request names.
+(``<output>/<id>/result-<attempt>``), never to a key a request names. A location
+whose keys would pass S3's 1,024 bytes (``aws_limits.S3_KEY_BYTES``; the result's name
+counted) is a 400 ``invalid_input`` when the request is submitted: S3 would refuse the
+write only after the run, and its answer would be lost.
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ from typing import Any
 
 from spillway.async_inference.records import AsyncRecord
 from spillway.async_inference.settings import AsyncSettings
+from spillway.protocol.aws_limits import S3_KEY_BYTES
 from spillway.protocol.errors import InputNotFoundError, InvalidInputError, PayloadTooLargeError
 from spillway.protocol.messages import read_staged_request
 from spillway.protocol.wire import BINARY_CONTENT_TYPE, HEADER_LENGTH, Reply, parse_s3_url
 from spillway.tenancy.areas import area, folder, require_inside
 
 STAGED_NAME = "request.v2req"
+RESULT_NAME_BYTES = len("result-") + 12
+"""The name of a result in its request's output folder: ``result-<attempt's 12 hex>``."""
 # S3's answers to a HEAD of a key that is not there: 404, or 403 for a caller without
 # s3:ListBucket (the roles have none: they read keys they are told, never list).
 _MISSING = frozenset({"404", "NoSuchKey", "NotFound", "403", "AccessDenied", "Forbidden"})
@@ -60,7 +66,8 @@ class AsyncObjects:
         caller's areas ``own``), else in the server's own folder."""
         if output_location is None:
             return self.own_folder(rid)
-        return f"{require_inside(output_location, own, 'output')}{rid}/"
+        output = f"{require_inside(output_location, own, 'output')}{rid}/"
+        return _key_fits(output, "output_location", RESULT_NAME_BYTES)
 
     def input_place(self, url: str, own: list[str]) -> str:
         """An ``input_location``: an object strictly inside one of the caller's areas."""
@@ -69,7 +76,7 @@ class AsyncObjects:
             raise InvalidInputError(
                 f"input_location must name an object inside your area ({', '.join(own)})"
             )
-        return inside.rstrip("/")
+        return _key_fits(inside.rstrip("/"), "input_location")
 
     def check_input(self, source: str) -> dict[str, Any]:
         """The named input's HEAD: it is there (else 400 ``input_not_found``) and not
@@ -161,3 +168,17 @@ class AsyncObjects:
             if url.startswith(own):
                 place = parse_s3_url(url)
                 self._clients("s3").delete_object(Bucket=place.bucket, Key=place.prefix)
+
+
+def _key_fits(url: str, what: str, name_bytes: int = 0) -> str:
+    """``url``, when the longest object the server puts there (``name_bytes`` more) has a
+    key S3 takes (1,024 bytes of UTF-8) and a URL ``parse_s3_url`` reads back (1,024
+    characters); else the client's 400, before anything is written."""
+    longest = url + "-" * name_bytes
+    size = len(longest.removeprefix("s3://").partition("/")[2].encode())
+    if size > S3_KEY_BYTES or len(longest) > S3_KEY_BYTES:
+        raise InvalidInputError(
+            f"{what} is too long: an object under it would have a {size}-byte key "
+            f"({len(longest)} characters as a URL); S3 and this service allow {S3_KEY_BYTES}"
+        )
+    return url

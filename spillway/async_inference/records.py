@@ -2,7 +2,9 @@
 
 A request's id is random, or (with an ``Idempotency-Key``) a hash of the caller's scope
 and its key; either way 32 lower-case hex digits, and the record says whose it is
-(``scope``) and what request a key is bound to (``digest``).
+(``scope``) and what request a key is bound to (``digest``). The execution that runs a
+request is named by its id *and* its attempt (``execution_name``): a Standard execution's
+name stays taken for 90 days after it ends, far longer than a record lives.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from spillway.protocol.aws_limits import SFN_EXECUTION_NAME_CHARS
 from spillway.protocol.errors import IdempotencyConflictError, RouteNotFoundError
 from spillway.state import dynamo
 from spillway.state.table import scope
@@ -128,3 +131,20 @@ def execution_arn(machine: str, name: str) -> str:
     if len(parts) != 7 or parts[2] != "states" or parts[5] != "stateMachine":
         raise ValueError(f"not a state machine ARN: {machine[:200]}")
     return ":".join([*parts[:5], "execution", parts[6], name])
+
+
+def execution_name(rid: str, attempt: str) -> str:
+    """The name of the Step Functions execution that runs attempt ``attempt`` (hex) of
+    request ``rid``: ``<id>-<attempt>``, 45 characters of ``[0-9a-f-]``.
+
+    Not the request id alone: a Standard execution's name stays taken for 90 days after
+    the execution ends (``aws_limits.SFN_EXECUTION_NAME_REUSE_DAYS``) while a record
+    expires after ``ttl_s`` (a day), so an ``Idempotency-Key`` used again after that would
+    start no execution at all (``ExecutionAlreadyExists``). Idempotency is the record's
+    (its conditional write); the name only has to be this attempt's own, so that a
+    retried start of it finds the execution it already started."""
+    name = f"{rid}-{attempt}"
+    hexes = len(rid) == 32 and bool(attempt) and set(rid + attempt) <= _ID_CHARS
+    if not hexes or len(name) > SFN_EXECUTION_NAME_CHARS:
+        raise ValueError(f"not a request id and attempt: {name[:100]!r}")
+    return name

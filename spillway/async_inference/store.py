@@ -13,6 +13,7 @@ and ``purge_expired`` removes them where no TTL runs (the local stack).
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -30,6 +31,7 @@ from spillway.async_inference.records import (
     State,
     check_id,
     execution_arn,
+    execution_name,
     from_item,
     owner_scope,
     replayed,
@@ -59,12 +61,10 @@ returns, or raises (``QuotaExceededError``)."""
 
 
 class Starter(Protocol):
-    """Starts the Step Functions execution that runs a request, instead of queueing it:
-    an execution of ``machine`` named by the request id."""
+    """The state machine whose execution runs a request instead of the queue: the store
+    starts an execution of ``machine`` per attempt (``AsyncStore.start_execution``)."""
 
     machine: str
-
-    def __call__(self, record: AsyncRecord) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ class AsyncStore:
                     "state": "running",
                     "owner": EXECUTION_OWNER + token,
                     "attempts": 1,
-                    "execution": execution_arn(start.machine, rid),
+                    "execution": execution_arn(start.machine, execution_name(rid, token)),
                 }
             )
         item = {**to_item(record), **({} if start else dynamo.item({"pending": _PENDING}))}
@@ -320,12 +320,34 @@ class AsyncStore:
             self.queue.dead_letter(job.message, reply)
         return state
 
+    def start_execution(self, record: AsyncRecord, machine: str) -> None:
+        """``states:StartExecution`` of the execution ``record.execution`` names, with the
+        input its states read (``{"id", "tenant_scope"}``).
+
+        The name is this attempt's own (``records.execution_name``), so
+        ``ExecutionAlreadyExists`` can only mean this very start already happened: a retry
+        of it after a lost answer finds the execution started (StartExecution answers
+        that error for a name whose execution has ended, whatever the input:
+        ``aws_limits.SFN_EXECUTION_NAME_REUSE_DAYS``), never a failure."""
+        from botocore.exceptions import ClientError
+
+        name = str(record.execution).rsplit(":", 1)[-1]
+        document = json.dumps({"id": record.id, "tenant_scope": record.scope})
+        try:
+            self.client("stepfunctions").start_execution(
+                stateMachineArn=machine, name=name, input=document
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "ExecutionAlreadyExists":
+                raise
+
     def _started(self, record: AsyncRecord, start: Starter) -> AsyncRecord:
         """Start the execution of a recorded request; a start that fails settles the
         record (503, the platform's fault) so it never waits for a run that never was,
-        with a write the router may make (``PutItem``, on its own record only)."""
+        with a write the router may make (``PutItem``, on its own record only, still
+        running: an execution that did start after all may have settled it)."""
         try:
-            start(record)
+            self.start_execution(record, start.machine)
         except Exception as exc:  # every failure to start is the platform's, never the client's
             reason = UnavailableError(f"the request could not be started ({type(exc).__name__})")
             code, message = replies.error_of(replies.failure_reply(reason))
@@ -333,13 +355,18 @@ class AsyncStore:
                 update={"state": "failed", "status": reason.status, "code": code,
                         "error": message, "updated_at": self.clock()}
             )  # fmt: skip
-            self.client("dynamodb").put_item(
+            written = dynamo.conditional(
+                self.client("dynamodb").put_item,
                 TableName=self.table,
                 Item=to_item(failed),
-                ConditionExpression="#o = :owner",
-                ExpressionAttributeNames=_names("#o"),
-                ExpressionAttributeValues=dynamo.item({":owner": str(record.owner)}),
+                ConditionExpression="#o = :owner AND #s = :running",
+                ExpressionAttributeNames=_names("#o", "#s"),
+                ExpressionAttributeValues=dynamo.item(
+                    {":owner": str(record.owner), ":running": "running"}
+                ),
             )
+            if written is None:  # its execution ran after all and settled the record
+                return self.find(record.id) or record
             raise reason from exc
         return record
 

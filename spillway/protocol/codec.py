@@ -21,9 +21,12 @@ from pydantic import BaseModel, ValidationError
 from spillway.protocol.datatypes import datatype_of
 from spillway.protocol.errors import InferenceError, InvalidInputError
 from spillway.protocol.tensors import (
+    CONTENT_TYPE_BASE64,
     Buffer,
     Tensor,
+    base64_data,
     from_json,
+    is_base64,
     json_data,
     tensor_from_bytes,
     wire_buffer,
@@ -90,9 +93,15 @@ def _decode_tensors(
         try:
             size = _binary_size(tensor.parameters)
             if size is None:
-                arrays[tensor.name] = from_json(tensor.data, tensor.datatype, tensor.shape)
+                arrays[tensor.name] = from_json(
+                    tensor.data, tensor.datatype, tensor.shape, tensor.parameters
+                )
             elif tensor.data is not None:
                 raise InvalidInputError("has both data and binary_data_size")
+            elif is_base64(tensor.parameters, tensor.datatype):
+                raise InvalidInputError(
+                    'content_type "base64" is for JSON data; binary data is the raw bytes'
+                )
             elif offset + size > len(binary):
                 raise InvalidInputError(f"binary_data_size {size} runs past the end of the body")
             else:
@@ -108,7 +117,7 @@ def _decode_tensors(
 
 
 def _encode_tensors(
-    arrays: Mapping[str, Tensor], binary: Collection[str], kind: str
+    arrays: Mapping[str, Tensor], binary: Collection[str], kind: str, base64_bytes: bool = False
 ) -> tuple[list[dict[str, Any]], list[Buffer]]:
     tensors: list[dict[str, Any]] = []
     chunks: list[Buffer] = []
@@ -121,6 +130,9 @@ def _encode_tensors(
             if name in binary:
                 chunks.append(wire_buffer(array, datatype))
                 tensor["parameters"] = {"binary_data_size": len(chunks[-1])}
+            elif base64_bytes and datatype == "BYTES":
+                tensor["parameters"] = {"content_type": CONTENT_TYPE_BASE64}
+                tensor["data"] = base64_data(array)
             else:
                 tensor["data"] = json_data(array, datatype)
         except InvalidInputError as error:
@@ -255,10 +267,13 @@ def encode_request(
     parameters: dict[str, Any] | None = None,
     outputs: Sequence[str] | None = None,
     binary_outputs: bool = False,
+    base64_bytes: bool = False,
 ) -> tuple[bytes, int | None]:
     """An infer request body and its header length (``None`` when nothing is binary).
 
-    ``binary`` sends every input as binary data; ``outputs`` lists the outputs wanted
+    ``binary`` sends every input as binary data; ``base64_bytes`` (without ``binary``)
+    sends BYTES inputs in JSON as base64 strings (``content_type`` ``base64``: an image
+    file in a JSON body or a WebSocket text frame); ``outputs`` lists the outputs wanted
     (default: all), and ``binary_outputs`` asks for them as binary data.
     """
     if not inputs:
@@ -269,7 +284,9 @@ def encode_request(
         params["binary_data_output"] = True
     if params:
         header["parameters"] = params
-    header["inputs"], chunks = _encode_tensors(inputs, set(inputs) if binary else (), "input")
+    header["inputs"], chunks = _encode_tensors(
+        inputs, set(inputs) if binary else (), "input", base64_bytes
+    )
     if outputs:
         wanted = {"binary_data": binary_outputs}
         header["outputs"] = [{"name": name, "parameters": wanted} for name in outputs]

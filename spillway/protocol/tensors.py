@@ -2,15 +2,19 @@
 
 Little-endian, no padding; BOOL is one byte; each BYTES element is a 4-byte little-endian
 length followed by its bytes. JSON data is row-major, flat or nested, and every element
-must have the Python type its datatype allows (no silent coercion).
+must have the Python type its datatype allows (no silent coercion). A BYTES tensor whose
+``parameters.content_type`` is ``"base64"`` carries each element's bytes base64-encoded in
+its JSON string (``CONTENT_TYPE_BASE64``).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import itertools
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +26,13 @@ from spillway.protocol.v2 import MAX_RANK
 
 Buffer = bytes | bytearray | memoryview
 Tensor = npt.NDArray[Any]
+
+CONTENT_TYPE_BASE64 = "base64"
+"""``parameters.content_type`` of a BYTES tensor whose JSON strings are the base64 (RFC 4648
+section 4: the standard alphabet, padded) of its elements' bytes. V2 JSON carries a BYTES
+element as a UTF-8 string, which an image file is not; this is how such an input travels
+in JSON (an HTTP JSON body, a WebSocket text frame: API Gateway's WebSocket APIs take text
+frames only). MLServer names the same convention ``base64`` (its ``Base64Codec``)."""
 
 _LENGTH = struct.Struct("<I")
 _INTS = frozenset({int})
@@ -114,6 +125,11 @@ def _element_bytes(item: object) -> bytes:
     raise InvalidInputError(f"BYTES elements must be bytes or str, not {type(item).__name__}")
 
 
+def base64_data(array: Tensor) -> list[str]:
+    """A BYTES array's elements as JSON strings of base64 (``CONTENT_TYPE_BASE64``)."""
+    return [base64.b64encode(_element_bytes(item)).decode() for item in array.reshape(-1).tolist()]
+
+
 def json_data(array: Tensor, datatype: str) -> list[Any]:
     flat: list[Any] = array.reshape(-1).tolist()
     if datatype != "BYTES":
@@ -124,8 +140,25 @@ def json_data(array: Tensor, datatype: str) -> list[Any]:
         raise InvalidInputError("holds bytes that are not UTF-8; ask for binary data") from None
 
 
-def from_json(data: Any, datatype: str, shape: Sequence[int]) -> Tensor:
+def is_base64(parameters: Mapping[str, Any] | None, datatype: str) -> bool:
+    """Whether a tensor's ``parameters.content_type`` says its JSON strings are base64;
+    other content types (MLServer's ``str``, ...) are read as before."""
+    if (parameters or {}).get("content_type") != CONTENT_TYPE_BASE64:
+        return False
+    if datatype != "BYTES":
+        raise InvalidInputError(
+            f'content_type "{CONTENT_TYPE_BASE64}" is for BYTES data, not {datatype}'
+        )
+    return True
+
+
+def from_json(
+    data: Any, datatype: str, shape: Sequence[int], parameters: Mapping[str, Any] | None = None
+) -> Tensor:
+    """The array of a tensor's JSON ``data``; with ``content_type`` ``base64`` in its
+    ``parameters``, each BYTES element is the bytes its string decodes to."""
     dtype = numpy_dtype(datatype)
+    encoded = is_base64(parameters, datatype)
     if data is None:
         raise InvalidInputError("has neither data nor parameters.binary_data_size")
     flat, kinds = _flatten(data)
@@ -140,7 +173,11 @@ def from_json(data: Any, datatype: str, shape: Sequence[int]) -> Tensor:
         raise InvalidInputError(f"{datatype} data may not hold {found} values")
     if datatype == "BYTES":
         out = np.empty(count, dtype=np.object_)
-        out[:] = [_element_bytes(text) for text in flat]
+        out[:] = (
+            [_from_base64(i, text) for i, text in enumerate(flat)]
+            if encoded
+            else [_element_bytes(text) for text in flat]
+        )
         return out.reshape(shape)
     # A number too large for a floating-point datatype becomes infinite, as it does in a
     # gRPC client's fp32_contents or a binary tensor: the model's non-finite rule
@@ -150,6 +187,16 @@ def from_json(data: Any, datatype: str, shape: Sequence[int]) -> Tensor:
             return np.array(flat, dtype=dtype).reshape(shape)
     except (OverflowError, FloatingPointError):
         raise InvalidInputError(f"data holds a value out of range for {datatype}") from None
+
+
+def _from_base64(index: int, text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):  # ValueError: a character that is not ASCII
+        raise InvalidInputError(
+            f'element {index} is not base64 (content_type "{CONTENT_TYPE_BASE64}": the '
+            "standard alphabet, padded, no whitespace)"
+        ) from None
 
 
 def check_finite(name: str, array: Tensor) -> None:

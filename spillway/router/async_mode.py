@@ -16,8 +16,9 @@ A request may name its input as ``"input_location": "s3://…"`` (a V2 body of u
 submission find the request it already made (409 for another request under it).
 
 A pipeline that ``ASYNC_STATE_MACHINES`` names runs as an execution of its Step Functions
-state machine instead: the router starts it (named by the request id, so a retried start
-finds the same execution) with the request's id and its caller's tenant scope, and the
+state machine instead: the router starts it (named by the request id and the attempt, so
+a retried start finds the same execution and a key used again after its record expired
+starts a new one) with the request's id and its caller's tenant scope, and the
 execution's end settles the record, answered at the same ``/v1/results/{id}``.
 
 Each tenant may have ``ASYNC_TENANT_MAX_INFLIGHT`` requests queued or running and
@@ -28,9 +29,8 @@ request counts until a read of its record finds it settled or gone.
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 
-from spillway.async_inference.records import AsyncRecord
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
 from spillway.protocol.errors import (
@@ -115,7 +115,7 @@ class AsyncFront:
         """How a request for ``model`` runs: as an execution of the state machine
         ``ASYNC_STATE_MACHINES`` names for it, else (None) through the queue."""
         machine = self.store.settings.state_machines.get(model)
-        return None if machine is None else ExecutionStarter(machine, self.store)
+        return None if machine is None else ExecutionStarter(machine)
 
     def _admit(self, tenant: str | None, rid: str, size: int, now: float) -> None:
         """Count the request against its tenant's quota (429 past it)."""
@@ -138,18 +138,11 @@ class AsyncFront:
         return self.store.result_reply(path.removeprefix(RESULTS_PREFIX).rstrip("/"), tenant)
 
 
+@dataclass
 class ExecutionStarter:
-    """Starts a request's execution of ``machine`` (``states:StartExecution``, the only
-    Step Functions call the router's role may make, on that machine alone)."""
+    """The state machine a request runs as an execution of (``states:StartExecution``,
+    the only Step Functions call the router's role may make, on that machine alone); the
+    store starts one execution per attempt, named ``<id>-<attempt>``
+    (``records.execution_name``)."""
 
-    def __init__(self, machine: str, store: AsyncStore) -> None:
-        self.machine = machine
-        self.store = store
-
-    def __call__(self, record: AsyncRecord) -> None:
-        # Named by the request id: a retried start of the same input finds the execution
-        # already running instead of starting a second one.
-        document = {"id": record.id, "tenant_scope": record.scope}
-        self.store.client("stepfunctions").start_execution(
-            stateMachineArn=self.machine, name=record.id, input=json.dumps(document)
-        )
+    machine: str

@@ -84,9 +84,15 @@ class Connection:
         return int(self.counters.get("in_flight", 0))
 
     def stats(self) -> dict[str, Any]:
-        """The accounting a client may read about its own connection."""
+        """The accounting a client may read about its own connection, and the tenant
+        ``$connect`` took it for (its own: which key maps to which tenant)."""
         counts = {name: _number(self.counters.get(name, 0)) for name in COUNTERS}
-        return {"connected_at": self.connected_at, **counts, "backends": dict(self.backends)}
+        return {
+            "connected_at": self.connected_at,
+            "tenant": self.tenant,
+            **counts,
+            "backends": dict(self.backends),
+        }
 
     def next_is_held(self) -> bool:
         """Whether the answer to ``next_seq`` is held, waiting to be pushed."""

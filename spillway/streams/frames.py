@@ -1,9 +1,12 @@
 """One WebSocket frame in, one answer out: reading, routing and answering a frame.
 
-A text frame is one JSON object: a V2 infer request plus ``id`` (the client's), ``model``,
-optional ``version``, optional ``seq`` and optional ``action`` (``infer`` or ``stats``). A
-binary frame is ``[4-byte big-endian N][N bytes of that JSON header][tensor bytes]``: the
-HTTP binary tensor extension with the header length given by the prefix.
+A frame is one text message holding one JSON object: a V2 infer request plus ``id`` (the
+client's), ``model``, optional ``version``, optional ``seq`` and optional ``action``
+(``infer`` or ``stats``). There are no binary frames: API Gateway's WebSocket APIs take
+text frames only (a binary frame closes the connection with 1003,
+https://docs.aws.amazon.com/apigateway/latest/developerguide/websocket-api-develop-binary-media-types.html),
+so a binary input (an image file) travels as a BYTES input whose JSON strings are base64,
+``"parameters": {"content_type": "base64"}`` (``spillway.protocol.tensors``).
 
 Reading happens in two steps, because they fail differently:
 
@@ -17,11 +20,8 @@ Reading happens in two steps, because they fail differently:
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +32,6 @@ from spillway.protocol.errors import (
 )
 from spillway.protocol.names import validate_model_name, validate_version
 from spillway.protocol.wire import (
-    BINARY_CONTENT_TYPE,
-    HEADER_LENGTH,
     JSON_CONTENT_TYPE,
     Reply,
     Target,
@@ -47,8 +45,6 @@ FRAME_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 MAX_SEQ = 2**53 - 1
 """The largest ``seq`` (JavaScript's largest exact integer)."""
 ACTIONS = ("infer", "stats")
-PREFIX_BYTES = 4
-"""The binary frame's header-length prefix (big-endian)."""
 _ENVELOPE = ("model", "version", "seq", "action")
 """The frame's own fields, removed from the V2 request (``id`` stays: V2 has one)."""
 
@@ -61,7 +57,8 @@ class MessageTooLargeError(PayloadTooLargeError):
 
 class InvalidFrameError(InvalidInputError):
     """A frame whose envelope cannot be read (not a JSON object, a bad ``id``, ``seq`` or
-    ``action``, a binary prefix beyond the frame): refused, its ``seq`` left open."""
+    ``action``; an event marked base64, which API Gateway never sends): refused, its
+    ``seq`` left open."""
 
     code = "invalid_frame"
 
@@ -97,29 +94,27 @@ class Frame:
     action: str
     header: dict[str, Any]
     """The JSON object as sent (envelope fields included)."""
-    tensors: bytes | None = None
-    """A binary frame's bytes after its JSON header; ``None`` for a text frame."""
 
 
 def frame_bytes(body: object, base64_encoded: bool, limit: int) -> bytes:
-    """The frame as received (a binary one decoded from the event's base64), within
-    ``limit`` bytes; a text frame is its UTF-8 encoding."""
+    """The text frame as received (its UTF-8 encoding), within ``limit`` bytes. An event
+    marked ``isBase64Encoded`` would be a binary frame, which API Gateway closes the
+    connection on and never hands over: it is refused, its body not decoded."""
     if not isinstance(body, str):
         raise RefusedFrame(InvalidFrameError("a frame must have a body"))
     if base64_encoded:
-        if len(body) > (limit + 2) // 3 * 4:
-            raise RefusedFrame(too_large(len(body) * 3 // 4, limit))
-        try:
-            data = base64.b64decode(body, validate=True)
-        except (binascii.Error, ValueError):
-            raise RefusedFrame(InvalidFrameError("a binary frame's body is not base64")) from None
-    else:
-        if len(body) > limit:
-            raise RefusedFrame(too_large(len(body), limit))
-        try:
-            data = body.encode("utf-8")
-        except UnicodeEncodeError:
-            raise RefusedFrame(InvalidFrameError("a text frame must be UTF-8")) from None
+        raise RefusedFrame(
+            InvalidFrameError(
+                "binary frames are not accepted (API Gateway's WebSocket APIs take text "
+                'frames only): send binary inputs as BYTES with "content_type": "base64"'
+            )
+        )
+    if len(body) > limit:
+        raise RefusedFrame(too_large(len(body), limit))
+    try:
+        data = body.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RefusedFrame(InvalidFrameError("a text frame must be UTF-8")) from None
     if len(data) > limit:
         raise RefusedFrame(too_large(len(data), limit))
     return data
@@ -133,32 +128,10 @@ def too_large(size: int, limit: int, what: str = "frame") -> MessageTooLargeErro
     )
 
 
-def binary_frame(header: Mapping[str, Any], tensors: bytes) -> bytes:
-    """A binary frame as a client sends it (what ``read_frame`` reads): the 4-byte
-    big-endian length of the JSON header, the header, then the tensor bytes."""
-    raw = json.dumps(header).encode()
-    return len(raw).to_bytes(PREFIX_BYTES, "big") + raw + tensors
-
-
-def read_frame(data: bytes, binary: bool) -> Frame:
+def read_frame(data: bytes) -> Frame:
     """The frame's envelope, checked; ``RefusedFrame`` when it cannot be read."""
-    tensors: bytes | None = None
-    header_bytes = data
-    if binary:
-        if len(data) < PREFIX_BYTES:
-            raise RefusedFrame(InvalidFrameError("a binary frame starts with a 4-byte length"))
-        length = int.from_bytes(data[:PREFIX_BYTES], "big")
-        if length > len(data) - PREFIX_BYTES:
-            raise RefusedFrame(
-                InvalidFrameError(
-                    f"the binary frame's header length {length} is beyond its "
-                    f"{len(data) - PREFIX_BYTES} bytes"
-                )
-            )
-        header_bytes = data[PREFIX_BYTES : PREFIX_BYTES + length]
-        tensors = data[PREFIX_BYTES + length :]
     try:
-        header = load_json_object(header_bytes)
+        header = load_json_object(data)
     except InvalidInputError as exc:
         raise RefusedFrame(InvalidFrameError(exc.message)) from None
     frame_id = _frame_id(header.get("id"))
@@ -168,7 +141,7 @@ def read_frame(data: bytes, binary: bool) -> Frame:
         raise RefusedFrame(
             InvalidFrameError(f"action must be one of {', '.join(ACTIONS)}"), frame_id, seq
         )
-    return Frame(frame_id, seq, str(action), header, tensors)
+    return Frame(frame_id, seq, str(action), header)
 
 
 def _frame_id(value: object) -> str:
@@ -197,12 +170,8 @@ def routed(
     target = require_model_target(_model_path(frame.header))
     request = {k: v for k, v in frame.header.items() if k not in _ENVELOPE}
     _answers_as_json(request)
-    body = json_bytes(request)
     headers = {"content-type": JSON_CONTENT_TYPE}
-    if frame.tensors is not None:
-        headers = {"content-type": BINARY_CONTENT_TYPE, HEADER_LENGTH: str(len(body))}
-        body += frame.tensors
-    call = Call("POST", headers, body, request_id, remaining_ms, tenant)
+    call = Call("POST", headers, json_bytes(request), request_id, remaining_ms, tenant)
     return call, target
 
 

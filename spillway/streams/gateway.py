@@ -9,16 +9,16 @@ the local gateway's) and answers it:
 - ``$disconnect``: the connection's item and held answers deleted; one log line with its
   accounting, and the same counters to ``on_close`` (the handler's metrics).
 - ``$default``: one frame, exactly one answer pushed. A frame that is refused (not
-  connected, too large, unreadable, over the in-flight bound, a duplicate or out-of-window
-  ``seq``, over its tenant's frames in flight or frame rate) is answered at once, before
-  it is routed. A frame without ``seq`` is answered when it is done. A
-  frame with ``seq`` is pushed at once when it is next (under the connection's delivery
-  lease, claimed for that ``seq``), else its answer is held; whoever finishes ``next_seq``
-  learns from that write whether the next answer is held and pushes it, so an answer held
-  meanwhile is never stranded. An invocation near its end (``handover_reserve_s`` of its
-  time left) hands the held answers over to another frame of the connection still being
-  served, whose own hold pushes them: under a steady stream one invocation could
-  otherwise push every answer for longer than API Gateway's 29 s.
+  connected, too large, unreadable or marked base64 (a binary frame), over the in-flight
+  bound, a duplicate or out-of-window ``seq``, over its tenant's frames in flight or frame
+  rate) is answered at once, before it is routed. A frame without ``seq`` is answered when
+  it is done. A frame with ``seq`` is pushed at once when it is next (under the
+  connection's delivery lease, claimed for that ``seq``), else its answer is held; whoever
+  finishes ``next_seq`` learns from that write whether the next answer is held and pushes
+  it, so an answer held meanwhile is never stranded. An invocation near its end
+  (``handover_reserve_s`` of its time left) hands the held answers over to another frame
+  of the connection still being served, whose own hold pushes them: under a steady stream
+  one invocation could otherwise push every answer for longer than API Gateway's 29 s.
 
 The router's call never raises out of ``handle``: a ``SpillwayError`` is the frame's
 failure answer with its code, anything else is logged with its traceback and answered
@@ -461,6 +461,8 @@ class StreamGateway:
     ) -> tuple[Frame, Connection] | None:
         """The frame and its connection, admitted; ``None`` when it was answered at once
         (refused, or the state table could not be reached)."""
+        # isBase64Encoded: a binary frame, which API Gateway never hands over (it closes
+        # the connection with 1003): refused invalid_frame, the body not decoded
         body, binary = event.get("body"), bool(event.get("isBase64Encoded"))
         size = len(body) if isinstance(body, str) else 0
         frame: Frame | None = None
@@ -468,7 +470,7 @@ class StreamGateway:
             try:
                 data = frame_bytes(body, binary, self.settings.max_message_bytes)
                 size = len(data)
-                frame = read_frame(data, binary)
+                frame = read_frame(data)
             except RefusedFrame:
                 counts = {"frames_in": 1, "bytes_in": size, "frames_refused": 1}
                 store.count(where.connection_id, counts)

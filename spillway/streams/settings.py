@@ -13,10 +13,9 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from spillway.envsettings import prefixed_values
+from spillway.protocol.aws_limits import WS_MESSAGE_BYTES
 
 ENV_PREFIX = "WS_"
-API_GATEWAY_MESSAGE_BYTES = 128 * 1024
-"""API Gateway's limit on one WebSocket message (frames of 32 KB, 128 KB in all)."""
 
 
 class StreamSettings(BaseModel):
@@ -27,9 +26,10 @@ class StreamSettings(BaseModel):
     max_in_flight: int = Field(default=32, ge=1, le=1000)
     """Frames of one connection received and not yet answered (answers held for ordering
     included); a frame past it is answered at once with 429 ``slow_down``."""
-    max_message_bytes: int = Field(default=API_GATEWAY_MESSAGE_BYTES, ge=1024, le=4 * 1024**2)
-    """Largest frame accepted (as received: binary frames before base64); larger: 413
-    ``message_too_large``."""
+    max_message_bytes: int = Field(default=WS_MESSAGE_BYTES, ge=1024, le=WS_MESSAGE_BYTES)
+    """Largest frame accepted (its UTF-8 bytes) and answer pushed; larger: 413
+    ``message_too_large``. API Gateway's own limit (``WS_MESSAGE_BYTES``, 128 KiB) closes
+    the connection on a larger message before the function sees it."""
     connection_ttl_s: int = Field(default=10_800, ge=60, le=7 * 86_400)
     """Life of a connection's state item (``expires_at``): API Gateway closes a connection
     after 2 hours, so 3 hours leaves a margin; past it a frame is 401 ``not_connected``."""

@@ -3,7 +3,9 @@
 GIVEN the WebSocket API of the local stack (``spillway up``'s: the local API Gateway
 stand-in running the WebSocket function) — WHEN acme floods one connection with 1,000
 frames, or opens connections past its tenant's cap — THEN globex's frames are still
-answered within 2 s, and globex still connects.
+answered within 2 s, and globex still connects. WHEN acme sends what API Gateway refuses
+(a binary frame, a frame over 32 KiB) THEN its connection is closed as API Gateway closes
+it (1003, 1009), the frame never served, and globex's connection goes on.
 
 A module of its own (beside ``test_adversarial.py``'s families): the session's ``stack``
 sets the process's AWS variables when it starts, and a module that points boto3 at
@@ -24,6 +26,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from spillway.protocol.aws_limits import WS_FRAME_BYTES
 from spillway.streams.settings import StreamSettings
 from tests.support import load_engine
 
@@ -151,3 +154,44 @@ def test_websocket_connections_past_a_tenants_cap_leave_another_tenant_connectin
     # AND globex's connection was accepted and serves frames
     assert got["stats"]["id"] == "s"
     assert got["stats"]["connection"]["frames_in"] == 1
+
+
+async def _ws_refused(url: str, image: list[float]) -> dict[str, Any]:
+    frame = _ws_digits("a0", image)
+    refused: dict[str, tuple[str, bool]] = {"binary": (frame, True)}
+    refused["a frame over 32 KiB"] = (frame + " " * WS_FRAME_BYTES, False)
+    closes: dict[str, Any] = {}
+    async with aiohttp.ClientSession() as session:
+        globex = await session.ws_connect(url, headers={"x-spillway-tenant": "globex"})
+        for what, (data, binary) in refused.items():
+            acme = await session.ws_connect(url, headers={"x-spillway-tenant": "acme"})
+            if binary:
+                await acme.send_bytes(data.encode())
+            else:
+                await acme.send_str(data)
+            # the first message back: the close, not an answer
+            closes[what] = ((await acme.receive(timeout=60)).type, acme.close_code)
+        await globex.send_str(_ws_digits("g0", image))
+        reply = json.loads(await globex.receive_str(timeout=60))
+        await globex.close()
+    return {"closes": closes, "globex": reply}
+
+
+def test_what_api_gateway_refuses_closes_the_connection_as_api_gateway_does(
+    stack: Any, models_dir: Path
+) -> None:
+    image = np.load(models_dir / "digits/samples/images.npy").astype(np.float32)[0]
+    # WHEN acme sends a digits frame as a binary frame on one connection, and as a text
+    # frame padded past 32 KiB on another
+    got = asyncio.run(
+        asyncio.wait_for(_ws_refused(stack.websocket_url, image.ravel().tolist()), 120)
+    )
+    # THEN the first is closed with 1003 (unsupported data), the second with 1009 (too
+    # big), neither answered
+    assert got["closes"] == {
+        "binary": (aiohttp.WSMsgType.CLOSE, 1003),
+        "a frame over 32 KiB": (aiohttp.WSMsgType.CLOSE, 1009),
+    }
+    # AND globex's connection, open meanwhile, is served
+    assert got["globex"]["id"] == "g0"
+    assert "outputs" in got["globex"], got["globex"]

@@ -9,8 +9,9 @@ caller for:
   ``outside_tenant_area`` for any other tenant, and passes the area check for it;
 - the WebSocket API: a connection's ``stats`` frame names the connection's tenant, as
   ``$connect`` resolved it;
-- the router (under serverless-offline, whose API key identity is one fixed id): a
-  session stored by one tenant is a 404 for another.
+- the router (its Lambda handler behind an API Gateway-shaped server, with the stack's
+  router environment: the API key's id is the identity): a session stored by one tenant
+  is a 404 for another.
 """
 
 from __future__ import annotations
@@ -27,14 +28,17 @@ from typing import Any
 
 import aiohttp
 import pytest
+import serverless_wsgi
 
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
 from spillway.state.table import scope
-from spillway_cli.stack import LOCAL_API_KEY, TENANTS_ROOT, LocalStack
+from spillway_cli.lambda_http import wsgi_app
+from spillway_cli.stack import TENANTS_ROOT, LocalStack
+from spillway_cli.wsgi_server import running
 
 KEY = "live-key-b"
 TENANT = "live-acme"
-OFFLINE_IDENTITY = "offlineContext_apiKeyId"
-"""The API key id serverless-offline gives every request that carries the right key."""
 SPILLWAY = Path(sys.executable).with_name("spillway")
 
 
@@ -104,64 +108,71 @@ def _ws_tenant(stack: LocalStack) -> str:
     return asyncio.run(ask())
 
 
-def _session_status(stack: LocalStack) -> int:
-    status, _ = _request(
-        stack.ports.router, "GET", "/v1/sessions/live-config", {"x-api-key": LOCAL_API_KEY}
-    )
+@pytest.fixture(scope="module")
+def router_port(stack: LocalStack) -> Iterator[int]:
+    """The router's Lambda handler as API Gateway calls it (``x-api-key`` standing for the
+    key's id), with the stack's router environment; its port."""
+    mp = pytest.MonkeyPatch()
+    for name, value in {**stack.aws_env(), **stack.router_env()}.items():
+        mp.setenv(name, value)
+    mp.delenv("ROUTER_IDENTITY_TENANTS", raising=False)
+    app = create_app(RouterSettings.from_env())
+
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        answer: dict[str, Any] = serverless_wsgi.handle_request(app, event, context)
+        return answer
+
+    try:
+        with running(wsgi_app(handler)) as url:
+            yield int(url.rsplit(":", 1)[1])
+    finally:
+        mp.undo()
+
+
+def _session_status(port: int) -> int:
+    status, _ = _request(port, "GET", "/v1/sessions/live-config", {"x-api-key": KEY})
     return status
 
 
 @pytest.fixture
 def mapped(stack: LocalStack) -> Iterator[None]:
-    """Every identity this test maps is removed again (the stack is shared)."""
+    """The identity this test maps is removed again (the stack is shared)."""
     yield
-    listed = json.loads(_cli(stack, "tenants", "list", "--json"))["identities"]
-    for identity in (KEY, OFFLINE_IDENTITY):
-        if identity in listed:
-            _cli(stack, "tenants", "remove", identity)
+    if KEY in json.loads(_cli(stack, "tenants", "list", "--json"))["identities"]:
+        _cli(stack, "tenants", "remove", KEY)
 
 
-def test_a_tenant_changed_with_the_cli_reaches_every_door(stack: LocalStack, mapped: None) -> None:
+def test_a_tenant_changed_with_the_cli_reaches_every_door(
+    stack: LocalStack, router_port: int, mapped: None
+) -> None:
     # GIVEN a key no one mapped: its own tenant at every door
     assert _jobs_code(stack) == "outside_tenant_area"
     assert _ws_tenant(stack) == KEY
-    offline = stack.router_runtime == "serverless-offline"
-    if offline:
-        stored, _ = _request(
-            stack.ports.router,
-            "PUT",
-            "/v1/sessions/live-config",
-            {"x-api-key": LOCAL_API_KEY},
-            {"step": 1},
-        )
-        assert stored in (200, 201)
-        assert _session_status(stack) == 200
+    stored, _ = _request(
+        router_port, "PUT", "/v1/sessions/live-config", {"x-api-key": KEY}, {"step": 1}
+    )
+    assert stored in (200, 201, 204)
+    assert _session_status(router_port) == 200
 
-    # WHEN an operator maps it (and the router's fixed offline identity) to live-acme
+    # WHEN an operator maps it to live-acme
     out = _cli(stack, "tenants", "add", KEY, TENANT)
     assert f"{KEY} -> {TENANT}" in out
-    if offline:
-        _cli(stack, "tenants", "add", OFFLINE_IDENTITY, TENANT)
     assert json.loads(_cli(stack, "tenants", "list", "--json"))["identities"][KEY] == TENANT
 
     # THEN each door takes the caller for live-acme within the TTL, with no restart
     _until(lambda: _jobs_code(stack) != "outside_tenant_area", "the jobs API sees the tenant")
     _until(lambda: _ws_tenant(stack) == TENANT, "the WebSocket API sees the tenant")
-    if offline:
-        _until(lambda: _session_status(stack) == 404, "the router sees the tenant")
+    _until(lambda: _session_status(router_port) == 404, "the router sees the tenant")
 
     # AND removing it puts every door back
     _cli(stack, "tenants", "remove", KEY)
-    if offline:
-        _cli(stack, "tenants", "remove", OFFLINE_IDENTITY)
     _until(lambda: _jobs_code(stack) == "outside_tenant_area", "the jobs API forgets it")
     _until(lambda: _ws_tenant(stack) == KEY, "the WebSocket API forgets it")
-    if offline:
-        _until(lambda: _session_status(stack) == 200, "the router forgets it")
+    _until(lambda: _session_status(router_port) == 200, "the router forgets it")
 
 
 def test_the_cli_refuses_a_bad_tenant_with_one_line(stack: LocalStack) -> None:
     done = _run(stack, "tenants", "add", KEY, "not a tenant")
     assert done.returncode == 1
-    assert done.stderr.strip().startswith("error: a tenant is 1-128")
+    assert done.stderr.strip() == "error: tenant must be 1-128 letters, digits or ._:@-"
     assert "Traceback" not in done.stderr

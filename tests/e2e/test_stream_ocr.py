@@ -1,19 +1,24 @@
 """OCR pages as frame streams: rendered text pages (PNG) to the OCR detector through each
-door, two tenants' WebSocket connections among them. The pages travel as binary data (a
-binary WebSocket frame, a binary-extension POST, gRPC's raw contents); every page is
-answered once, in seq order on the streaming doors, with a box for each of its lines where
-the detector's own code, run in this process on the model file, finds them."""
+door, two tenants' WebSocket connections among them. Through the WebSocket API a page is
+base64 in a text frame (``content_type`` ``base64``: API Gateway closes the connection on
+a binary frame), one frame of at most 32 KiB; through HTTP binary data, through gRPC raw
+contents. Every page is answered once, in seq order on the streaming doors, with a box for
+each of its lines where the detector's own code, run in this process on the model file,
+finds them."""
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from spillway_cli.frame_streams import DOORS, OcrPages, Scenario
+from spillway.protocol.aws_limits import WS_FRAME_BYTES
+from spillway_cli.frame_streams import DOORS, OcrPages, Scenario, StreamLog
 from spillway_cli.stack import LocalStack
-from spillway_cli.stream_drivers import Endpoints, run_door
+from spillway_cli.stream_drivers import Endpoints, run_door, websocket_message
 
 SCENARIO = Scenario(streams=4, frames=3, window=2)
 
@@ -38,6 +43,19 @@ def test_the_pages_differ_and_their_reference_finds_each_line(pages: OcrPages) -
     assert pages.right(0, frame, 8, tensors)
     assert not pages.right(0, frame, 8, {**tensors, "boxes": pages.boxes[four] + 5.0})
     assert not pages.right(0, frame, 8, {"counts": np.array([3]), "boxes": pages.boxes[four][:3]})
+
+
+def test_a_page_is_one_text_frame_with_the_png_as_base64(pages: OcrPages) -> None:
+    # WHEN each page is made a WebSocket message
+    log = StreamLog(0, len(pages.pages))
+    for seq in range(len(pages.pages)):
+        message = websocket_message(pages, log, seq)
+        # THEN it is text within one API Gateway frame, the page as base64 BYTES
+        assert isinstance(message, str)
+        assert len(message.encode()) <= WS_FRAME_BYTES
+        (image,) = json.loads(message)["inputs"]
+        assert image["parameters"] == {"content_type": "base64"}
+        assert base64.b64decode(image["data"][0]) == pages.tensors(0, seq, log.frames)["image"][0]
 
 
 @pytest.mark.parametrize("door", DOORS)

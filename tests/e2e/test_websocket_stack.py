@@ -1,10 +1,11 @@
 """The WebSocket API on the local stack as ``spillway up`` starts it: ``spillway serve
-websocket`` runs the WebSocket function with the router's environment (WSGI runtime), and
-serverless.yml's ``websocket`` function runs under serverless-offline in the variant.
+websocket`` runs the WebSocket function with the router's environment, under the WSGI
+router and, in the variant, beside the router under serverless-offline.
 
 Two tenants (``x-spillway-tenant`` on ``$connect``: the local stack trusts tenant hints)
-each stream 40 ``digits`` frames with ``seq`` (acme as JSON text frames, globex as binary
-frames with raw FP32 tensors) over their own connection, at once: every frame is answered
+each stream 40 ``digits`` frames with ``seq`` (acme's each one WebSocket frame, globex's
+each a message spanning several frames, as a message over API Gateway's 32 KiB frame
+must) over their own connection, at once: every frame is answered
 exactly once, in seq order, with its own id, and each label is ONNX Runtime's on the same
 image; a frame refused with ``slow_down`` is sent again, as a client should. Each
 connection's stats count its own frames only; a bad frame is answered 400 in its place
@@ -23,14 +24,17 @@ import aiohttp
 import numpy as np
 import onnxruntime as ort
 
-from spillway.streams.frames import binary_frame as encode_binary_frame
+from spillway.protocol.aws_limits import WS_FRAME_BYTES
 from spillway_cli.stack import LocalStack
+from spillway_cli.stream_drivers import send_text
 
 FRAMES = 40
 LIMIT = 32  # WS_MAX_IN_FLIGHT's default
 WAIT_S = 180.0
 RETRY = ("slow_down", "seq_out_of_window")
 """Refusals a client answers by sending the same frame again later."""
+SPANNING = 256
+"""The frame size globex's messages are sent in (each spans several frames)."""
 
 
 @dataclass
@@ -79,35 +83,14 @@ def text_frame(frame_id: str, image: np.ndarray, seq: int | None = None) -> str:
     return json.dumps(frame)
 
 
-def binary_frame(frame_id: str, image: np.ndarray, seq: int) -> bytes:
-    """``[4-byte N][N bytes of JSON header][raw FP32]``: the binary tensor extension."""
-    raw = np.ascontiguousarray(image, dtype="<f4").tobytes()
-    header = {
-        "id": frame_id,
-        "model": "digits",
-        "seq": seq,
-        "inputs": [
-            {
-                "name": "image",
-                "shape": [1, 8, 8],
-                "datatype": "FP32",
-                "parameters": {"binary_data_size": len(raw)},
-            }
-        ],
-    }
-    return encode_binary_frame(header, raw)
-
-
-async def _send(ws: aiohttp.ClientWebSocketResponse, frame: str | bytes) -> None:
-    if isinstance(frame, bytes):
-        await ws.send_bytes(frame)
-    else:
-        await ws.send_str(frame)
+async def _send(ws: aiohttp.ClientWebSocketResponse, frame: str) -> None:
+    """One message: in one WebSocket frame, or (globex's) in frames of ``SPANNING`` bytes."""
+    await send_text(ws, frame, SPANNING if '"globex-' in frame else WS_FRAME_BYTES)
 
 
 async def stream(
     ws: aiohttp.ClientWebSocketResponse,
-    frames: Mapping[str, str | bytes],
+    frames: Mapping[str, str],
     extra: int = 0,
     window: int | None = None,
 ) -> Stream:
@@ -170,8 +153,8 @@ async def _two_tenants(url: str, models_dir: Path, window: int | None = None) ->
     images = _images(models_dir)[: 2 * FRAMES]
     want = _labels(models_dir, images)
     acme = {f"acme-{i}": text_frame(f"acme-{i}", images[i], i) for i in range(FRAMES)}
-    globex: dict[str, str | bytes] = {
-        f"globex-{i}": binary_frame(f"globex-{i}", images[FRAMES + i], i) for i in range(FRAMES)
+    globex = {
+        f"globex-{i}": text_frame(f"globex-{i}", images[FRAMES + i], i) for i in range(FRAMES)
     }
     wrong_shape = {"name": "image", "shape": [1, 8, 7], "datatype": "FP32", "data": [0.0] * 56}
     bad = {"id": "globex-bad", "model": "digits", "inputs": [wrong_shape]}
@@ -280,8 +263,8 @@ def test_frames_past_the_bound_are_told_to_slow_down(stack: LocalStack, models_d
 def test_under_serverless_offline_two_tenants_stream_in_order(
     offline_stack: LocalStack, models_dir: Path
 ) -> None:
-    # serverless-offline starts a Python process for each invocation that finds none idle,
-    # so each stream keeps 3 frames in flight here (6 processes, not 80)
+    # the WebSocket API is `spillway serve websocket` beside the offline router too
+    assert "websocket" in offline_stack.children
     url = offline_stack.websocket_url
     got = asyncio.run(asyncio.wait_for(_two_tenants(url, models_dir, window=3), WAIT_S))
     _check_two_tenants(got)

@@ -5,9 +5,10 @@ GIVEN the OCR models and pipelines built into a fresh repository (``minilm`` and
 (over HTTP), with the router in front of both
 WHEN tritonclient sends a rendered page as binary data, asking for the outputs as binary
 data and as JSON
-THEN both pipelines answer as the CPU fallback does directly; an image cannot travel as
-JSON (V2 JSON BYTES are UTF-8 strings: tritonclient refuses it, and a page's bytes
-base64-encoded into the string are an ``invalid_image`` 400); and an async ``ocr``
+THEN both pipelines answer as the CPU fallback does directly; an image cannot travel as a
+plain JSON string (V2 JSON BYTES are UTF-8 strings: tritonclient refuses it, and a page's
+bytes base64-encoded into the string without ``"content_type": "base64"`` are an
+``invalid_image`` 400); and an async ``ocr``
 request with a binary body gets the same answer once the CPU fallback drains it.
 """
 

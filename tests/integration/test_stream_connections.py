@@ -25,7 +25,7 @@ from spillway.streams.gateway import StreamGateway
 from spillway.streams.settings import StreamSettings
 from spillway.tenancy.identity import Authenticator
 from tests.support import Service, load_engine
-from tests.unit.stream_support import ENDPOINT, MemoryPoster, binary_frame, ws_event
+from tests.unit.stream_support import ENDPOINT, MemoryPoster, ws_event
 
 NOW = 1_800_000_000.0
 
@@ -362,7 +362,7 @@ def test_digits_frames_through_the_real_router_in_order_per_tenant(
 
     def send(connection: str, seq: int) -> None:
         image = images[seq : seq + 1]
-        header = {
+        frame = {
             "id": f"{connection}-{seq}",
             "model": "digits",
             "seq": seq,
@@ -371,14 +371,13 @@ def test_digits_frames_through_the_real_router_in_order_per_tenant(
                     "name": "image",
                     "shape": list(image.shape),
                     "datatype": "FP32",
-                    "parameters": {"binary_data_size": image.nbytes},
+                    "data": image.ravel().tolist(),
                 }
             ],
         }
-        event = ws_event("$default", connection, binary_frame(header, image.tobytes()), binary=True)
-        gateway.handle(event, 5000.0)
+        gateway.handle(ws_event("$default", connection, json.dumps(frame)), 5000.0)
 
-    # WHEN each sends six binary image frames from six threads at once
+    # WHEN each sends six image frames from six threads at once
     threads = [threading.Thread(target=send, args=(c, s)) for c in ("c-a", "c-g") for s in range(6)]
     for thread in threads:
         thread.start()

@@ -1,7 +1,8 @@
 """``spillway serve websocket`` with a small handler (``tests.integration.ws_echo``): the
 events API Gateway's WebSocket API would send it, concurrent invocations for one
-connection, binary messages, a refused upgrade, the 128 KiB close, and the management
-API as boto3's ``apigatewaymanagementapi`` client calls it."""
+connection, a binary frame closed with 1003 and never invoked, a refused upgrade, and the
+management API as boto3's ``apigatewaymanagementapi`` client calls it. The size and time
+limits: ``test_ws_gateway_limits``."""
 
 from __future__ import annotations
 
@@ -165,23 +166,36 @@ def test_messages_of_one_connection_are_invoked_concurrently(gateway: Gateway) -
     assert sorted(a["met"] for a in answers) == ["a", "b"]
 
 
-def test_binary_messages_arrive_base64_encoded(gateway: Gateway) -> None:
-    payload = bytes([0xFF, 0x00, 0x80, 0x01, 0xFE])
-
+def test_a_binary_frame_closes_the_connection_with_1003_and_invokes_nothing(
+    gateway: Gateway,
+) -> None:
+    # GIVEN a connection whose first message is text
     async def connected(ws: aiohttp.ClientWebSocketResponse) -> Any:
-        await ws.send_bytes(payload)
-        answer = await ws.receive(timeout=30)
-        return answer.type, answer.data, await _ask(ws, {"op": "event"})
+        event = await _ask(ws, {"op": "event"})
+        # WHEN the client sends a binary frame
+        await ws.send_bytes(bytes([0xFF, 0x00, 0x80, 0x01, 0xFE]))
+        closed = await ws.receive(timeout=30)
+        return event["requestContext"]["connectionId"], closed.type, ws.close_code
 
-    kind, data, text_event = gateway.session(connected)
-    # the handler got the bytes base64-encoded and pushed them back reversed; bytes that
-    # are not UTF-8 travel as a binary frame
-    assert (kind, data) == (aiohttp.WSMsgType.BINARY, payload[::-1])
-    connection = text_event["requestContext"]["connectionId"]
-    binary_event = next(
-        e for e in gateway.recorded(connection) if e["requestContext"]["routeKey"] == "$default"
+    connection, kind, code = gateway.session(connected)
+    # THEN API Gateway's close: 1003, unsupported data
+    assert (kind, code) == (aiohttp.WSMsgType.CLOSE, 1003)
+    # AND the handler never saw the binary message: $connect, the text one, $disconnect
+    events = eventually(lambda: gateway.closed(connection), "the handler saw $disconnect")
+    assert [e["requestContext"]["routeKey"] for e in events] == [
+        "$connect",
+        "$default",
+        "$disconnect",
+    ]
+    assert all(e["isBase64Encoded"] is False for e in events)
+    assert events[-1]["requestContext"]["disconnectStatusCode"] == 1003
+    # AND the gateway logged why
+    eventually(
+        lambda: (
+            f"connection {connection} refused: Binary frames" in gateway.child.log_path.read_text()
+        ),
+        "the refusal's log line",
     )
-    assert (binary_event["body"], binary_event["isBase64Encoded"]) == ("/wCAAf4=", True)
 
 
 def test_a_refused_connect_is_an_http_answer_with_its_status(gateway: Gateway) -> None:
@@ -243,18 +257,6 @@ def test_management_api_through_boto3_then_gone_after_close(gateway: Gateway) ->
         assert gone.value.response["Error"]["Code"] == "GoneException", name
         assert gone.value.response["ResponseMetadata"]["HTTPStatusCode"] == 410
     assert isinstance(gone.value, management.exceptions.GoneException)
-
-
-def test_a_message_over_128_kib_closes_with_1009(gateway: Gateway) -> None:
-    async def connected(ws: aiohttp.ClientWebSocketResponse) -> Any:
-        answer = await _ask(ws, {"op": "echo", "pad": "x" * (128 * 1024 - 40)})
-        await ws.send_str(json.dumps({"op": "echo", "pad": "x" * (128 * 1024)}))
-        closed = await ws.receive(timeout=30)
-        return len(answer["pad"]), closed.type, ws.close_code
-
-    size, kind, code = gateway.session(connected)
-    assert size == 128 * 1024 - 40  # a message just under the limit is served
-    assert (kind, code) == (aiohttp.WSMsgType.CLOSE, 1009)
 
 
 def test_a_push_to_a_client_that_reads_nothing_is_gone_after_the_write_timeout() -> None:

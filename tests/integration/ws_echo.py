@@ -9,13 +9,13 @@ answered through the management API (boto3's ``apigatewaymanagementapi`` client 
 - ``{"op": "event"}``: the event the message arrived in;
 - ``{"op": "meet", "tag": t}``: waits until a second ``meet`` runs at the same time (a
   barrier; fails after 20 s when the two invocations do not overlap), then ``{"met": t}``;
-- ``{"op": "raise"}``: raises;
-- a binary message: its bytes reversed, as a binary message.
+- ``{"op": "raise"}``: raises.
+
+The gateway invokes it for text messages only (a binary frame closes the connection).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import threading
@@ -56,9 +56,6 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     assert context.get_remaining_time_in_millis() > 0
     connection = event["requestContext"]["connectionId"]
     push = _management().post_to_connection
-    if event["isBase64Encoded"]:
-        push(ConnectionId=connection, Data=base64.b64decode(event["body"])[::-1])
-        return {"statusCode": 200}
     message = json.loads(event["body"])
     if message["op"] == "raise":
         raise RuntimeError("the handler failed")

@@ -4,7 +4,6 @@ what it pushed, and API Gateway WebSocket events."""
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 from collections.abc import Mapping
@@ -12,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spillway.streams.connections import COUNTERS, HELD, Admission, Connection, connection_key
-from spillway.streams.frames import binary_frame as encode_binary_frame
 from spillway.streams.gateway import ConnectionGone
 
 ENDPOINT = "http://127.0.0.1:1"
@@ -238,8 +236,3 @@ def ws_event(
 def text(**frame: Any) -> str:
     """A text frame."""
     return json.dumps(frame)
-
-
-def binary_frame(header: dict[str, Any], tensors: bytes) -> str:
-    """A binary frame as API Gateway hands it over: base64 of prefix, header, tensors."""
-    return base64.b64encode(encode_binary_frame(header, tensors)).decode()

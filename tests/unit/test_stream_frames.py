@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from spillway.protocol.errors import InvalidInputError, InvalidModelNameError
-from spillway.protocol.wire import HEADER_LENGTH, Reply, json_reply
+from spillway.protocol.wire import Reply, json_reply
 from spillway.routing.facts import read_request
 from spillway.streams.frames import (
     MAX_SEQ,
@@ -27,33 +27,29 @@ LIMIT = 1024
 INPUTS = [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}]
 
 
-def refusal(data: bytes, binary: bool = False) -> RefusedFrame:
+def refusal(data: bytes) -> RefusedFrame:
     with pytest.raises(RefusedFrame) as caught:
-        read_frame(data, binary)
+        read_frame(data)
     return caught.value
 
 
 def frame(**fields: Any) -> Frame:
-    return read_frame(json.dumps(fields).encode(), False)
+    return read_frame(json.dumps(fields).encode())
 
 
 @pytest.mark.parametrize(
-    ("data", "binary"),
+    "data",
     [
-        (b"[1, 2]", False),  # not an object
-        (b"{", False),  # not JSON
-        (b'{"id": "\xff"}', False),  # not UTF-8
-        (b'"text"', False),
-        (b"\x00\x00", True),  # shorter than the prefix
-        (b"\x00\x00\x00\x09{}", True),  # header length beyond the frame
-        (b"\xff\xff\xff\xff{}", True),
+        b"[1, 2]",  # not an object
+        b"{",  # not JSON
+        b'{"id": "\xff"}',  # not UTF-8
+        b'"text"',
+        b"\x00\x00\x00\x09{}",  # what was once a binary frame's prefix
     ],
 )
-def test_an_unreadable_frame_is_refused_with_invalid_frame_and_no_id(
-    data: bytes, binary: bool
-) -> None:
+def test_an_unreadable_frame_is_refused_with_invalid_frame_and_no_id(data: bytes) -> None:
     # GIVEN a frame whose envelope cannot be read WHEN it is read
-    refused = refusal(data, binary)
+    refused = refusal(data)
     # THEN it is refused (400 invalid_frame) and its answer carries "id": null
     assert (refused.error.status, refused.error.code) == (400, "invalid_frame")
     assert refused.answer().body["id"] is None
@@ -86,29 +82,39 @@ def test_an_unknown_action_is_refused_with_the_id_and_seq() -> None:
     assert (refused.error.code, refused.frame_id, refused.seq) == ("invalid_frame", "f1", 4)
 
 
-def test_the_size_limit_holds_for_text_and_for_binary_before_and_after_base64() -> None:
+def test_the_size_limit_holds_for_the_frame_s_utf8_bytes() -> None:
     # GIVEN a limit of 1024 bytes
-    # WHEN frames over it arrive as text, as base64 and as UTF-8 that grows when encoded
-    over = [
-        ("x" * (LIMIT + 1), False),
-        (base64.b64encode(b"x" * (LIMIT + 1)).decode(), True),
-        ("é" * (LIMIT // 2 + 1), False),
-    ]
+    # WHEN frames over it arrive, in ASCII and in UTF-8 that grows when encoded
+    over = ["x" * (LIMIT + 1), "é" * (LIMIT // 2 + 1)]
     # THEN each is refused with 413 message_too_large
-    for body, encoded in over:
+    for body in over:
         with pytest.raises(RefusedFrame) as caught:
-            frame_bytes(body, encoded, LIMIT)
+            frame_bytes(body, False, LIMIT)
         assert (caught.value.error.status, caught.value.error.code) == (413, "message_too_large")
     # AND frames at the limit are taken
     assert len(frame_bytes("x" * LIMIT, False, LIMIT)) == LIMIT
-    assert frame_bytes(base64.b64encode(b"\x01" * LIMIT).decode(), True, LIMIT) == b"\x01" * LIMIT
+    assert len(frame_bytes("é" * (LIMIT // 2), False, LIMIT)) == LIMIT
 
 
-@pytest.mark.parametrize("body", ["not base64!", None, 17, "\ud800"])
+@pytest.mark.parametrize("body", [None, 17, "\ud800"])
 def test_a_body_that_is_no_frame_is_refused(body: Any) -> None:
     with pytest.raises(RefusedFrame) as caught:
-        frame_bytes(body, body == "not base64!", LIMIT)
+        frame_bytes(body, False, LIMIT)
     assert caught.value.error.code == "invalid_frame"
+
+
+@pytest.mark.parametrize(
+    "body", [base64.b64encode(b'{"id": "f1", "model": "m"}').decode(), "not base64!", "x" * 5000]
+)
+def test_a_body_marked_base64_is_refused_without_being_decoded(body: str) -> None:
+    # GIVEN an event body marked isBase64Encoded (a binary frame, which API Gateway never
+    # hands over): valid base64 of a good frame, not base64, over the size limit
+    with pytest.raises(RefusedFrame) as caught:
+        frame_bytes(body, True, LIMIT)
+    # THEN each is refused 400 invalid_frame, the answer saying how to send binary inputs
+    answer = caught.value.answer().body
+    assert (answer["code"], answer["status"], answer["id"]) == ("invalid_frame", 400, None)
+    assert '"content_type": "base64"' in answer["error"]
 
 
 def test_a_text_frame_becomes_the_v2_request_with_the_connection_s_tenant() -> None:
@@ -150,32 +156,22 @@ def test_a_claimed_tenant_does_not_become_an_anonymous_connection_s_tenant() -> 
     assert read_request(call, target, trust_tenant_hints=True).facts.tenant is None
 
 
-def test_a_binary_frame_keeps_its_tensor_bytes_after_the_rewritten_header() -> None:
-    # GIVEN a binary frame: prefix, JSON header (with binary_data_size), raw FP32 bytes
-    header = {
-        "id": "img-1",
-        "model": "digits",
-        "seq": 3,
-        "inputs": [
-            {
-                "name": "x",
-                "shape": [1, 2],
-                "datatype": "FP32",
-                "parameters": {"binary_data_size": 8},
-            }
-        ],
+def test_a_base64_bytes_input_is_routed_as_sent_in_the_json_body() -> None:
+    # GIVEN a frame whose image input is base64 BYTES (content_type base64)
+    image = {
+        "name": "image",
+        "shape": [1],
+        "datatype": "BYTES",
+        "parameters": {"content_type": "base64"},
+        "data": [base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()],
     }
-    raw = json.dumps(header).encode()
-    tensors = b"\x00\x00\x80?\x00\x00\x00@"
-    given = read_frame(len(raw).to_bytes(4, "big") + raw + tensors, True)
+    given = frame(id="img-1", model="ocr-det", seq=3, inputs=[image])
     # WHEN it is routed
     call, target = routed(given, "r", None, "acme")
-    # THEN the body is the V2 header without the frame's fields, then the tensor bytes
-    length = int(call.headers[HEADER_LENGTH])
-    assert call.headers["content-type"] == "application/octet-stream"
-    assert json.loads(call.body[:length]) == {"id": "img-1", "inputs": header["inputs"]}
-    assert call.body[length:] == tensors
-    assert (given.id, given.seq, target.model) == ("img-1", 3, "digits")
+    # THEN the body is JSON, the input as sent (the serving side decodes it)
+    assert call.headers == {"content-type": "application/json"}
+    assert json.loads(call.body) == {"id": "img-1", "inputs": [image]}
+    assert (given.id, given.seq, target.model) == ("img-1", 3, "ocr-det")
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ connection only, gone connections cleaned up, router errors with their codes."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
@@ -32,7 +33,6 @@ from tests.unit.stream_support import (
     ENDPOINT,
     MemoryConnections,
     MemoryPoster,
-    binary_frame,
     text,
     ws_event,
 )
@@ -213,16 +213,16 @@ def test_without_a_state_table_connect_is_refused_with_503() -> None:
 def test_an_unordered_frame_is_answered_once_with_its_id_and_accounted(h: Harness) -> None:
     # GIVEN a connection of tenant acme
     h.connect("c1")
-    # WHEN it sends a text frame and a binary frame without seq
+    # WHEN it sends two frames without seq, the second with a base64 BYTES input
     h.frame("c1", id="f1", model="echo", inputs=INPUTS)
-    header = {
-        "id": "f2",
-        "model": "echo",
-        "inputs": [
-            {"name": "x", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}}
-        ],
+    image = {
+        "name": "image",
+        "shape": [1],
+        "datatype": "BYTES",
+        "parameters": {"content_type": "base64"},
+        "data": ["iVBORw0KGgo="],
     }
-    h.send("c1", binary_frame(header, b"\x00\x00\x80?"), binary=True)
+    h.frame("c1", id="f2", model="echo", inputs=[image])
     # THEN each gets exactly one answer: the response with its id and what the router did
     first, second = h.answers("c1")
     assert first == {
@@ -232,12 +232,14 @@ def test_an_unordered_frame_is_answered_once_with_its_id_and_accounted(h: Harnes
         "spillway": {"backend": "gpu", "rule": "default", "cost_usd": 0.5, "fallback": None},
     }
     assert second["id"] == "f2"
-    assert h.router.calls[1].body.endswith(b"\x00\x00\x80?")
+    # (the router gets the input as sent: the server that decodes the request reads it)
+    assert json.loads(h.router.calls[1].body)["inputs"] == [image]
     # AND the connection's counters say so
     stats = h.store.get("c1", 0)
     assert stats is not None
     assert stats.stats() | {"connected_at": 0} == {
         "connected_at": 0,
+        "tenant": "acme",
         "in_flight": 0,
         "frames_in": 2,
         "frames_answered": 2,
@@ -305,6 +307,25 @@ def test_a_hostile_frame_is_refused_once_and_counted(body: str, code: str) -> No
         0,
     )
     assert h.router.calls == []
+
+
+def test_an_event_marked_base64_is_refused_as_invalid_frame_without_decoding_it(
+    h: Harness,
+) -> None:
+    # GIVEN a connection WHEN a $default event marked isBase64Encoded arrives (a binary
+    # frame: API Gateway closes the connection on one and never hands it over), its body
+    # the base64 of a valid text frame
+    h.connect("c1")
+    frame = text(id="f1", seq=0, model="echo", inputs=INPUTS)
+    h.send("c1", base64.b64encode(frame.encode()).decode(), binary=True)
+    # THEN it is refused at once with invalid_frame, never routed, counted as refused
+    (answer,) = h.answers("c1")
+    assert (answer["id"], answer["code"], answer["status"]) == (None, "invalid_frame", 400)
+    assert "content_type" in answer["error"]
+    assert h.router.calls == []
+    stats = h.store.get("c1", 0)
+    assert stats is not None
+    assert (stats.counters["frames_refused"], stats.next_seq, stats.in_flight) == (1, 0, 0)
 
 
 def test_a_too_large_answer_is_replaced_by_its_413() -> None:
