@@ -2,8 +2,10 @@
 # Every offline check of the infrastructure code (`make check-infra` installs the tools
 # first): hadolint, cfn-lint, `sam validate --lint`, SAM translation, `serverless
 # package`, checkov over every template, the translated SAM output, the packaged
-# Serverless output and the Dockerfiles, and the SAM/Serverless parity test on the
-# packaged output. Nothing reaches AWS: dummy credentials, telemetry off.
+# Serverless output and the Dockerfiles, the SAM/Serverless parity test on the
+# packaged output, and the second deploy (aliases that follow every change, no stateful
+# or named resource replaced, no export in use changed: docs/deploy.md, "The second
+# deploy"). Nothing reaches AWS: dummy credentials, telemetry off.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -78,6 +80,12 @@ echo "serverless: packaged -> $SLS_TEMPLATE"
 step "cfn-lint: the packaged Serverless template"
 cfn_lint "$SLS_TEMPLATE"
 
+step "aliased functions: what publishes a new version (docs/deploy.md, The second deploy)"
+"$SAM/python" -m infra.checks.alias_versions template.yaml
+
+step "the second deploy: replacements per parameter, the stateful lock, exports in use"
+"$INFRA/python" -m infra.checks.second_deploy --translated "$OUT/template.translated.json"
+
 step "checkov"
 rc=0
 "$INFRA/checkov" --skip-download --compact \
@@ -109,5 +117,15 @@ print(f"router/jobs code:                 {code / 2**20:7.1f} MiB unzipped")
 print(f"serverless artefact app.zip:      {os.path.getsize(app) / 2**20:7.1f} MiB zipped, "
       f"{unzipped / 2**20:.1f} MiB unzipped (Lambda limit: 250 MiB = 262,144,000 bytes with layers)")
 PY
+
+step "WebSocket deployments follow what they deploy (template.yaml ID, serverless.yml hash)"
+"$INFRA/python" -m infra.checks.ws_deployment --check
+
+step "idle cost: docs/deploy.md equals python -m infra.idle_cost"
+"$INFRA/python" -m infra.idle_cost --check
+
+step "AWS terms: AL2023 GPU AMIs, inline egress, the gRPC name, WebSocket deployments, idle cost"
+SPILLWAY_SLS_PACKAGED="$SLS_TEMPLATE" .venv/bin/python -m pytest -q -p no:cacheprovider \
+    tests/unit/test_aws_terms_templates.py
 echo
 echo "check-infra: all checks passed"

@@ -53,7 +53,9 @@ _DDB_QUOTAS = (
     "ServiceQuotas.html#limits-items"
 )
 _SFN_QUOTAS = "https://docs.aws.amazon.com/step-functions/latest/dg/service-quotas.html"
-_SFN_START = "https://docs.aws.amazon.com/step-functions/latest/apireference/API_StartExecution.html"
+_SFN_START = (
+    "https://docs.aws.amazon.com/step-functions/latest/apireference/API_StartExecution.html"
+)
 _S3_LIMITS = "https://docs.aws.amazon.com/AmazonS3/latest/userguide/upload-objects.html"
 _S3_KEYS = "https://docs.aws.amazon.com/AmazonS3/latest/userguide/object-keys.html"
 _SSM_QUOTAS = "https://docs.aws.amazon.com/general/latest/gr/ssm.html#limits_ssm"
@@ -163,9 +165,7 @@ LIMITS: tuple[AwsLimit, ...] = (
         "s",
         _APIGW_WS_QUOTAS,
     ),
-    AwsLimit(
-        "API Gateway WebSocket", "idle timeout", WS_IDLE_TIMEOUT_S, "s", _APIGW_WS_QUOTAS
-    ),
+    AwsLimit("API Gateway WebSocket", "idle timeout", WS_IDLE_TIMEOUT_S, "s", _APIGW_WS_QUOTAS),
     AwsLimit(
         "API Gateway WebSocket",
         "connection lifetime",

@@ -14,6 +14,7 @@ Priority follows Triton: 1 is the highest; a request without one has
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable
 from datetime import datetime, time, timedelta
@@ -22,6 +23,8 @@ from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from spillway.protocol.wire import SYNC_BODY_BYTES
 
 Backend = Literal["gpu", "cpu", "batch"]
 Mode = Literal["auto", "realtime", "serverless", "batch"]
@@ -65,6 +68,41 @@ class Range(_Strict):
             or (self.gt is not None and not value > self.gt)
             or (self.ge is not None and not value >= self.ge)
         )
+
+    def admits_whole_number(self, low: int, high: int) -> bool:
+        """Whether some whole number from ``low`` to ``high`` lies within every bound."""
+        lows = [_least(self.gt, strict=True), _least(self.ge, strict=False)]
+        highs = [_most(self.lt, strict=True), _most(self.le, strict=False)]
+        return max(low, *lows) <= min(high, *highs)
+
+    def describe(self) -> str:
+        """The bounds as a policy writes them, e.g. ``{gt: 5000000}``."""
+        bounds = {"gt": self.gt, "ge": self.ge, "lt": self.lt, "le": self.le}
+        return (
+            "{" + ", ".join(f"{k}: {_number(v)}" for k, v in bounds.items() if v is not None) + "}"
+        )
+
+
+def _least(bound: float | None, *, strict: bool) -> float:
+    """The smallest whole number above (``strict``) or at least ``bound`` (none: -inf)."""
+    if bound is None or math.isinf(bound):
+        return -math.inf if bound is None else bound
+    if math.isnan(bound):  # nothing compares above NaN
+        return math.inf
+    return math.floor(bound) + 1 if strict else math.ceil(bound)
+
+
+def _most(bound: float | None, *, strict: bool) -> float:
+    """The largest whole number below (``strict``) or at most ``bound`` (none: +inf)."""
+    if bound is None or math.isinf(bound):
+        return math.inf if bound is None else bound
+    if math.isnan(bound):
+        return -math.inf
+    return math.ceil(bound) - 1 if strict else math.floor(bound)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value.is_integer() else str(value)
 
 
 class TimeWindow(_Strict):
@@ -170,6 +208,16 @@ class Rule(_Strict):
             raise ValueError("spill.to must differ from route")
         if self.fallback is not None and self.route in self.fallback:
             raise ValueError("fallback may not contain the routed backend")
+        sizes = self.match.payload_bytes
+        # A body the router takes is 0 to SYNC_BODY_BYTES long (ROUTER_MAX_BODY_BYTES'
+        # default; a larger one is refused 413 before any rule, and no synchronous Lambda
+        # event carries more): a size rule outside that range is dead.
+        if sizes is not None and not sizes.admits_whole_number(0, SYNC_BODY_BYTES):
+            raise ValueError(
+                f"rule {self.name!r}: payload_bytes {sizes.describe()} can never match: "
+                f"the router takes bodies of 0 to {SYNC_BODY_BYTES:,} bytes and refuses "
+                "larger ones (413) before any rule runs"
+            )
         return self
 
 

@@ -288,7 +288,7 @@ def test_a_cool_gpu_does_not_spill() -> None:
         ({"latency_budget_ms": 100.0}, NOON, "tight-budget"),
         ({"tenant": "moderation-live"}, NOON, "premium-tenants"),
         ({"mode": "serverless"}, NOON, "serverless-requested"),
-        ({"payload_bytes": 5_500_000}, NOON, "oversized-for-lambda"),
+        ({"payload_bytes": 2_000_000}, NOON, "large-bodies-never-spill"),
         ({}, NOON, "default"),
     ],
 )
