@@ -98,6 +98,7 @@ def test_admission_is_bounded_and_counters_add_up(store: DynamoConnections) -> N
     assert connection is not None
     assert connection.stats() | {"connected_at": 0} == {
         "connected_at": 0,
+        "tenant": "acme",
         "in_flight": 1,
         "frames_in": 3,
         "frames_answered": 2,
@@ -234,6 +235,7 @@ def test_seq_admission_window_held_answers_and_finish(store: DynamoConnections, 
     assert (last.next_seq, last.in_flight, last.pending) == (2, 0, {})
     assert last.stats() | {"connected_at": 0} == {
         "connected_at": 0,
+        "tenant": None,
         "in_flight": 0,
         "frames_in": 5,
         "frames_answered": 2,
