@@ -18,11 +18,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from batch_job.errors import JobConflictError
 from batch_job.storage import ObjectStore, open_location
 from spillway.models.repository import ModelRepository
 from spillway.protocol.aws_limits import S3_KEY_BYTES
-from spillway.protocol.errors import InvalidInputError, ModelNotFoundError
+from spillway.protocol.errors import InvalidInputError, JobConflictError, ModelNotFoundError
 from spillway.protocol.messages import STAGED_SUFFIX
 from spillway.protocol.names import validate_model_name
 from spillway.protocol.wire import is_s3_url

@@ -28,7 +28,13 @@ import pydantic_core
 from spillway.models.config import TensorConfig
 from spillway.models.processing import Tensors
 from spillway.protocol.codec import decode_request
-from spillway.protocol.errors import InvalidInputError, PayloadTooLargeError, SpillwayError
+from spillway.protocol.errors import (
+    DuplicateIdError,
+    InvalidInputError,
+    PayloadTooLargeError,
+    RecordInputError,
+    SpillwayError,
+)
 from spillway.protocol.messages import read_staged_request
 from spillway.protocol.tensors import from_json_nested
 
@@ -62,20 +68,6 @@ class RecordError:
         body: dict[str, Any] = {"id": self.id, "error": self.error, "code": self.code}
         body.update({k: v for k, v in (("line", self.line), ("row", self.row)) if v is not None})
         return json.dumps(body, ensure_ascii=False)
-
-
-class RecordInputError(InvalidInputError):
-    """A record that cannot be read, with its id when the id itself was readable."""
-
-    def __init__(self, message: str, record_id: str | None = None) -> None:
-        super().__init__(message)
-        self.record_id = record_id
-
-
-class DuplicateIdError(InvalidInputError):
-    """A record whose id an earlier record of the shard already has."""
-
-    code = "duplicate_id"
 
 
 def bounded_lines(source: BinaryIO, limit: int) -> Iterator[bytes | None]:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any
 
-from batch_job.errors import EXIT_NO_RETRY, JobConflictError, JobNotFoundError, NotConfiguredError
+from batch_job.errors import EXIT_NO_RETRY
 from batch_job.jobstore import SUBMITTED, SUBMITTING, JobStore
 from batch_job.manifest import read_markers, totals
 from batch_job.plan import (
@@ -39,7 +39,12 @@ from batch_job.plan import (
 from batch_job.settings import JobsSettings
 from batch_job.storage import open_location
 from spillway.models.repository import aws_client, open_repository
-from spillway.protocol.errors import InvalidInputError
+from spillway.protocol.errors import (
+    InvalidInputError,
+    JobConflictError,
+    JobNotConfiguredError,
+    JobNotFoundError,
+)
 from spillway.protocol.messages import JobRequest, JobStatus, JobView, SubmitReceipt
 from spillway.protocol.names import validate_model_name
 from spillway.state.table import scope
@@ -231,7 +236,7 @@ class JobService:
         day, however often the event is delivered."""
         s = self.settings
         if not (s.schedule_model and s.schedule_input and s.schedule_output):
-            raise NotConfiguredError("JOBS_SCHEDULE_MODEL, _INPUT and _OUTPUT must be set")
+            raise JobNotConfiguredError("JOBS_SCHEDULE_MODEL, _INPUT and _OUTPUT must be set")
         try:
             when = dt.datetime.fromisoformat(str(event.get("time", "")).replace("Z", "+00:00"))
         except ValueError:

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from batch_job.errors import InputChangedError
 from spillway.models.repository import aws_client
-from spillway.protocol.errors import InvalidInputError
+from spillway.protocol.errors import InputChangedError, InvalidInputError
 from spillway.protocol.wire import is_s3_url, parse_s3_url
 
 _CHUNK = 1 << 20  # bytes per read while streaming a download

@@ -86,7 +86,7 @@ class _MemoryBackend:
     name = "gpu"
 
     def send(self, request: Any, timeout_s: float) -> Any:
-        from spillway.router.backends import BackendResponse
+        from spillway.routing.backend import BackendResponse
 
         started = time.perf_counter()
         answer = BackendResponse(200, {"content-type": "application/json"}, RESULT, 0.0)

@@ -31,13 +31,19 @@ import ctypes
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-import grpc
 from google.protobuf.message import DecodeError
 
 from gpu_service.settings import GpuSettings
-from spillway.protocol.errors import InvalidInputError, RequestTimeoutError, SpillwayError
+from spillway.protocol.errors import (
+    IdleTimeoutError,
+    InvalidInputError,
+    MalformedMessageError,
+    RequestTimeoutError,
+    TooManyRpcsError,
+    UnreadAnswersError,
+)
 
 _KEEPALIVE_MIN_PING_MS = 5 * 60 * 1000
 """A client may ping at most this often while no data flows; a third ping sooner ends its
@@ -45,39 +51,6 @@ connection (``GOAWAY too_many_pings``): grpc-go's ``EnforcementPolicy.MinTime`` 
 gRPC core's defaults, stated so they cannot drift."""
 _KEEPALIVE_PING_STRIKES = 2
 """Pings past ``_KEEPALIVE_MIN_PING_MS`` a client may send before its connection ends."""
-
-
-class GrpcLimitError(SpillwayError):
-    """A call past one of the gRPC door's limits: ``RESOURCE_EXHAUSTED``, as gRPC itself
-    answers a message over its size limit."""
-
-    status = 429
-    code = "too_many_rpcs"
-    grpc_status: ClassVar[grpc.StatusCode] = grpc.StatusCode.RESOURCE_EXHAUSTED
-
-
-class TooManyRpcsError(GrpcLimitError):
-    """A peer (or all peers together) already has as many calls open as it may."""
-
-    code = "too_many_rpcs"
-
-
-class UnreadAnswersError(GrpcLimitError):
-    """A stream's client took none of an answer within the write limit."""
-
-    code = "unread_answers"
-
-
-class IdleTimeoutError(RequestTimeoutError):
-    """A stream with nothing in flight received nothing within its idle limit."""
-
-    code = "idle_timeout"
-
-
-class MalformedMessageError(InvalidInputError):
-    """A gRPC message whose bytes are not the RPC's protobuf message."""
-
-    code = "malformed_message"
 
 
 @dataclass(frozen=True)

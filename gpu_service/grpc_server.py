@@ -49,7 +49,6 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from gpu_service.dataplane import DataPlane
 from gpu_service.grpc_limits import (
-    GrpcLimitError,
     MemoryReturn,
     PeerSlots,
     checked,
@@ -66,7 +65,12 @@ from spillway import inference
 from spillway.models.processing import Tensors
 from spillway.protocol.codec import request_from_header
 from spillway.protocol.datatypes import numpy_dtype
-from spillway.protocol.errors import InvalidInputError, SpillwayError, UnavailableError
+from spillway.protocol.errors import (
+    GrpcLimitError,
+    InvalidInputError,
+    SpillwayError,
+    UnavailableError,
+)
 from spillway.protocol.tensors import tensor_from_bytes
 from spillway.protocol.wire import InferParameters, read_json_header
 
@@ -88,6 +92,9 @@ STATUS_CODES = {
 """A ``SpillwayError``'s HTTP status as a gRPC status (any other: ``INTERNAL``). 413 is
 ``RESOURCE_EXHAUSTED``, as gRPC itself answers a message over the size limit; 429 and 503
 are ``UNAVAILABLE``, the status gRPC clients retry."""
+LIMIT_STATUS = grpc.StatusCode.RESOURCE_EXHAUSTED
+"""A ``GrpcLimitError``'s status (a call past one of the door's limits, 429), whatever
+``STATUS_CODES`` says of 429: gRPC answers its own limits so."""
 
 _CONTENTS = {
     "BOOL": "bool_contents",
@@ -142,7 +149,7 @@ def _grpc_errors(handler: Handler) -> Handler:
 
 def _status(error: BaseException) -> grpc.StatusCode:
     if isinstance(error, GrpcLimitError):
-        return error.grpc_status
+        return LIMIT_STATUS
     if isinstance(error, SpillwayError):
         return STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
     return grpc.StatusCode.INTERNAL

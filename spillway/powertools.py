@@ -1,4 +1,4 @@
-"""What the three Lambda handlers (``functions/*/handler.py``) share of Powertools' shape.
+"""What the four Lambda handlers (``functions/*/handler.py``) share of Powertools' shape.
 
 Each handler builds its settings at init and wraps its one adapter call in Powertools'
 ``Logger`` (``inject_lambda_context``, the correlation id API Gateway's request id),

@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from spillway.canary.records import CanaryState, CanaryStore, RollbackBounds
+from spillway.canary.records import CanaryState, CanaryStore
+from spillway.models.canary_spec import RollbackBounds
 from spillway.protocol.errors import SpillwayError
 from spillway_cli.stackenv import aws_errors, require_aws, use_stack_env
 
 if TYPE_CHECKING:
-    from spillway.router.backends import Backend
+    from spillway.routing.backend import Backend
 
 TableOption = Annotated[
     str | None,

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from spillway.canary.records import CanaryState, CanaryStore, RollbackBounds
+from spillway.canary.records import CanaryState, CanaryStore
+from spillway.models.canary_spec import RollbackBounds
 from spillway.models.repository import aws_client, open_repository
 from spillway.state.table import DynamoStateStore
 from spillway_cli.canary_cli import describe

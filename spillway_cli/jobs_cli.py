@@ -31,12 +31,12 @@ from typing import Annotated, Any
 
 import typer
 
-from batch_job.errors import EXIT_NO_RETRY, JobNotFoundError
+from batch_job.errors import EXIT_NO_RETRY
 from batch_job.jobstore import JobStore
 from batch_job.plan import RunSpec
 from batch_job.service import JobService
 from batch_job.settings import JobsSettings
-from spillway.protocol.errors import InvalidInputError, SpillwayError
+from spillway.protocol.errors import InvalidInputError, JobNotFoundError, SpillwayError
 from spillway.protocol.messages import JobRequest, JobStatus
 from spillway.state.table import scope
 from spillway.tenancy.identity import tenant_hint

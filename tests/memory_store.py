@@ -8,7 +8,8 @@ import threading
 from collections import Counter
 from typing import Any
 
-from spillway.state.table import StateUnavailableError, StoredItem, ttl_value
+from spillway.protocol.errors import StateUnavailableError
+from spillway.state.table import StoredItem, ttl_value
 
 
 class MemoryStateStore:

@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from spillway.canary.records import RollbackBounds
+from spillway.models.canary_spec import RollbackBounds
 from spillway.protocol.wire import FAULT_HEADER
-from spillway.router.backends import BackendResponse
+from spillway.routing.backend import BackendResponse
 from spillway.routing.facts import RequestFacts
 
 WINDOW_CAP = 2000

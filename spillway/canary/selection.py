@@ -56,14 +56,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from spillway.canary.guard import SizeClass, Window, outcome, size_class, verdict
-from spillway.canary.records import CanarySpec, CanaryState, CanaryStore
-from spillway.protocol.errors import VersionRolledBackError
+from spillway.canary.records import CanaryState, CanaryStore
+from spillway.models.canary_spec import CanarySpec
+from spillway.protocol.errors import StateUnavailableError, VersionRolledBackError
 from spillway.protocol.wire import Reply, Target
-from spillway.router.backends import Backend, BackendError, BackendRequest, BackendResponse
-from spillway.router.sessions import check_session_id
 from spillway.routing.accounting import EmfSink, event_metric
-from spillway.routing.facts import Request
-from spillway.state.table import StateStore, StateUnavailableError, scope
+from spillway.routing.backend import Backend, BackendError, BackendRequest, BackendResponse
+from spillway.routing.facts import Request, check_session_id
+from spillway.state.table import StateStore, scope
 
 log = logging.getLogger("spillway.router.canary")
 

@@ -1,8 +1,8 @@
 """Fan-out and fan-in: a step run over the rows of a variable-length tensor.
 
-A step with ``spillway.map`` (``spillway.ensembles.schema.StepMap``) runs over rows: each
-of a request's B items owns ``counts[i]`` rows of the tensors it maps over (an OCR
-detector's N crops per image), the step model gets them as rows of its own, and its
+A step with ``spillway.map`` (``spillway.models.ensemble_schema.StepMap``) runs over
+rows: each of a request's B items owns ``counts[i]`` rows of the tensors it maps over (an
+OCR detector's N crops per image), the step model gets them as rows of its own, and its
 outputs come back per item, in order. The layout of the tensors mapped over is the
 pipeline's, and the outputs take the same one:
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spillway.ensembles.schema import DEFAULT_MAX_ROWS
+from spillway.models.ensemble_schema import DEFAULT_MAX_ROWS
 from spillway.models.processing import Tensors
 from spillway.protocol.datatypes import numpy_dtype
 from spillway.protocol.errors import (

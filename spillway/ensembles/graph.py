@@ -3,8 +3,8 @@ own model. This module holds the definition and its checks; ``spillway.ensembles
 runs it.
 
 A pipeline is a model of the repository whose ``config.json`` has ``platform:
-"ensemble"`` and an ``ensemble_scheduling`` block (``spillway.ensembles.schema``); its
-version folders hold no model. Its ``input``/``output`` are what clients send and get.
+"ensemble"`` and an ``ensemble_scheduling`` block (``spillway.models.ensemble_schema``);
+its version folders hold no model. Its ``input``/``output`` are what clients send and get.
 
 Loading (``read_pipeline``, ``build_pipeline``) checks the steps against the step
 models' configurations and refuses, with the reason, a pipeline that names an unknown
@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from spillway.ensembles.fanout import COUNT_TYPES, FanOut
-from spillway.ensembles.schema import DEFAULT_TIMEOUT_S, EnsembleStep, StepCondition, StepMap
 from spillway.models.config import ModelConfig, TensorConfig
 from spillway.models.engine import config_metadata
+from spillway.models.ensemble_schema import DEFAULT_TIMEOUT_S, EnsembleStep, StepCondition, StepMap
 from spillway.models.loader import chosen_versions
 from spillway.models.processing import Tensors
 from spillway.models.repository import ModelRepository

@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from spillway.canary.records import CanarySpec
-from spillway.ensembles.schema import EnsembleScheduling
+from spillway.models.canary_spec import CanarySpec
+from spillway.models.ensemble_schema import EnsembleScheduling
 from spillway.protocol.datatypes import from_triton_type
 from spillway.protocol.names import MODEL_NAME_PATTERN
 

@@ -3,6 +3,13 @@
 Each class carries the HTTP status and a stable machine-readable ``code``. Transports map
 ``SpillwayError`` to a response once (``status``, ``{"error": message, "code": code}``);
 they never match on message text.
+
+Every error class a client can see is declared here, whichever door or deployable raises
+it, and one code has one status (``tests/unit/test_error_codes.py`` reads the source and
+checks both; ``docs/errors.md`` lists every code). First the errors of every door, then
+those of one feature: the batch job, WebSocket frames, the shared state table and the
+gRPC door. Exceptions that never reach a client as such (a refused frame that carries
+its error, a connection that is gone) stay in their own modules.
 """
 
 from __future__ import annotations
@@ -278,3 +285,151 @@ class OutsideTenantAreaError(SpillwayError):
 
     status = 403
     code = "outside_tenant_area"
+
+
+# The batch job (``batch_job``): the jobs API and the records of a job's shards.
+
+
+class JobNotFoundError(SpillwayError):
+    """No job with this id."""
+
+    status = 404
+    code = "job_not_found"
+
+
+class JobConflictError(SpillwayError):
+    """The request clashes with an existing job (its key, its output prefix)."""
+
+    status = 409
+    code = "job_conflict"
+
+
+class JobNotConfiguredError(SpillwayError):
+    """A setting the jobs function needs is missing (e.g. the schedule's model): the
+    deployment's fault, never the caller's, unlike ``not_configured``."""
+
+    status = 500
+    code = "job_not_configured"
+
+
+class InputChangedError(SpillwayError):
+    """A shard's input object is not the one the plan recorded (its ETag differs): running
+    it would mix two versions of the input in one job's outputs."""
+
+    status = 412
+    code = "input_changed"
+
+
+class RecordInputError(InvalidInputError):
+    """A record that cannot be read, with its id when the id itself was readable."""
+
+    def __init__(self, message: str, record_id: str | None = None) -> None:
+        super().__init__(message)
+        self.record_id = record_id
+
+
+class DuplicateIdError(InvalidInputError):
+    """A record whose id an earlier record of the shard already has."""
+
+    code = "duplicate_id"
+
+
+# WebSocket frames (``spillway.streams``): a frame's envelope, its connection and tenant.
+
+
+class MessageTooLargeError(PayloadTooLargeError):
+    """A frame larger than ``WS_MAX_MESSAGE_BYTES`` (or an answer that would be)."""
+
+    code = "message_too_large"
+
+
+class InvalidFrameError(InvalidInputError):
+    """A frame whose envelope cannot be read (not a JSON object, a bad ``id``, ``seq`` or
+    ``action``; an event marked base64, which API Gateway never sends): refused, its
+    ``seq`` left open."""
+
+    code = "invalid_frame"
+
+
+class SlowDownError(SpillwayError):
+    """More frames in flight on the connection than ``WS_MAX_IN_FLIGHT``: the frame is
+    not processed; send it again after some answers arrive."""
+
+    status = 429
+    code = "slow_down"
+
+
+class TooManyConnectionsError(QuotaExceededError):
+    """The tenant holds ``WS_TENANT_MAX_CONNECTIONS`` connections already: ``$connect``
+    is refused (API Gateway refuses the upgrade with this status)."""
+
+    code = "too_many_connections"
+
+
+class DuplicateSeqError(SpillwayError):
+    """A ``seq`` already answered, or already held for this connection."""
+
+    status = 409
+    code = "duplicate_seq"
+
+
+class SeqOutOfWindowError(SpillwayError):
+    """A ``seq`` at least ``WS_MAX_IN_FLIGHT`` past the next one to deliver."""
+
+    status = 400
+    code = "seq_out_of_window"
+
+
+class NotConnectedError(UnauthenticatedError):
+    """A frame on a connection with no live state (never connected, closed, expired)."""
+
+    code = "not_connected"
+
+
+class StreamsNotConfiguredError(UnavailableError):
+    """The WebSocket API runs without the state table its connections live in."""
+
+    code = "websocket_not_configured"
+
+
+# The shared state table (``spillway.state``).
+
+
+class StateUnavailableError(UnavailableError):
+    """The state table could not be read or written (throttled, unreachable, denied)."""
+
+
+# The gRPC door (``gpu_service.grpc_server``, limits in ``gpu_service.grpc_limits``).
+
+
+class GrpcLimitError(SpillwayError):
+    """A call past one of the gRPC door's limits: ``RESOURCE_EXHAUSTED``, as gRPC itself
+    answers a message over its size limit (the gRPC server maps this class so; its HTTP
+    status alone would give ``UNAVAILABLE``)."""
+
+    status = 429
+    code = "too_many_rpcs"
+
+
+class TooManyRpcsError(GrpcLimitError):
+    """A peer (or all peers together) already has as many calls open as it may."""
+
+    code = "too_many_rpcs"
+
+
+class UnreadAnswersError(GrpcLimitError):
+    """A stream's client took none of an answer within the write limit."""
+
+    code = "unread_answers"
+
+
+class IdleTimeoutError(RequestTimeoutError):
+    """A stream with nothing in flight received nothing within its idle limit."""
+
+    code = "idle_timeout"
+
+
+class MalformedMessageError(InvalidInputError):
+    """A gRPC message whose bytes are not the RPC's protobuf message."""
+
+    code = "malformed_message"

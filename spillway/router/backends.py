@@ -1,10 +1,8 @@
 """Backends the router forwards to, and the HTTP one with its keep-alive pool.
 
-A backend takes a ``BackendRequest`` and a timeout and returns the backend's status,
-headers and body, or raises a ``BackendError`` saying how it failed: it could not be
-reached (``ConnectFailed``), it did not answer in time (``TimedOut``), the connection
-broke (``ConnectionLost``), or it cannot take this request at all (``CannotServe``, e.g.
-a body over the Lambda payload limit). The router decides what each means.
+Every backend keeps the contract of ``spillway.routing.backend``: it takes a
+``BackendRequest`` and a timeout and returns a ``BackendResponse``, or raises a
+``BackendError`` saying how it failed. The router decides what each means.
 
 Only headers on an allowlist cross the router, in either direction: no hop-by-hop,
 ``Authorization``, cookies or API keys reach a backend. The router adds the caller's
@@ -21,11 +19,17 @@ import queue
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from spillway.protocol.wire import FAULT_HEADER, TENANT_SCOPE_HEADER
+from spillway.routing.backend import (
+    BackendRequest,
+    BackendResponse,
+    ConnectFailed,
+    ConnectionLost,
+    TimedOut,
+)
 from spillway.state.table import scope
 
 if TYPE_CHECKING:
@@ -55,72 +59,6 @@ RESPONSE_HEADERS = frozenset(
     }
 )
 USER_AGENT = "spillway-router"
-
-
-@dataclass(frozen=True)
-class BackendRequest:
-    """What one attempt sends: method, path, the allowed headers and the body."""
-
-    method: str
-    path: str
-    operation: str
-    model: str | None = None
-    version: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-    body: bytes = b""
-    request_id: str = ""
-    tenant: str | None = None
-
-
-@dataclass(frozen=True)
-class BackendResponse:
-    """What a backend answered; ``billed_s`` is the compute time it charges for."""
-
-    status: int
-    headers: dict[str, str]
-    body: bytes
-    elapsed_s: float
-    billed_s: float | None = None
-
-
-class BackendError(Exception):
-    """An attempt that produced no response; ``kind`` names how it failed."""
-
-    kind = "error"
-
-
-class ConnectFailed(BackendError):
-    """The backend could not be reached (refused, unresolvable, connect timeout)."""
-
-    kind = "connect_error"
-
-
-class TimedOut(BackendError):
-    """The backend did not answer within the attempt's timeout."""
-
-    kind = "timeout"
-
-
-class ConnectionLost(BackendError):
-    """The connection broke before a whole response arrived."""
-
-    kind = "connection_lost"
-
-
-class CannotServe(BackendError):
-    """This backend cannot take this request (not a fault of the backend)."""
-
-    kind = "cannot_serve"
-
-
-class Backend(Protocol):
-    """Something that serves Open Inference Protocol requests."""
-
-    name: str
-
-    def send(self, request: BackendRequest, timeout_s: float) -> BackendResponse:
-        """One attempt within ``timeout_s``; raises ``BackendError`` without a response."""
-        ...
 
 
 def forwardable(headers: Mapping[str, str], allowed: frozenset[str]) -> dict[str, str]:

@@ -68,7 +68,7 @@ from spillway.protocol.wire import (
     parse_header_length,
     parse_s3_url,
 )
-from spillway.router.backends import Backend, BackendError, BackendRequest, BackendResponse
+from spillway.routing.backend import Backend, BackendError, BackendRequest, BackendResponse
 from spillway.state.quotas import QuotaLedger, QuotaLimits
 from spillway.state.table import StateStore, scope
 from spillway.tenancy.areas import area

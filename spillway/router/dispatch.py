@@ -58,8 +58,10 @@ from spillway.protocol.wire import (
     error_reply,
 )
 from spillway.router.async_mode import AsyncFront
-from spillway.router.backends import (
-    RESPONSE_HEADERS,
+from spillway.router.backends import RESPONSE_HEADERS
+from spillway.router.settings import RouterSettings
+from spillway.routing.accounting import EmfSink, Pricing, RouteRecord, event_metric
+from spillway.routing.backend import (
     Backend,
     BackendError,
     BackendRequest,
@@ -67,8 +69,6 @@ from spillway.router.backends import (
     CannotServe,
     ConnectFailed,
 )
-from spillway.router.settings import RouterSettings
-from spillway.routing.accounting import EmfSink, Pricing, RouteRecord, event_metric
 from spillway.routing.decision import Decision, SpillState, decide, with_allowed_priority
 from spillway.routing.facts import Call, Request, read_request, with_timeout
 from spillway.routing.health import CircuitBreaker, LoadTracker, RetryBudget, parse_load_headers

@@ -42,15 +42,13 @@ from spillway.protocol.wire import (
     error_reply,
     parse_header_length,
 )
-from spillway.router.backends import (
-    RESPONSE_HEADERS,
+from spillway.router.backends import RESPONSE_HEADERS, TenantScopes, forwardable
+from spillway.routing.backend import (
     BackendRequest,
     BackendResponse,
     CannotServe,
     ConnectFailed,
-    TenantScopes,
     TimedOut,
-    forwardable,
 )
 from spillway.state.table import scope
 

@@ -13,13 +13,13 @@ JSON (``spillway.state.quotas``: counted with conditional writes on the shared t
 released by a delete or by expiry); past either, a new or larger session is 429
 ``quota_exceeded`` with ``Retry-After``, and other tenants are unaffected.
 
-The ids are also what ``x-spillway-session`` carries for canary affinity, checked here.
+The ids are also what ``x-spillway-session`` carries for canary affinity; both are
+checked by ``spillway.routing.facts.check_session_id``.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 
 from spillway.protocol.errors import (
@@ -31,7 +31,7 @@ from spillway.protocol.errors import (
     UnauthorizedError,
 )
 from spillway.protocol.wire import JSON_CONTENT_TYPE, Reply, json_bytes, load_json_object
-from spillway.routing.facts import Call, read_hints
+from spillway.routing.facts import Call, check_session_id, read_hints
 from spillway.state.quotas import QuotaLedger, QuotaLimits
 from spillway.state.table import StateStore, scope, ttl_value
 
@@ -41,19 +41,9 @@ QUOTA_COUNT = 256
 QUOTA_BYTES = 4 * 1024 * 1024
 EXPIRES_HEADER = "x-spillway-session-expires-at"
 TENANT_HEADER = "x-spillway-tenant"
-_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _METHODS = "GET, PUT, DELETE"
 
 BodyReader = Callable[[int], bytes]
-
-
-def check_session_id(value: str) -> str:
-    """A session id: 1-128 letters, digits or ``._-``, starting with a letter or digit."""
-    if not _SESSION_ID.fullmatch(value):
-        raise InvalidInputError(
-            "a session id must be 1-128 letters, digits or ._- starting with a letter or digit"
-        )
-    return value
 
 
 class Sessions:

@@ -22,7 +22,7 @@ from spillway.canary.records import CanaryStore
 from spillway.canary.selection import Affinity, CanaryRouter, backend_config
 from spillway.router.app import RouterApp
 from spillway.router.async_mode import AsyncFront, inflight_ledger
-from spillway.router.backends import Backend, HttpBackend, TenantScopes, signed_scopes
+from spillway.router.backends import HttpBackend, TenantScopes, signed_scopes
 from spillway.router.batch_mode import BatchBackend, BatchSubmitter, JobsApiSubmitter, staging_quota
 from spillway.router.dispatch import Router
 from spillway.router.lambda_backend import LambdaBackend, Payload, cpu_payload, jobs_payload
@@ -30,6 +30,7 @@ from spillway.router.openapi import document_bytes
 from spillway.router.sessions import Sessions
 from spillway.router.settings import ENV_PREFIX, RouterSettings
 from spillway.routing.accounting import EmfSink, Pricing, event_metric, load_pricing
+from spillway.routing.backend import Backend
 from spillway.routing.decision import SpillState
 from spillway.routing.policy_store import FileSource, PolicySource, PolicyStore, SsmSource
 from spillway.state.table import StateStore, open_state_store, scope

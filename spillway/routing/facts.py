@@ -5,12 +5,15 @@ Hints come from the infer request's ``parameters`` first, then from headers
 ``x-spillway-tenant``). For a binary body only the JSON header (the first
 ``Inference-Header-Content-Length`` bytes) is parsed, with the core's parsers; tensor
 bytes are never touched. Sizes are estimates for the policy: elements from the shapes,
-text tokens as UTF-8 bytes / 4. Nothing here imports numpy.
+text tokens as UTF-8 bytes / 4. A session id (``x-spillway-session`` for canary
+affinity, the session state API's path) is checked by ``check_session_id``. Nothing here
+imports numpy.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +37,7 @@ from spillway.protocol.wire import MIN_BUDGET_MS as MIN_BUDGET_MS
 from spillway.protocol.wire import MODES as MODES
 
 _BYTES_PER_TOKEN = 4
+_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,15 @@ def read_hints(parameters: Mapping[str, Any] | None, headers: Mapping[str, str])
         priority=priority_hint(pick("priority")),
         tenant=tenant_hint(pick("tenant")),
     )
+
+
+def check_session_id(value: str) -> str:
+    """A session id: 1-128 letters, digits or ``._-``, starting with a letter or digit."""
+    if not _SESSION_ID.fullmatch(value):
+        raise InvalidInputError(
+            "a session id must be 1-128 letters, digits or ._- starting with a letter or digit"
+        )
+    return value
 
 
 def input_size(header: Mapping[str, Any]) -> tuple[int | None, int | None, int]:

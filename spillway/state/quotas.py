@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from spillway.protocol.errors import OverloadedError, QuotaExceededError
-from spillway.state.table import StateStore, StateUnavailableError, StoredItem, ttl_value
+from spillway.protocol.errors import OverloadedError, QuotaExceededError, StateUnavailableError
+from spillway.state.table import StateStore, StoredItem, ttl_value
 
 log = logging.getLogger("spillway.quota")
 

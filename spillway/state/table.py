@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from spillway.protocol.errors import UnavailableError
+from spillway.protocol.errors import StateUnavailableError
 from spillway.state.dynamo import is_condition_failed, plain, typed
 
 _T = TypeVar("_T")
@@ -32,10 +32,6 @@ TTL_ATTRIBUTE = "expires_at"
 _DOC = "doc"
 _REVISION = "rev"
 _LIVE = f"(attribute_not_exists({TTL_ATTRIBUTE}) OR {TTL_ATTRIBUTE} > :now)"
-
-
-class StateUnavailableError(UnavailableError):
-    """The state table could not be read or written (throttled, unreachable, denied)."""
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from spillway.protocol.errors import InvalidInputError
+from spillway.protocol.errors import InvalidInputError, StateUnavailableError
 from spillway.state.dynamo import conditional, conditional_or_old, plain_item, typed
 from spillway.state.table import (
     KEY,
     TTL_ATTRIBUTE,
     DynamoStateStore,
-    StateUnavailableError,
     reach,
     ttl_value,
 )

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from spillway.protocol.errors import (
+    InvalidFrameError,
     InvalidInputError,
-    PayloadTooLargeError,
+    MessageTooLargeError,
     SpillwayError,
 )
 from spillway.protocol.names import validate_model_name, validate_version
@@ -47,20 +48,6 @@ MAX_SEQ = 2**53 - 1
 ACTIONS = ("infer", "stats")
 _ENVELOPE = ("model", "version", "seq", "action")
 """The frame's own fields, removed from the V2 request (``id`` stays: V2 has one)."""
-
-
-class MessageTooLargeError(PayloadTooLargeError):
-    """A frame larger than ``WS_MAX_MESSAGE_BYTES`` (or an answer that would be)."""
-
-    code = "message_too_large"
-
-
-class InvalidFrameError(InvalidInputError):
-    """A frame whose envelope cannot be read (not a JSON object, a bad ``id``, ``seq`` or
-    ``action``; an event marked base64, which API Gateway never sends): refused, its
-    ``seq`` left open."""
-
-    code = "invalid_frame"
 
 
 class RefusedFrame(Exception):  # a frame refused, not an error

@@ -39,14 +39,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from spillway.protocol.errors import (
-    QuotaExceededError,
+    DuplicateSeqError,
+    NotConnectedError,
+    SeqOutOfWindowError,
+    SlowDownError,
     SpillwayError,
-    UnauthenticatedError,
-    UnavailableError,
+    StateUnavailableError,
+    StreamsNotConfiguredError,
+    TooManyConnectionsError,
 )
 from spillway.protocol.wire import Reply, Target, json_bytes
 from spillway.routing.facts import Call
-from spillway.state.table import StateUnavailableError
 from spillway.streams.connections import (
     OUT_OF_WINDOW,
     SLOW_DOWN,
@@ -68,47 +71,6 @@ from spillway.streams.tenants import RATE, FrameAdmission, TenantBudgets, frame_
 log = logging.getLogger("spillway.streams")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:=+/-]{1,128}$")
-
-
-class SlowDownError(SpillwayError):
-    """More frames in flight on the connection than ``WS_MAX_IN_FLIGHT``: the frame is
-    not processed; send it again after some answers arrive."""
-
-    status = 429
-    code = "slow_down"
-
-
-class TooManyConnectionsError(QuotaExceededError):
-    """The tenant holds ``WS_TENANT_MAX_CONNECTIONS`` connections already: ``$connect``
-    is refused (API Gateway refuses the upgrade with this status)."""
-
-    code = "too_many_connections"
-
-
-class DuplicateSeqError(SpillwayError):
-    """A ``seq`` already answered, or already held for this connection."""
-
-    status = 409
-    code = "duplicate_seq"
-
-
-class SeqOutOfWindowError(SpillwayError):
-    """A ``seq`` at least ``WS_MAX_IN_FLIGHT`` past the next one to deliver."""
-
-    status = 400
-    code = "seq_out_of_window"
-
-
-class NotConnectedError(UnauthenticatedError):
-    """A frame on a connection with no live state (never connected, closed, expired)."""
-
-    code = "not_connected"
-
-
-class StreamsNotConfiguredError(UnavailableError):
-    """The WebSocket API runs without the state table its connections live in."""
-
-    code = "websocket_not_configured"
 
 
 class ConnectionGone(Exception):  # a state of the connection, not a fault

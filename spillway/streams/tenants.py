@@ -29,8 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from spillway.protocol.errors import StateUnavailableError
 from spillway.state.dynamo import conditional, conditional_or_old, plain_item, typed
-from spillway.state.table import KEY, DynamoStateStore, StateUnavailableError, reach, scope
+from spillway.state.table import KEY, DynamoStateStore, reach, scope
 from spillway.streams.connections import connection_key
 
 TENANT_PREFIX = "wstenant#"

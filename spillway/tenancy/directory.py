@@ -31,8 +31,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spillway.protocol.aws_limits import DYNAMODB_ITEM_BYTES
-from spillway.protocol.errors import InvalidInputError, UnavailableError
-from spillway.state.table import StateStore, StateUnavailableError
+from spillway.protocol.errors import InvalidInputError, StateUnavailableError, UnavailableError
+from spillway.state.table import StateStore
 from spillway.tenancy.identity import tenant_hint
 
 log = logging.getLogger("spillway.tenancy")

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from spillway.canary.records import CanarySpec, RollbackBounds
+from spillway.models.canary_spec import CanarySpec, RollbackBounds
 from spillway.models.config import CHECKSUM_FILE, ModelConfig
 from spillway.models.repository import ModelRepository
 

@@ -25,15 +25,15 @@ import onnx
 from onnx import TensorProto, helper
 
 from spillway.ensembles.graph import read_pipeline
-from spillway.ensembles.schema import (
+from spillway.models.config import ModelConfig, SpillwayBlock, TensorConfig
+from spillway.models.engine import EngineOptions, OnnxModel
+from spillway.models.ensemble_schema import (
     EnsembleScheduling,
     EnsembleStep,
     SchedulingOptions,
     StepMap,
     StepOptions,
 )
-from spillway.models.config import ModelConfig, SpillwayBlock, TensorConfig
-from spillway.models.engine import EngineOptions, OnnxModel
 from spillway.models.repository import LocalRepository
 from spillway_cli.modelbuild import minilm, topics
 from spillway_cli.modelbuild.common import (

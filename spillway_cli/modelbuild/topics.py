@@ -30,7 +30,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from spillway.ensembles.graph import read_pipeline
-from spillway.ensembles.schema import EnsembleScheduling, EnsembleStep, StepOptions
 from spillway.models.config import (
     DynamicBatching,
     ModelConfig,
@@ -39,6 +38,7 @@ from spillway.models.config import (
     TensorConfig,
 )
 from spillway.models.engine import EngineOptions, OnnxModel
+from spillway.models.ensemble_schema import EnsembleScheduling, EnsembleStep, StepOptions
 from spillway.models.repository import LocalRepository
 from spillway_cli.modelbuild import minilm
 from spillway_cli.modelbuild.common import (

@@ -18,9 +18,10 @@ import pytest
 from typer.testing import CliRunner
 from werkzeug.test import Client
 
-from spillway.canary.records import CanaryStore, RollbackBounds
+from spillway.canary.records import CanaryStore
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
+from spillway.models.canary_spec import RollbackBounds
 from spillway.models.repository import LocalRepository
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app

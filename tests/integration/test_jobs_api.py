@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from batch_job.api import authenticator
-from batch_job.errors import JobConflictError
 from batch_job.plan import RunSpec
 from batch_job.runner import run_job
 from batch_job.service import JobService
 from batch_job.settings import JobsSettings
 from functions.jobs import handler as jobs_handler
 from spillway.models.repository import aws_client
+from spillway.protocol.errors import JobConflictError, JobNotConfiguredError
 from spillway.protocol.messages import JobRequest
 from spillway.state.table import scope
 from tests.integration.test_jobs_support import (
@@ -179,6 +179,20 @@ def test_api_errors_are_mapped_once(lambda_env: JobsSettings) -> None:
     assert bad["statusCode"] == 400
     assert json.loads(bad["body"])["code"] == "invalid_input"
     assert json.loads(bad["body"])["error"].startswith("invalid job request: model:")
+
+
+def test_a_scheduled_event_without_its_settings_fails_as_the_deployment_s_fault(
+    lambda_env: JobsSettings,
+) -> None:
+    # GIVEN the function without JOBS_SCHEDULE_MODEL, _INPUT and _OUTPUT
+    assert lambda_env.schedule_model is None
+    # WHEN EventBridge delivers the scheduled event
+    with pytest.raises(JobNotConfiguredError) as caught:
+        jobs_handler.handler(_event("nightly"), LambdaContext())
+    # THEN the invocation fails with the deployment's 500 and its own code, never the
+    # caller's 400 ``not_configured``
+    assert (caught.value.status, caught.value.code) == (500, "job_not_configured")
+    assert caught.value.message == "JOBS_SCHEDULE_MODEL, _INPUT and _OUTPUT must be set"
 
 
 def test_scheduled_event_starts_the_configured_job_once(

@@ -10,11 +10,11 @@ import boto3
 import pytest
 
 from spillway.canary.records import CanaryStore
+from spillway.protocol.errors import StateUnavailableError
 from spillway.state.table import (
     TTL_ATTRIBUTE,
     DynamoStateStore,
     StateStore,
-    StateUnavailableError,
     create_table,
 )
 from tests.memory_store import MemoryStateStore

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from spillway.protocol.errors import StateUnavailableError
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
-from spillway.state.table import DynamoStateStore, StateUnavailableError, create_table
+from spillway.state.table import DynamoStateStore, create_table
 from spillway.streams.connections import Admission, DynamoConnections, held_key
 from spillway.streams.gateway import StreamGateway
 from spillway.streams.settings import StreamSettings

@@ -1,14 +1,21 @@
 """The folders are the architecture: imports point one way, with no circles.
 
 Reads every production module's imports (top level and inside functions, relative ones
-resolved) and checks the rules the README's architecture section states.
+resolved) and checks the rules the README's architecture section states: no circle
+between modules, and packages in layers (``LAYERS``), each importing only the layers below
+its own, with no circle between packages either. The layer list in docs/architecture.md
+and the package pictures there and in the README are checked against the same graph.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ("spillway", "functions", "gpu_service", "batch_job", "spillway_cli", "bench")
@@ -56,7 +63,92 @@ def _imports(name: str, path: Path) -> Iterator[str]:
 GRAPH = {name: set(_imports(name, path)) for name, path in MODULES.items()}
 
 
-def _cycles() -> list[list[str]]:
+def _package(module: str) -> str:
+    """The package a module belongs to: ``spillway.<sub>`` in the core (a top-level module
+    such as ``spillway.inference`` is its own), else the top-level folder."""
+    top, _, rest = module.partition(".")
+    return f"{top}.{rest.split('.')[0]}" if top == "spillway" and rest else top
+
+
+def _package_graph() -> dict[str, dict[str, set[tuple[str, str]]]]:
+    """Package -> the packages it imports -> the module imports that make each edge."""
+    graph: dict[str, dict[str, set[tuple[str, str]]]] = {_package(m): {} for m in GRAPH}
+    for name, targets in GRAPH.items():
+        for target in targets:
+            if _package(target) != _package(name):
+                graph[_package(name)].setdefault(_package(target), set()).add((name, target))
+    return graph
+
+
+PACKAGE_GRAPH = _package_graph()
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # The version, the base of every settings class, the names the Lambda handlers'
+    # Powertools share: nothing of the project below them.
+    ("spillway", "spillway.envsettings", "spillway.powertools"),
+    ("spillway.protocol",),
+    ("spillway.state",),
+    ("spillway.tenancy",),
+    # With the blocks a model's config.json holds: ensemble schema, canary spec.
+    ("spillway.models",),
+    ("spillway.inference",),
+    ("spillway.async_inference",),
+    ("spillway.ensembles",),
+    # With the backend contract the canary guard and the router share.
+    ("spillway.routing",),
+    ("spillway.canary",),
+    # The services the Lambda handlers (and ``spillway serve``) run.
+    ("spillway.router", "spillway.streams", "spillway.fallback"),
+    ("batch_job", "gpu_service"),
+    # The jobs handler adapts ``batch_job.api``.
+    ("functions",),
+    ("spillway_cli",),
+    ("bench",),
+)
+"""Packages in layers, lowest first: a package imports only packages of lower layers, so
+the packages side by side in one layer never import each other."""
+
+LAYER = {package: level for level, layer in enumerate(LAYERS) for package in layer}
+
+
+DOCS = ROOT / "docs" / "architecture.md"
+README = ROOT / "README.md"
+UNDRAWN = {"spillway", "spillway.envsettings", "spillway.powertools", "bench"}
+"""Packages the package pictures leave out: the bare foundation, and the benchmarks."""
+
+
+def _documented_layers() -> list[tuple[str, ...]]:
+    """The numbered list under docs/architecture.md's ``## Layers``: each item's packages."""
+    section = DOCS.read_text(encoding="utf-8").split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    items = re.findall(r"^\d+\. (.+?) — ", section, re.MULTILINE)
+    return [tuple(re.findall(r"`([a-z_.]+)`", item)) for item in items]
+
+
+def _picture(path: Path) -> tuple[list[str], set[tuple[str, str]]]:
+    """The packages a file's package picture (its ``flowchart TB``) draws, in the order it
+    declares them, and its arrows between packages (arrows to a subgraph are skipped)."""
+    text = path.read_text(encoding="utf-8")
+    block = text.split("```mermaid\nflowchart TB\n", 1)[1].split("```", 1)[0]
+    nodes = {
+        node: leaf if leaf in PRODUCTION else f"spillway.{leaf}"
+        for node, leaf in re.findall(r'^ *(\w+)\["([a-z_]+)(?:/|\.py) — ', block, re.MULTILINE)
+    }
+    subgraphs = set(re.findall(r"^ *subgraph (\w+)\[", block, re.MULTILINE))
+    arrows: set[tuple[str, str]] = set()
+    for line in block.splitlines():
+        if "-->" not in line or "[" in line:
+            continue
+        hops = [[node.strip() for node in hop.split("&")] for hop in line.split("-->")]
+        assert {node for hop in hops for node in hop} <= nodes.keys() | subgraphs, line
+        for sources, targets in pairwise(hops):
+            arrows |= {
+                (nodes[a], nodes[b]) for a in sources for b in targets if a in nodes and b in nodes
+            }
+    return list(nodes.values()), arrows
+
+
+def _cycles(graph: dict[str, set[str]] | None = None) -> list[list[str]]:
+    graph = GRAPH if graph is None else graph
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -67,7 +159,7 @@ def _cycles() -> list[list[str]]:
         index[node] = low[node] = len(index)
         stack.append(node)
         on_stack.add(node)
-        for nxt in GRAPH[node]:
+        for nxt in graph[node]:
             if nxt not in index:
                 visit(nxt)
                 low[node] = min(low[node], low[nxt])
@@ -84,7 +176,7 @@ def _cycles() -> list[list[str]]:
             if len(component) > 1:
                 found.append(sorted(component))
 
-    for node in sorted(GRAPH):
+    for node in sorted(graph):
         if node not in index:
             visit(node)
     return found
@@ -101,6 +193,54 @@ def test_the_reader_sees_the_imports_it_checks() -> None:
 
 def test_no_import_circles() -> None:
     assert _cycles() == []
+
+
+def test_every_package_has_one_layer() -> None:
+    # A new package is placed in the layers before it can be checked.
+    listed = [package for layer in LAYERS for package in layer]
+    assert len(listed) == len(set(listed))
+    assert set(listed) == set(PACKAGE_GRAPH)
+
+
+def test_a_package_imports_only_lower_layers() -> None:
+    # Upward is a layering mistake; sideways, within a layer, joins two packages the
+    # layers keep apart (the router, the streams and the CPU fallback are siblings).
+    offenders = {
+        (name, target)
+        for package, targets in PACKAGE_GRAPH.items()
+        for imported, edges in targets.items()
+        if LAYER[imported] >= LAYER[package]
+        for name, target in edges
+    }
+    assert offenders == set()
+
+
+def test_no_package_circles() -> None:
+    assert _cycles({package: set(targets) for package, targets in PACKAGE_GRAPH.items()}) == []
+
+
+def test_the_docs_list_the_layers() -> None:
+    assert _documented_layers() == list(LAYERS)
+
+
+@pytest.mark.parametrize("path", [README, DOCS], ids=["README", "architecture"])
+def test_the_package_picture_draws_every_layer_top_down(path: Path) -> None:
+    drawn, _ = _picture(path)
+    assert sorted(drawn) == sorted(set(LAYER) - UNDRAWN)
+    levels = [LAYER[package] for package in drawn]
+    assert levels == sorted(levels, reverse=True)
+
+
+@pytest.mark.parametrize("path", [README, DOCS], ids=["README", "architecture"])
+def test_the_package_picture_draws_only_imports_that_point_down(path: Path) -> None:
+    _, arrows = _picture(path)
+    assert ("spillway.router", "spillway.canary") in arrows  # the reader sees the arrows
+    drawn_wrong = {
+        (package, imported)
+        for package, imported in arrows
+        if imported not in PACKAGE_GRAPH[package] or LAYER[imported] >= LAYER[package]
+    }
+    assert drawn_wrong == set()
 
 
 def test_only_the_cli_and_bench_import_the_cli() -> None:

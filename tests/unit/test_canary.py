@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from spillway.canary.records import CanaryState, CanaryStore, RollbackBounds
+from spillway.canary.records import CanaryState, CanaryStore
+from spillway.models.canary_spec import RollbackBounds
 from spillway_cli.canary_cli import describe
 from tests.memory_store import MemoryStateStore
 from tests.unit.canary_support import (

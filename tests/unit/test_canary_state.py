@@ -15,9 +15,10 @@ from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
 from spillway.canary import records as canary
 from spillway.canary.guard import WindowSummary, verdict
-from spillway.canary.records import CanarySpec, CanaryState, CanaryStore, RollbackBounds
+from spillway.canary.records import CanaryState, CanaryStore
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
+from spillway.models.canary_spec import CanarySpec, RollbackBounds
 from spillway.models.config import ModelConfig
 from spillway.protocol.errors import InvalidInputError
 from tests.fakes import FakeLoader, FakeModel, FakeRepository, tensor_config

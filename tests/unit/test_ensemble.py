@@ -24,9 +24,9 @@ from spillway.ensembles.runner import (
     drive,
     run_steps,
 )
-from spillway.ensembles.schema import StepCondition
 from spillway.ensembles.stepcache import MemoryCache
 from spillway.models.config import ModelConfig
+from spillway.models.ensemble_schema import StepCondition
 from spillway.models.processing import Tensors
 from spillway.protocol.errors import BatchTooLargeError, InvalidInputError, ModelLoadError
 from spillway.state.table import scope

@@ -27,10 +27,10 @@ from spillway.ensembles.runner import (
     drive,
     run_steps,
 )
-from spillway.ensembles.schema import DEFAULT_MAX_ROWS
 from spillway.ensembles.stepcache import MemoryCache
 from spillway.models.config import ModelConfig
 from spillway.models.engine import OnnxModel
+from spillway.models.ensemble_schema import DEFAULT_MAX_ROWS
 from spillway.models.processing import Prepared, Tensors
 from spillway.protocol.errors import (
     DeadlineExceededError,

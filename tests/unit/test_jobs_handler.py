@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from batch_job.api import dispatch
-from batch_job.errors import JobNotFoundError
 from batch_job.service import combined_state
+from spillway.protocol.errors import JobNotFoundError
 from spillway.protocol.messages import JobRequest, JobStatus, JobView, SubmitReceipt
 from spillway.tenancy.identity import Authenticator
 

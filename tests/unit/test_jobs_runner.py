@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batch_job.errors import JobConflictError
 from batch_job.plan import (
     Locations,
     Plan,
@@ -28,7 +27,7 @@ from batch_job.settings import JobsSettings
 from batch_job.storage import LocalStore, S3Store, open_location
 from spillway.models.repository import LocalRepository
 from spillway.protocol.codec import encode_request
-from spillway.protocol.errors import BatchTooLargeError, InvalidInputError
+from spillway.protocol.errors import BatchTooLargeError, InvalidInputError, JobConflictError
 from spillway.protocol.messages import stage_request
 from tests.unit.test_jobs_fakes import FakeModel, fake_config, line
 

@@ -10,13 +10,11 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from batch_job.errors import JobNotFoundError
-from batch_job.records import DuplicateIdError
 from batch_job.settings import JobsSettings
 from gpu_service.settings import GpuSettings
 from spillway.async_inference.settings import AsyncSettings
 from spillway.fallback.settings import CpuSettings
-from spillway.protocol.errors import SpillwayError
+from spillway.protocol.errors import DuplicateIdError, JobNotFoundError, SpillwayError
 from spillway.router.settings import RouterSettings
 from spillway.streams.settings import StreamSettings
 from spillway.tenancy.proof import ProofSettings

@@ -21,16 +21,16 @@ from hypothesis import strategies as st
 from werkzeug.test import Client
 
 from spillway.router.app import RouterApp
-from spillway.router.backends import (
+from spillway.router.batch_mode import BatchReceipt, JobRefused
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
+from spillway.routing.backend import (
     BackendError,
     BackendRequest,
     BackendResponse,
     ConnectFailed,
     TimedOut,
 )
-from spillway.router.batch_mode import BatchReceipt, JobRefused
-from spillway.router.settings import RouterSettings
-from spillway.router.wiring import create_app
 from tests.unit.router_support import fake_overrides
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spillway.protocol.messages import JobRequest, JobView, SubmitReceipt, read_staged_request
-from spillway.router.backends import BackendRequest, BackendResponse
 from spillway.router.batch_mode import STAGED_NAME, JobsApiSubmitter, staging_key
+from spillway.routing.backend import BackendRequest, BackendResponse
 from spillway.state.table import scope
 from tests.unit.test_router import BODY, Stack, make_stack
 

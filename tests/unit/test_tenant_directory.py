@@ -7,8 +7,7 @@ import logging
 
 import pytest
 
-from spillway.protocol.errors import InvalidInputError
-from spillway.state.table import StateUnavailableError
+from spillway.protocol.errors import InvalidInputError, StateUnavailableError
 from spillway.tenancy.directory import (
     CONFIG_KEY,
     CONFIG_MAX_BYTES,

@@ -17,6 +17,8 @@ may run through it, and the scheduling's ``timeout_s`` bounds a request's whole 
 
 Only what one configuration can check on its own is checked here; whether the step
 models exist and fit together is checked when the pipeline loads (``spillway.ensembles.graph``).
+The schema lives with the models because a model's configuration (``spillway.models.config``)
+holds it; ``spillway.ensembles``, a layer above, reads it.
 """
 
 from __future__ import annotations
