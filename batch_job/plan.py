@@ -19,8 +19,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from batch_job.storage import ObjectStore, open_location
+from spillway.aws.limits import S3_KEY_BYTES
 from spillway.models.repository import ModelRepository
-from spillway.protocol.aws_limits import S3_KEY_BYTES
 from spillway.protocol.errors import InvalidInputError, JobConflictError, ModelNotFoundError
 from spillway.protocol.messages import STAGED_SUFFIX
 from spillway.protocol.names import validate_model_name
@@ -126,7 +126,7 @@ class OutputLayout:
 
 def check_output_keys(output: str) -> None:
     """Every key a job writes under ``output`` (an ``s3://`` folder) fits S3's 1,024 bytes
-    (``aws_limits.S3_KEY_BYTES``) and its URL the 1,024 characters a location may have;
+    (``spillway.aws.limits.S3_KEY_BYTES``) and its URL the 1,024 characters a location may have;
     else a 400 when the job is submitted, not a failed write once its shards have run.
     The longest key is a shard's staged manifest, ``_tmp/part-<index>.manifest.json``
     (an index of ten digits allowed for)."""

@@ -38,7 +38,8 @@ from batch_job.plan import (
 )
 from batch_job.settings import JobsSettings
 from batch_job.storage import open_location
-from spillway.models.repository import aws_client, open_repository
+from spillway.aws.clients import aws_client
+from spillway.models.repository import open_repository
 from spillway.protocol.errors import (
     InvalidInputError,
     JobConflictError,

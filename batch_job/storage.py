@@ -2,7 +2,7 @@
 
 A location is ``s3://bucket/prefix/`` or a folder path. Keys are ``/``-separated and
 relative to the bucket (S3) or the folder (local). S3 clients come from
-``spillway.models.repository.aws_client``, so ``AWS_ENDPOINT_URL`` points them at moto.
+``spillway.aws.clients.aws_client``, so ``AWS_ENDPOINT_URL`` points them at moto.
 
 Every object has an ETag: S3's own, or for a local file its size and modification time.
 A download given the ETag the plan recorded refuses an object that has changed since.
@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from spillway.models.repository import aws_client
+from spillway.aws.clients import aws_client
+from spillway.aws.errors import error_code
+from spillway.aws.objects import get_object_or_none, head_object_or_none
 from spillway.protocol.errors import InputChangedError, InvalidInputError
 from spillway.protocol.wire import is_s3_url, parse_s3_url
 
@@ -86,22 +88,15 @@ class S3Store:
         return sorted(found, key=lambda o: o.key)
 
     def get_bytes(self, key: str) -> bytes | None:
-        try:
-            body: bytes = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-        except self.client.exceptions.NoSuchKey:
-            return None
-        return body
+        return get_object_or_none(self.client, self.bucket, key)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
 
     def head(self, key: str) -> ObjectInfo | None:
-        try:
-            meta = self.client.head_object(Bucket=self.bucket, Key=key)
-        except self.client.exceptions.ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise
+        meta = head_object_or_none(self.client, self.bucket, key)
+        if meta is None:
+            return None
         return ObjectInfo(key, int(meta["ContentLength"]), str(meta.get("ETag", "")).strip('"'))
 
     def download(self, key: str, path: Path, etag: str = "") -> None:
@@ -113,7 +108,7 @@ class S3Store:
         try:
             reply = self.client.get_object(Bucket=self.bucket, Key=key, IfMatch=f'"{etag}"')
         except self.client.exceptions.ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("412", "PreconditionFailed"):
+            if error_code(exc) in ("412", "PreconditionFailed"):
                 raise _changed(self.url(key), etag) from None
             raise
         with reply["Body"] as body, path.open("wb") as target:

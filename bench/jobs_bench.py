@@ -34,7 +34,8 @@ from batch_job.plan import Locations, Plan, RunSpec, ensure_plan
 from batch_job.runner import JobRunner, load_model
 from batch_job.settings import JobsSettings
 from batch_job.shard import JobModel
-from spillway.models.repository import aws_client, open_repository
+from spillway.aws.clients import aws_client
+from spillway.models.repository import open_repository
 from spillway_cli import procs
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -100,7 +100,7 @@ def describe_serving(version: int, answers: dict[str, bool | None]) -> str:
 def _store(table: str) -> CanaryStore:
     import time
 
-    from spillway.models.repository import aws_client
+    from spillway.aws.clients import aws_client
     from spillway.state.table import DynamoStateStore
 
     return CanaryStore(DynamoStateStore(table, lambda: aws_client("dynamodb")), time.time)

@@ -273,7 +273,7 @@ def scenario_serverless(client: Client) -> list[Check]:
 
 
 def scenario_batch(stack: LocalStack, models: Path, out: Path, checks: Checks) -> None:
-    from spillway.models.repository import aws_client
+    from spillway.aws.clients import aws_client
 
     images = np.load(models / "digits/samples/images.npy", allow_pickle=False)[:300]
     s3 = aws_client("s3", REGION)

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
+from spillway.aws.clients import aws_client
 from spillway.canary.records import CanaryState, CanaryStore
 from spillway.models.canary_spec import RollbackBounds
-from spillway.models.repository import aws_client, open_repository
+from spillway.models.repository import open_repository
 from spillway.state.table import DynamoStateStore
 from spillway_cli.canary_cli import describe
 from spillway_cli.console import Check, at_most, equal

@@ -9,7 +9,7 @@ The same server answers Lambda's invoke API for the function (``POST
 value as the answer), so ``lambda:Invoke`` callers such as the router's batch mode reach
 it through ``AWS_ENDPOINT_URL_LAMBDA`` as they would reach the function on AWS.
 
-Both doors refuse what AWS refuses, with AWS's answer (``spillway.protocol.aws_limits``):
+Both doors refuse what AWS refuses, with AWS's answer (``spillway.aws.limits``):
 
 * REST: a body over 10 MB (``REST_PAYLOAD_BYTES``) is API Gateway's own 413, text
   ``HTTP content length exceeded 10485760 bytes.``, the function never called
@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
-from spillway.protocol.aws_limits import (
+from spillway.aws.limits import (
     LAMBDA_ASYNC_PAYLOAD_BYTES,
     LAMBDA_SYNC_PAYLOAD_BYTES,
     REST_PAYLOAD_BYTES,

@@ -8,7 +8,7 @@ import contextlib
 import json
 
 from spillway.async_inference.settings import AsyncSettings
-from spillway.models.repository import aws_client
+from spillway.aws.clients import aws_client
 
 TABLE = "spillway-async"
 QUEUE = "spillway-async"

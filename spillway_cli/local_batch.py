@@ -30,7 +30,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from batch_job.errors import EXIT_NO_RETRY
 from batch_job.settings import JobsSettings
-from spillway.models.repository import aws_client
+from spillway.aws.clients import aws_client
 
 if TYPE_CHECKING:
     from batch_job.runner import BatchHook, JobRunner

@@ -15,7 +15,7 @@ lean on a feature this interpreter would silently get wrong.
 A Lambda function that raises fails its task with the exception's class name as the
 error and ``{"errorMessage", "errorType"}`` as the cause, as the Lambda integration
 reports them. A state whose input (after ``Parameters``), task result or output is larger
-than ``aws_limits.SFN_PAYLOAD_BYTES`` fails the execution with
+than ``spillway.aws.limits.SFN_PAYLOAD_BYTES`` fails the execution with
 ``States.DataLimitExceeded``, a terminal error that no retrier or catcher takes
 (https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html).
 
@@ -44,7 +44,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from spillway.protocol.aws_limits import SFN_EXECUTION_NAME_CHARS, SFN_PAYLOAD_BYTES
+from spillway.aws.limits import SFN_EXECUTION_NAME_CHARS, SFN_PAYLOAD_BYTES
 
 PARTITIONS = ("aws", "aws-cn", "aws-us-gov")
 _PARTITION = "(" + "|".join(re.escape(p) for p in PARTITIONS) + ")"
@@ -339,13 +339,13 @@ class LocalStateMachine:
     def _invoke_remote(self, name: str, payload: Any) -> Any:
         """Invoke through Lambda's API: a function error fails the task with its
         ``errorType``, the service's own errors as ``Lambda.<code>``."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        from spillway.aws.errors import BotoCoreError, ClientError, error_code
 
         assert self.lambda_client is not None  # noqa: S101 - checked by the caller
         try:
             answer = self.lambda_client.invoke(FunctionName=name, Payload=json.dumps(payload))
         except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "AWSLambdaException")
+            code = error_code(exc, "AWSLambdaException")
             raise StatesError(f"Lambda.{code}", str(exc)) from exc
         except BotoCoreError as exc:
             raise StatesError("Lambda.SdkClientException", str(exc)) from exc
@@ -360,7 +360,7 @@ class LocalStateMachine:
         }
 
     def _put_object(self, parameters: Mapping[str, Any]) -> Any:
-        from botocore.exceptions import ClientError
+        from spillway.aws.errors import ClientError, error_code
 
         if self.s3 is None:
             raise StatesError("S3.S3Exception", "no S3 client is configured")
@@ -377,7 +377,7 @@ class LocalStateMachine:
                 ),
             )
         except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "S3Exception")
+            code = error_code(exc, "S3Exception")
             raise StatesError(f"S3.{code}", str(exc)) from exc
         return {"ETag": answer.get("ETag")}
 

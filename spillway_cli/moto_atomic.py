@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from spillway.protocol.aws_limits import S3_KEY_BYTES
+from spillway.aws.limits import S3_KEY_BYTES
 
 _LOCK = threading.RLock()
 

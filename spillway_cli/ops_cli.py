@@ -135,7 +135,7 @@ def policy_apply(
         os.replace(temporary, to_file)
         typer.echo(f"applied {file} ({len(policy.rules)} rules) to {to_file}")
         return
-    from spillway.models.repository import aws_client
+    from spillway.aws.clients import aws_client
 
     require_aws()
     with aws_errors():

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spillway.models.repository import aws_client
+from spillway.aws.clients import aws_client, client
 from spillway_cli import procs, stackenv
 
 # The resource names, re-exported: the demos and tests name them from here.
@@ -397,18 +397,19 @@ class LocalStack:
         """Serve ``LocalStepFunctions`` with each pipeline's checked-in definition, its
         states invoking the CPU fallback through Lambda's invoke API (as Step Functions
         invokes the function on AWS) and writing to S3 on moto."""
-        import boto3
-        from botocore.config import Config
-
         from spillway.fallback.settings import CpuSettings
         from spillway_cli.local_states import LocalStateMachine, LocalStepFunctions, substituted
         from spillway_cli.statemachines import definition_path, substitutions
         from spillway_cli.wsgi_server import server
 
         # One attempt per call: the definition's own Retry handles the service's errors.
-        config = Config(retries={"mode": "standard", "max_attempts": 1}, read_timeout=300)
-        invoke = boto3.client(
-            "lambda", region_name=REGION, endpoint_url=self.url("cpu"), config=config
+        invoke = client(
+            "lambda",
+            region=REGION,
+            endpoint_url=self.url("cpu"),
+            connect_timeout=None,
+            read_timeout=300,
+            max_attempts=1,
         )
         values = substitutions(CpuSettings().function_name, DATA_BUCKET)
         machines = {

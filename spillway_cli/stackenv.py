@@ -94,10 +94,9 @@ def require_aws() -> None:
     """Exit with one line when boto3 would find no region or no credentials (no stack
     env file applied and no AWS configuration): before a client is made, so that the
     core's wrapping of the error does not hide the fix."""
-    import boto3
+    from spillway.aws.clients import has_region_and_credentials
 
-    session = boto3.session.Session()
-    if session.region_name is None or session.get_credentials() is None:
+    if not has_region_and_credentials():
         typer.echo(f"error: {NO_AWS.format(path=stack_env_path())}", err=True)
         raise typer.Exit(1)
 
@@ -106,7 +105,7 @@ def require_aws() -> None:
 def aws_errors() -> Iterator[None]:
     """Turn "boto3 has nowhere to go" into one line and exit status 1: no region, no
     credentials, or an endpoint that does not answer (a stack that has gone)."""
-    from botocore.exceptions import EndpointConnectionError, NoCredentialsError, NoRegionError
+    from spillway.aws.errors import EndpointConnectionError, NoCredentialsError, NoRegionError
 
     try:
         yield

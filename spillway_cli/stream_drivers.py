@@ -29,7 +29,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from spillway.protocol.aws_limits import WS_FRAME_BYTES
+from spillway.aws.limits import WS_FRAME_BYTES
 from spillway.protocol.codec import encode_request
 from spillway_cli.frame_streams import (
     DoorRun,

@@ -47,7 +47,7 @@ def _writer(table: str | None, stack: str | None) -> ConfigWriter:
 
         table = os.environ.get("ROUTER_STATE_TABLE") or None
     require_aws()
-    from spillway.models.repository import aws_client
+    from spillway.aws.clients import aws_client
 
     if stack is not None:
         table = _stack_table(aws_client("cloudformation"), stack)

@@ -27,7 +27,7 @@ called the way API Gateway calls it for a WebSocket API with ``$connect``,
   a frame over 32 KiB or a message (all its frames) over 128 KiB with 1009, and a
   connection idle for 10 minutes or open for 2 hours is closed with 1001 (the quotas:
   https://docs.aws.amazon.com/apigateway/latest/developerguide/apigateway-execution-service-websocket-limits-table.html;
-  ``spillway.protocol.aws_limits``). A message over 32 KiB must span frames (a client
+  ``spillway.aws.limits``). A message over 32 KiB must span frames (a client
   sends it fragmented); permessage-deflate is not negotiated, so a frame's size is what
   it carries;
 - a closed connection becomes a ``$disconnect`` event.
@@ -67,7 +67,7 @@ from typing import Any
 from aiohttp import WebSocketError, WSCloseCode, WSMsgType, web
 from aiohttp.web_request import BaseRequest
 
-from spillway.protocol.aws_limits import (
+from spillway.aws.limits import (
     WS_CLOSE_MESSAGE_TOO_BIG,
     WS_CLOSE_UNSUPPORTED_DATA,
     WS_CONNECTION_LIFETIME_S,

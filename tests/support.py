@@ -16,8 +16,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from spillway.aws.clients import aws_client
 from spillway.models.engine import EngineOptions, OnnxModel
-from spillway.models.repository import LocalRepository, aws_client
+from spillway.models.repository import LocalRepository
 from spillway_cli import procs
 from spillway_cli.modelbuild.common import write_checksums
 

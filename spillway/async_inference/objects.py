@@ -6,7 +6,7 @@ anything else is 403 ``outside_tenant_area``; an input that is not there is a 40
 ``input_not_found``. The server's own keys (``<location>/<id>/...``: staged bodies and
 results) are in no tenant's area, and results go to keys the server chooses
 (``<output>/<id>/result-<attempt>``), never to a key a request names. A location
-whose keys would pass S3's 1,024 bytes (``aws_limits.S3_KEY_BYTES``; the result's name
+whose keys would pass S3's 1,024 bytes (``spillway.aws.limits.S3_KEY_BYTES``; the result's name
 counted) is a 400 ``invalid_input`` when the request is submitted: S3 would refuse the
 write only after the run, and its answer would be lost.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from spillway.async_inference.records import AsyncRecord
 from spillway.async_inference.settings import AsyncSettings
-from spillway.protocol.aws_limits import S3_KEY_BYTES
+from spillway.aws.limits import S3_KEY_BYTES
 from spillway.protocol.errors import InputNotFoundError, InvalidInputError, PayloadTooLargeError
 from spillway.protocol.messages import read_staged_request
 from spillway.protocol.wire import BINARY_CONTENT_TYPE, HEADER_LENGTH, Reply, parse_s3_url
@@ -92,7 +92,7 @@ class AsyncObjects:
     def _client_object(self, source: str, operation: str) -> dict[str, Any]:
         """``head_object`` / ``get_object`` of a client's object; a missing (or unreadable)
         one is the client's ``InputNotFoundError``."""
-        from botocore.exceptions import ClientError
+        from spillway.aws.errors import ClientError, error_code
 
         place = parse_s3_url(source)
         try:
@@ -100,7 +100,7 @@ class AsyncObjects:
                 Bucket=place.bucket, Key=place.prefix
             )
         except ClientError as exc:
-            if str(exc.response.get("Error", {}).get("Code", "")) not in _MISSING:
+            if error_code(exc) not in _MISSING:
                 raise
             raise InputNotFoundError(
                 f"input_location {source[:200]!r} does not exist (or cannot be read)"

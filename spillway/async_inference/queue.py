@@ -105,12 +105,12 @@ class AsyncQueue:
         receipt that is no longer valid (the message was redelivered) is left alone."""
         if not message.receipt:  # an execution-run request: it was never queued
             return
-        from botocore.exceptions import ClientError
+        from spillway.aws.errors import ClientError, error_code
 
         try:
             self._clients("sqs").delete_message(QueueUrl=self.url, ReceiptHandle=message.receipt)
         except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
+            code = error_code(exc)
             if "ReceiptHandleIsInvalid" not in code and code != "InvalidParameterValue":
                 raise
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from spillway.protocol.aws_limits import SFN_EXECUTION_NAME_CHARS
+from spillway.aws.limits import SFN_EXECUTION_NAME_CHARS
 from spillway.protocol.errors import IdempotencyConflictError, RouteNotFoundError
 from spillway.state import dynamo
 from spillway.state.table import scope
@@ -138,7 +138,7 @@ def execution_name(rid: str, attempt: str) -> str:
     request ``rid``: ``<id>-<attempt>``, 45 characters of ``[0-9a-f-]``.
 
     Not the request id alone: a Standard execution's name stays taken for 90 days after
-    the execution ends (``aws_limits.SFN_EXECUTION_NAME_REUSE_DAYS``) while a record
+    the execution ends (``spillway.aws.limits.SFN_EXECUTION_NAME_REUSE_DAYS``) while a record
     expires after ``ttl_s`` (a day), so an ``Idempotency-Key`` used again after that would
     start no execution at all (``ExecutionAlreadyExists``). Idempotency is the record's
     (its conditional write); the name only has to be this attempt's own, so that a

@@ -112,7 +112,7 @@ class AsyncStore:
             if self._make is not None:
                 self._clients[service] = self._make(service)
             else:
-                from spillway.models.repository import aws_client
+                from spillway.aws.clients import aws_client
 
                 self._clients[service] = aws_client(service)
         return self._clients[service]
@@ -328,8 +328,8 @@ class AsyncStore:
         ``ExecutionAlreadyExists`` can only mean this very start already happened: a retry
         of it after a lost answer finds the execution started (StartExecution answers
         that error for a name whose execution has ended, whatever the input:
-        ``aws_limits.SFN_EXECUTION_NAME_REUSE_DAYS``), never a failure."""
-        from botocore.exceptions import ClientError
+        ``spillway.aws.limits.SFN_EXECUTION_NAME_REUSE_DAYS``), never a failure."""
+        from spillway.aws.errors import ClientError, error_code
 
         name = str(record.execution).rsplit(":", 1)[-1]
         document = json.dumps({"id": record.id, "tenant_scope": record.scope})
@@ -338,7 +338,7 @@ class AsyncStore:
                 stateMachineArn=machine, name=name, input=document
             )
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") != "ExecutionAlreadyExists":
+            if error_code(exc) != "ExecutionAlreadyExists":
                 raise
 
     def _started(self, record: AsyncRecord, start: Starter) -> AsyncRecord:

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from spillway import inference
 from spillway.async_inference.records import EXECUTION_OWNER, AsyncRecord
 from spillway.async_inference.store import AsyncStore
+from spillway.aws.objects import get_object_or_none
 from spillway.ensembles.runner import LocalSteps, Outcome, Resolver, advance, drive
 from spillway.ensembles.serving import EnsembleSet, ServedEnsemble, admit, encode
 from spillway.models.processing import Tensors
@@ -88,12 +89,9 @@ class ChainStore:
         return f"s3://{self.location.bucket}/{key}"
 
     def _get(self, key: str) -> bytes:
-        try:
-            body: bytes = self.client.get_object(Bucket=self.location.bucket, Key=key)[
-                "Body"
-            ].read()
-        except self.client.exceptions.NoSuchKey:
-            raise InvalidInputError(f"{self.url(key)} does not exist") from None
+        body = get_object_or_none(self.client, self.location.bucket, key)
+        if body is None:
+            raise InvalidInputError(f"{self.url(key)} does not exist")
         return body
 
     def _put(self, key: str, body: bytes, content_type: str) -> str:

@@ -209,8 +209,9 @@ class SharedCache:
         self._clock = clock
 
     def get_many(self, keys: Sequence[str]) -> list[Tensors | None]:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from spillway.aws.errors import aws_errors
 
+        failures: tuple[type[Exception], ...] = (*aws_errors(), SpillwayError)
         found: dict[str, Tensors] = {}
         try:
             for start in range(0, len(keys), _BATCH_GET):
@@ -218,7 +219,7 @@ class SharedCache:
                     entry = self._entry(item)
                     if entry is not None:
                         found[item["key"]] = entry
-        except (BotoCoreError, ClientError, SpillwayError) as exc:
+        except failures as exc:
             log.warning("shared step cache read failed; counted as misses: %s", exc)
         return [found.get(key) for key in keys]
 
@@ -247,12 +248,12 @@ class SharedCache:
         return None
 
     def put_many(self, entries: Sequence[tuple[str, Tensors]]) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from spillway.aws.errors import aws_errors
 
         for key, tensors in entries:
             try:
                 self._put(key, tensors)
-            except (BotoCoreError, ClientError) as exc:
+            except aws_errors() as exc:
                 log.warning("shared step cache write failed: %s", exc)
 
     def _put(self, key: str, tensors: Tensors) -> None:
@@ -310,7 +311,7 @@ def open_cache(
     shared: StepCache | None = None
     if settings.table is not None:
         if clients is None:
-            from spillway.models.repository import aws_client
+            from spillway.aws.clients import aws_client
 
             clients = functools.cache(aws_client)  # one client per service, made once
         shared = SharedCache(settings, clients)

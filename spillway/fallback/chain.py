@@ -19,9 +19,9 @@ from typing import Any
 
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
+from spillway.aws.clients import aws_client
 from spillway.ensembles.chain import FAILED, RESPOND, STEP, ChainEvent, ChainStore, run_event
 from spillway.fallback.service import CpuService
-from spillway.models.repository import aws_client
 from spillway.protocol.errors import NotConfiguredError, SpillwayError
 from spillway.protocol.messages import parse_message
 from spillway.protocol.wire import parse_s3_url

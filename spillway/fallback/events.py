@@ -18,11 +18,11 @@ from typing import Any, Literal
 
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
+from spillway.aws.clients import aws_client
 from spillway.fallback.async_drain import DRAIN_CHECK, drain_check, handle_sqs_event
 from spillway.fallback.chain import handle_chain_event, is_chain_event
 from spillway.fallback.direct import handle_direct
 from spillway.fallback.service import CpuService
-from spillway.models.repository import aws_client
 
 EventKind = Literal["sqs", "drain-check", "chain", "api-gateway", "direct"]
 Proxy = Callable[[dict[str, Any], Any], dict[str, Any]]

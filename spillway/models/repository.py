@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from spillway.aws.clients import aws_client
+from spillway.aws.objects import get_object_or_none
 from spillway.models.config import CHECKSUM_FILE, CONFIG_FILE, ModelConfig
 from spillway.protocol.errors import (
     ChecksumMismatchError,
@@ -220,11 +222,7 @@ class S3Repository:
         return names
 
     def _get(self, key: str) -> bytes | None:
-        try:
-            body: bytes = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-        except self.client.exceptions.NoSuchKey:
-            return None
-        return body
+        return get_object_or_none(self.client, self.bucket, key)
 
     def list_models(self) -> list[str]:
         root = self._key("") + "/" if self.prefix else ""
@@ -381,18 +379,6 @@ def _parse_config(raw: bytes | None, model: str) -> ModelConfig:
     if config.name != model:
         raise ModelLoadError(f"config.json names {config.name!r}, expected {model!r}")
     return config
-
-
-def aws_client(service: str, region: str | None = None) -> Any:
-    """A boto3 client with standard retries; endpoints come from boto3's own variables."""
-    # Imported here to keep boto3 out of the start-up of local-only users.
-    import boto3
-    from botocore.config import Config
-
-    config = Config(
-        retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5, read_timeout=60
-    )
-    return boto3.client(service, region_name=region, config=config)
 
 
 def open_repository(location: str, *, client: Any | None = None) -> ModelRepository:

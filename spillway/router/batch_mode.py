@@ -170,11 +170,12 @@ class JobsApiSubmitter:
     def _client(self) -> Any:
         with self._lock:
             if self._s3 is None:
-                import boto3
-                from botocore.config import Config
+                from spillway.aws.clients import client
 
-                config = Config(connect_timeout=2, read_timeout=10, retries={"max_attempts": 2})
-                self._s3 = boto3.client("s3", config=config)
+                # No retry mode named: botocore's default (or AWS_RETRY_MODE), as before.
+                self._s3 = client(
+                    "s3", connect_timeout=2, read_timeout=10, max_attempts=2, retry_mode=None
+                )
             return self._s3
 
     def submit(self, request: BackendRequest, timeout_s: float) -> BatchReceipt:
@@ -209,11 +210,11 @@ class JobsApiSubmitter:
         return _receipt(self._api.send(post, timeout_s))
 
     def _stage(self, key: str, data: bytes) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from spillway.aws.errors import aws_errors
 
         try:
             self._client().put_object(Bucket=self._staging.bucket, Key=key, Body=data)
-        except (BotoCoreError, ClientError) as exc:
+        except aws_errors() as exc:
             raise UnavailableError(
                 f"the batch request could not be staged ({type(exc).__name__})"
             ) from exc

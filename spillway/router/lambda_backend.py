@@ -164,16 +164,15 @@ class LambdaBackend:
             return client, timeout
 
     def _boto_client(self, read_timeout_s: float) -> Any:
-        import boto3
-        from botocore.config import Config
+        from spillway.aws.clients import client
 
-        config = Config(
+        return client(
+            "lambda",
             connect_timeout=min(self._connect_timeout_s, read_timeout_s),
             read_timeout=read_timeout_s,
-            retries={"mode": "standard", "max_attempts": 1},
+            max_attempts=1,
             tcp_keepalive=True,
         )
-        return boto3.client("lambda", config=config)
 
     def send(self, request: BackendRequest, timeout_s: float) -> BackendResponse:
         """Invoke the function within ``timeout_s``; throttling reads as 429, other API
@@ -186,11 +185,12 @@ class LambdaBackend:
             raise CannotServe(f"{self.name}: {len(payload)} bytes exceed Lambda's 6 MB payload")
         if timeout_s < MIN_READ_TIMEOUT_S:
             raise TimedOut(f"{self.name}: {timeout_s * 1000:.0f} ms left, too little to invoke")
-        from botocore.exceptions import (
+        from spillway.aws.errors import (
             ClientError,
             ConnectTimeoutError,
             EndpointConnectionError,
             ReadTimeoutError,
+            error_code,
         )
 
         client, read_timeout = self.client_for(timeout_s)
@@ -205,7 +205,7 @@ class LambdaBackend:
         except ReadTimeoutError as exc:
             raise TimedOut(f"{self.name}: no answer within {read_timeout:g} s") from exc
         except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
+            code = error_code(exc)
             message = f"the {self.name} function answered {code}"
             if code in ("TooManyRequestsException", "ThrottlingException"):
                 return _failed(OverloadedError(message), started)

@@ -59,9 +59,10 @@ class SsmSource:
         """The parameter's current value, fetched now (the store's TTL is the cache)."""
         if self._provider is None:
             from aws_lambda_powertools.utilities.parameters import SSMProvider
-            from botocore.config import Config
 
-            config = Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 2})
+            from spillway.aws.clients import config as aws_config
+
+            config = aws_config(connect_timeout=2, read_timeout=5, max_attempts=2, retry_mode=None)
             self._provider = SSMProvider(boto_config=config)
         # The store's own TTL decides when to ask; when it asks, it wants the fresh value.
         return str(self._provider.get(self.parameter, force_fetch=True))

@@ -1,36 +1,29 @@
 """DynamoDB items, written and read one way by every store in the core.
 
 Attribute values go to and from DynamoDB's typed form (``{"S": ...}``, ``{"N": ...}``)
-through boto3's ``TypeSerializer`` / ``TypeDeserializer``, imported on first use so a
-process that never touches a table never imports boto3. Floats go in through ``Decimal``
-(their ``repr``: the serializer refuses floats) and numbers come back as ``int`` when
-whole, else ``float``; binary comes back as ``bytes``. A write whose condition did not
-hold is told from every other failure by ``is_condition_failed`` alone.
+through boto3's ``TypeSerializer`` / ``TypeDeserializer`` (``spillway.aws.dynamo``),
+imported on first use so a process that never touches a table never imports boto3. Floats
+go in through ``Decimal`` (their ``repr``: the serializer refuses floats) and numbers come
+back as ``int`` when whole, else ``float``; binary comes back as ``bytes``. A write whose
+condition did not hold is told from every other failure by
+``spillway.aws.errors.is_condition_failed`` alone.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
-CONDITION_FAILED = "ConditionalCheckFailedException"
-"""The error code of a write whose ``ConditionExpression`` did not hold."""
-
-
-@functools.cache
-def _codecs() -> tuple[Any, Any]:
-    from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
-
-    return TypeSerializer(), TypeDeserializer()
+from spillway.aws.dynamo import codecs
+from spillway.aws.errors import is_condition_failed
 
 
 def typed(value: Any) -> dict[str, Any]:
     """One attribute value in DynamoDB's typed form."""
     if isinstance(value, float):
         value = Decimal(repr(value))
-    answer: dict[str, Any] = _codecs()[0].serialize(value)
+    answer: dict[str, Any] = codecs()[0].serialize(value)
     return answer
 
 
@@ -43,7 +36,7 @@ def item(values: Mapping[str, Any]) -> dict[str, Any]:
 def plain(value: Mapping[str, Any]) -> Any:
     """One typed attribute value as Python: whole numbers as ``int``, other numbers as
     ``float``, binary as ``bytes``."""
-    answer = _codecs()[1].deserialize(value)
+    answer = codecs()[1].deserialize(value)
     if isinstance(answer, Decimal):
         return int(answer) if answer == answer.to_integral_value() else float(answer)
     raw = getattr(answer, "value", None)  # boto3's ``Binary`` wrapper
@@ -55,21 +48,10 @@ def plain_item(typed_item: Mapping[str, Any]) -> dict[str, Any]:
     return {name: plain(value) for name, value in typed_item.items()}
 
 
-def is_condition_failed(exc: BaseException) -> bool:
-    """Whether a DynamoDB call failed only because its condition did not hold (the
-    client's modelled ``ConditionalCheckFailedException`` is a ``ClientError`` too)."""
-    from botocore.exceptions import ClientError
-
-    return (
-        isinstance(exc, ClientError)
-        and exc.response.get("Error", {}).get("Code") == CONDITION_FAILED
-    )
-
-
 def conditional(call: Callable[..., Any], **kwargs: Any) -> dict[str, Any] | None:
     """One conditional DynamoDB write: its answer, or ``None`` when its condition did not
     hold (any other failure is raised)."""
-    from botocore.exceptions import ClientError
+    from spillway.aws.errors import ClientError
 
     try:
         answer: dict[str, Any] = call(**kwargs)
@@ -87,7 +69,7 @@ def conditional_or_old(
     ``(answer, None)`` when it was written; ``(None, item)`` when not, ``item`` the typed
     item exactly as the condition saw it (``None``: there was none). Reading the item
     again after a failed write could see a later state, one the condition never met."""
-    from botocore.exceptions import ClientError
+    from spillway.aws.errors import ClientError
 
     try:
         answer: dict[str, Any] = call(ReturnValuesOnConditionCheckFailure="ALL_OLD", **kwargs)

@@ -22,8 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from spillway.aws import clients as aws
+from spillway.aws.errors import aws_errors, is_condition_failed
 from spillway.protocol.errors import StateUnavailableError
-from spillway.state.dynamo import is_condition_failed, plain, typed
+from spillway.state.dynamo import plain, typed
 
 _T = TypeVar("_T")
 
@@ -171,11 +173,9 @@ class DynamoStateStore:
 
     def _call(self, operation: str, **kwargs: Any) -> dict[str, Any] | None:
         """One DynamoDB call; ``None`` when its condition failed."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         try:
             answer: dict[str, Any] = getattr(self.client, operation)(**kwargs)
-        except (BotoCoreError, ClientError) as exc:
+        except aws_errors() as exc:
             if is_condition_failed(exc):
                 return None
             raise StateUnavailableError(
@@ -192,16 +192,13 @@ def open_state_store(table: str | None) -> DynamoStateStore | None:
         return None
 
     def client() -> Any:
-        import boto3
-        from botocore.config import Config
-
-        config = Config(
+        return aws.client(
+            "dynamodb",
             connect_timeout=1,
             read_timeout=2,
-            retries={"mode": "standard", "max_attempts": 3},
+            max_attempts=3,
             max_pool_connections=64,  # one per thread of a local server's pool
         )
-        return boto3.client("dynamodb", config=config)
 
     return DynamoStateStore(table, client)
 
@@ -209,11 +206,9 @@ def open_state_store(table: str | None) -> DynamoStateStore | None:
 def reach(client: Any, table: str, how: Callable[..., _T], operation: str, **kwargs: Any) -> _T:
     """``how(client.operation, **kwargs)`` (e.g. ``dynamo.conditional``) on the state
     table ``table``, the client's failures raised as ``StateUnavailableError``."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     try:
         return how(getattr(client, operation), **kwargs)
-    except (BotoCoreError, ClientError) as exc:
+    except aws_errors() as exc:
         raise StateUnavailableError(
             f"the state table {table} cannot be reached ({type(exc).__name__})",
             retry_after_s=1.0,

@@ -118,11 +118,13 @@ class ApiGatewayPoster:
         self._lock = threading.Lock()
 
     def post(self, endpoint: str, connection_id: str, data: bytes) -> None:
-        from botocore.exceptions import (
+        from spillway.aws.errors import (
             ClientError,
             ConnectionClosedError,
             ConnectionError,
             ReadTimeoutError,
+            error_code,
+            http_status,
         )
 
         client = self._client(endpoint)
@@ -139,8 +141,8 @@ class ApiGatewayPoster:
                 if attempt + 1 == _POST_ATTEMPTS:
                     raise
             except ClientError as exc:
-                error = exc.response.get("Error", {}).get("Code")
-                status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                error = error_code(exc)
+                status = http_status(exc)
                 if error == "GoneException" or status == 410:
                     raise ConnectionGone(connection_id) from exc
                 if status != 429 or attempt + 1 == _POST_ATTEMPTS:
@@ -158,16 +160,18 @@ _POST_ATTEMPTS = 3
 
 
 def _management_client(endpoint: str) -> Any:
-    import boto3
-    from botocore.config import Config
+    from spillway.aws.clients import client
 
-    config = Config(
+    return client(
+        "apigatewaymanagementapi",
+        endpoint_url=endpoint,
         connect_timeout=1,
         read_timeout=5,
-        retries={"total_max_attempts": 1},
+        max_attempts=None,
+        total_max_attempts=1,
+        retry_mode=None,
         max_pool_connections=64,
     )
-    return boto3.client("apigatewaymanagementapi", endpoint_url=endpoint, config=config)
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from spillway.aws.limits import WS_MESSAGE_BYTES
 from spillway.envsettings import prefixed_values
-from spillway.protocol.aws_limits import WS_MESSAGE_BYTES
 
 ENV_PREFIX = "WS_"
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spillway.protocol.aws_limits import DYNAMODB_ITEM_BYTES
+from spillway.aws.limits import DYNAMODB_ITEM_BYTES
 from spillway.protocol.errors import InvalidInputError, StateUnavailableError, UnavailableError
 from spillway.state.table import StateStore
 from spillway.tenancy.identity import tenant_hint

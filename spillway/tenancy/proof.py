@@ -180,14 +180,14 @@ class SecretKeys:
 
     def _read(self) -> None:
         """Read both versions (lock held); a failure keeps the keys held."""
-        from botocore.exceptions import BotoCoreError, ClientError
+        from spillway.aws.errors import aws_errors
 
         now = self._clock()
         try:
             client = self._client()
             current = self._version(client, CURRENT)
             previous = self._version(client, PREVIOUS)
-        except (BotoCoreError, ClientError) as exc:
+        except aws_errors() as exc:
             log.warning("scope proof keys not read (kept what is held): %s", exc)
             self._due = now + min(RETRY_S, self._refresh_s)
             return
@@ -216,13 +216,11 @@ def _secrets_client() -> Callable[[], Any]:
 
     def client() -> Any:
         if not made:
-            import boto3
-            from botocore.config import Config
+            from spillway.aws.clients import client as aws_client
 
-            config = Config(
-                connect_timeout=1, read_timeout=2, retries={"mode": "standard", "max_attempts": 2}
+            made.append(
+                aws_client("secretsmanager", connect_timeout=1, read_timeout=2, max_attempts=2)
             )
-            made.append(boto3.client("secretsmanager", config=config))
         return made[0]
 
     return client

@@ -34,8 +34,8 @@ from typing import Any
 
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
+from spillway.aws.clients import aws_client
 from spillway.canary.records import CanaryState, CanaryStore
-from spillway.models.repository import aws_client
 from spillway.routing.policy import Policy, Rule
 from spillway.routing.policy_store import PolicySource, PolicyStore
 from spillway.state import dynamo

@@ -21,7 +21,7 @@ import serverless_wsgi
 
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
-from spillway.models.repository import aws_client
+from spillway.aws.clients import aws_client
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import Overrides, create_app
 from spillway.state.table import DynamoStateStore, create_table

@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from spillway.protocol.aws_limits import WS_FRAME_BYTES
+from spillway.aws.limits import WS_FRAME_BYTES
 from spillway.streams.settings import StreamSettings
 from tests.support import load_engine
 

@@ -38,8 +38,8 @@ from batch_job.service import JobService
 from batch_job.settings import JobsSettings
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
+from spillway.aws.clients import aws_client
 from spillway.canary.records import CanaryStore
-from spillway.models.repository import aws_client
 from spillway.routing.accounting import nearest_rank, route_document, route_events
 from spillway.routing.policy import parse_policy
 from spillway.state.table import DynamoStateStore, scope

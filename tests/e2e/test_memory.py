@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from spillway.models.repository import aws_client
+from spillway.aws.clients import aws_client
 from spillway.protocol.codec import decode_response, encode_request
 from spillway_cli.jobs_cli import LAUNCHER
 from tests.integration.test_jobs_support import (

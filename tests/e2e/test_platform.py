@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from spillway.models.repository import aws_client
+from spillway.aws.clients import aws_client
 from spillway_cli.demo import Client, under_load
 from spillway_cli.stack import DATA_BUCKET, LOCAL_API_KEY, REGION, LocalStack
 from tests.fakes import eventually

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spillway.models.repository import aws_client
+from spillway.aws.clients import aws_client
 from spillway_cli.stack import LocalStack
 from tests.e2e.sam_local import (
     EVENT_FUNCTIONS,

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from spillway.aws.clients import aws_client
 from spillway.canary.records import CanaryStore
-from spillway.models.repository import aws_client
 from spillway.state.table import DynamoStateStore
 from spillway_cli.stack import DATA_BUCKET, REGION, STATE_TABLE, LocalStack
 from spillway_cli.stackenv import read_stack_env

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spillway.protocol.aws_limits import WS_FRAME_BYTES
+from spillway.aws.limits import WS_FRAME_BYTES
 from spillway_cli.frame_streams import DOORS, OcrPages, Scenario, StreamLog
 from spillway_cli.stack import LocalStack
 from spillway_cli.stream_drivers import Endpoints, run_door, websocket_message

@@ -24,7 +24,7 @@ import aiohttp
 import numpy as np
 import onnxruntime as ort
 
-from spillway.protocol.aws_limits import WS_FRAME_BYTES
+from spillway.aws.limits import WS_FRAME_BYTES
 from spillway_cli.stack import LocalStack
 from spillway_cli.stream_drivers import send_text
 

@@ -25,11 +25,11 @@ from werkzeug.test import Client, TestResponse
 
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
+from spillway.aws.clients import aws_client
 from spillway.fallback.app import CpuApp
 from spillway.fallback.chain import default_store
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
-from spillway.models.repository import aws_client
 from spillway.protocol.codec import decode_response, encode_request
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import Overrides, create_app

@@ -18,10 +18,10 @@ import pytest
 from werkzeug.test import Client, TestResponse
 
 from spillway.async_inference.store import AsyncStore
+from spillway.aws.clients import aws_client
 from spillway.fallback.async_drain import drain_forever
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
-from spillway.models.repository import aws_client
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from spillway_cli.demo_async import scenario_async

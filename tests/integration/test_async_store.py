@@ -12,7 +12,7 @@ import pytest
 from spillway.async_inference.queue import Message
 from spillway.async_inference.records import AsyncRecord
 from spillway.async_inference.store import AsyncStore
-from spillway.models.repository import aws_client
+from spillway.aws.clients import aws_client
 from spillway.protocol.errors import (
     IdempotencyConflictError,
     InferenceError,

@@ -20,8 +20,8 @@ from werkzeug.test import Client, TestResponse
 from gpu_service.async_consumer import AsyncConsumer
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
+from spillway.aws.clients import aws_client
 from spillway.fallback.async_drain import run_message
-from spillway.models.repository import aws_client
 from spillway.protocol.messages import stage_request
 from spillway.protocol.wire import infer_reply
 from spillway.router.settings import RouterSettings

@@ -1,7 +1,7 @@
 """The local Step Functions stand-in refuses what Step Functions refuses, and async
 requests run as executions stay answerable within its rules.
 
-Step Functions' rules (``spillway.protocol.aws_limits``; API_StartExecution,
+Step Functions' rules (``spillway.aws.limits``; API_StartExecution,
 concepts-error-handling): an execution name is 1-80 characters without whitespace,
 brackets, wildcards, ``"#%\\^|~`$&,;:/`` or control characters; a Standard execution's
 name stays taken for 90 days after it ends (``ExecutionAlreadyExists`` whatever the
@@ -32,7 +32,7 @@ from werkzeug.test import Client, TestResponse
 
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
-from spillway.protocol.aws_limits import (
+from spillway.aws.limits import (
     SFN_EXECUTION_NAME_CHARS,
     SFN_PAYLOAD_BYTES,
 )

@@ -3,7 +3,7 @@ limits, or is refused at once with a 400; and the local moto refuses past them a
 does (``spillway_cli.moto_atomic.strict_limits``: moto alone stores a 1,100-byte S3 key
 and counts an SQS body's characters, not its bytes, nor its attributes).
 
-AWS's limits (``spillway.protocol.aws_limits``): an S3 key is 1,024 bytes of UTF-8; an
+AWS's limits (``spillway.aws.limits``): an S3 key is 1,024 bytes of UTF-8; an
 SQS message 1 MiB, body and attributes; a DynamoDB item 400 KB, names and values.
 """
 
@@ -22,8 +22,8 @@ from botocore.exceptions import ClientError
 from spillway.async_inference.objects import RESULT_NAME_BYTES
 from spillway.async_inference.records import to_item
 from spillway.async_inference.store import AsyncStore
-from spillway.models.repository import aws_client
-from spillway.protocol.aws_limits import DYNAMODB_ITEM_BYTES, S3_KEY_BYTES, SQS_MESSAGE_BYTES
+from spillway.aws.clients import aws_client
+from spillway.aws.limits import DYNAMODB_ITEM_BYTES, S3_KEY_BYTES, SQS_MESSAGE_BYTES
 from spillway.protocol.errors import InferenceError, InvalidInputError
 from spillway.protocol.wire import error_reply, infer_reply
 from spillway_cli.local_async import create_async_resources

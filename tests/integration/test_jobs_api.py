@@ -15,7 +15,7 @@ from batch_job.runner import run_job
 from batch_job.service import JobService
 from batch_job.settings import JobsSettings
 from functions.jobs import handler as jobs_handler
-from spillway.models.repository import aws_client
+from spillway.aws.clients import aws_client
 from spillway.protocol.errors import JobConflictError, JobNotConfiguredError
 from spillway.protocol.messages import JobRequest
 from spillway.state.table import scope

@@ -14,8 +14,8 @@ from batch_job.plan import RunSpec
 from batch_job.runner import run_job
 from batch_job.service import JobService
 from batch_job.settings import JobsSettings
+from spillway.aws.clients import aws_client
 from spillway.models.engine import OnnxModel
-from spillway.models.repository import aws_client
 from spillway.protocol.codec import encode_request
 from spillway.protocol.messages import JobRequest, stage_request
 from spillway_cli import procs

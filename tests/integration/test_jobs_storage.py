@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from batch_job.storage import open_location
-from spillway.models.repository import aws_client
+from spillway.aws.clients import aws_client
 from spillway.protocol.errors import InputChangedError
 from tests.integration.test_jobs_support import new_bucket
 

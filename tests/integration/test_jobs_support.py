@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from batch_job.settings import JobsSettings
+from spillway.aws.clients import aws_client
 from spillway.models.engine import EngineOptions, OnnxModel
-from spillway.models.repository import LocalRepository, aws_client
+from spillway.models.repository import LocalRepository
 from spillway_cli.local_batch import configure_moto, create_resources
 
 CPU_ONLY = ("CPUExecutionProvider",)

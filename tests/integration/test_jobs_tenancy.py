@@ -15,7 +15,7 @@ from batch_job.api import authenticator
 from batch_job.service import JobService
 from batch_job.settings import JobsSettings
 from functions.jobs import handler as jobs_handler
-from spillway.models.repository import aws_client
+from spillway.aws.clients import aws_client
 from spillway.state.table import scope
 from tests.integration.test_jobs_support import (
     digits_images,

@@ -21,7 +21,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from werkzeug.test import Client
 
-from spillway.protocol.aws_limits import (
+from spillway.aws.limits import (
     LAMBDA_ASYNC_PAYLOAD_BYTES,
     LAMBDA_SYNC_PAYLOAD_BYTES,
     REST_PAYLOAD_BYTES,

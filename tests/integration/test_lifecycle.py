@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from spillway.models.repository import LocalRepository, aws_client, open_repository
+from spillway.aws.clients import aws_client
+from spillway.models.repository import LocalRepository, open_repository
 from tests.fakes import eventually
 from tests.support import Service, gpu_service, link_model
 

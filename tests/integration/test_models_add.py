@@ -193,7 +193,7 @@ def test_a_tokenizer_with_a_graph_that_is_not_a_text_encoder_is_refused(tmp_path
 
 def test_an_s3_repository_gets_the_version(tmp_path: Path, aws_env: str) -> None:
     # GIVEN a bucket on the moto server
-    from spillway.models.repository import aws_client
+    from spillway.aws.clients import aws_client
 
     aws_client("s3").create_bucket(Bucket="own-models")
     model = graphs.dense(tmp_path / "dense.onnx")

@@ -21,7 +21,7 @@ from PIL import Image
 from batch_job.plan import RunSpec
 from batch_job.runner import run_job
 from batch_job.settings import JobsSettings
-from spillway.models.repository import aws_client
+from spillway.aws.clients import aws_client
 from spillway_cli.modelbuild.build import build_repository
 from spillway_cli.modelbuild.ocr import render_lines
 from tests.integration.test_jobs_support import get_lines

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from spillway.models.repository import LocalRepository, S3Repository, aws_client, open_repository
+from spillway.aws.clients import aws_client
+from spillway.models.repository import LocalRepository, S3Repository, open_repository
 from spillway.protocol.errors import (
     ChecksumMismatchError,
     InvalidModelNameError,

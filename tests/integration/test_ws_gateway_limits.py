@@ -1,5 +1,5 @@
 """The local WebSocket gateway refuses what API Gateway refuses, at the documented limits
-(``spillway.protocol.aws_limits``): a frame over 32 KiB and a message over 128 KiB close
+(``spillway.aws.limits``): a frame over 32 KiB and a message over 128 KiB close
 the connection with 1009 (a message up to 128 KiB in frames of 32 KiB is one
 invocation), a post to ``@connections`` over 128 KiB is ``PayloadTooLargeException`` for
 boto3, and a connection idle too long or open past its lifetime is closed with 1001.
@@ -20,7 +20,7 @@ import boto3
 import pytest
 from aiohttp import WSMsgType, web
 
-from spillway.protocol.aws_limits import WS_FRAME_BYTES, WS_MESSAGE_BYTES, WS_POST_BYTES
+from spillway.aws.limits import WS_FRAME_BYTES, WS_MESSAGE_BYTES, WS_POST_BYTES
 from spillway_cli import procs
 from spillway_cli.stream_drivers import send_text
 from spillway_cli.ws_gateway import WebSocketGateway

@@ -87,6 +87,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # Powertools share: nothing of the project below them.
     ("spillway", "spillway.envsettings", "spillway.powertools"),
     ("spillway.protocol",),
+    # AWS access: the client factory, botocore's errors, the AWS limits table.
+    ("spillway.aws",),
     ("spillway.state",),
     ("spillway.tenancy",),
     # With the blocks a model's config.json holds: ensemble schema, canary spec.
@@ -273,3 +275,34 @@ def test_the_core_never_imports_a_deployable() -> None:
         if target.startswith(deployables)
     }
     assert offenders == set()
+
+
+AWS_SDK = ("boto3", "botocore")
+AWS_SDK_ALLOWED: frozenset[str] = frozenset()
+"""Production modules outside ``spillway.aws`` allowed to import boto3 or botocore
+directly (none: the local stand-ins go through ``spillway.aws`` too)."""
+
+
+def _sdk_imports(path: Path) -> Iterator[str]:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        else:
+            continue
+        yield from (name for name in names if name.split(".")[0] in AWS_SDK)
+
+
+def test_only_spillway_aws_imports_boto3_or_botocore() -> None:
+    # One home for AWS access: clients, their timeouts and retries, and botocore's errors
+    # are reached through ``spillway.aws`` (tests may import the SDK themselves).
+    offenders = {
+        (name, imported)
+        for name, path in MODULES.items()
+        if name != "spillway.aws" and not name.startswith("spillway.aws.")
+        if name not in AWS_SDK_ALLOWED
+        for imported in _sdk_imports(path)
+    }
+    assert offenders == set()
+    assert set(_sdk_imports(MODULES["spillway.aws.clients"])) >= {"boto3", "botocore.config"}

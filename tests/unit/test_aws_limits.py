@@ -1,11 +1,11 @@
-"""The table of AWS limits (``spillway.protocol.aws_limits``): each has its source, the
+"""The table of AWS limits (``spillway.aws.limits``): each has its source, the
 docs show the table as the code holds it, and the product's own bounds sit within it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from spillway.protocol import aws_limits
+from spillway.aws import limits as aws_limits
 from spillway.protocol.wire import LAMBDA_PAYLOAD_BYTES, SYNC_BODY_BYTES
 from spillway.streams.settings import StreamSettings
 

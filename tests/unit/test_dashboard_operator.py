@@ -15,12 +15,13 @@ import pytest
 
 from batch_job.jobstore import JobStore
 from spillway.async_inference.store import AsyncStore
+from spillway.aws.clients import aws_client
 from spillway.canary.records import CanaryStore
 from spillway.fallback.app import CpuApp
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
 from spillway.models.config import CHECKSUM_FILE
-from spillway.models.repository import aws_client, checksums_text
+from spillway.models.repository import checksums_text
 from spillway.routing.policy import parse_policy
 from spillway.routing.policy_store import FileSource, SsmSource
 from spillway.state.table import DynamoStateStore, create_table, scope

@@ -1,5 +1,5 @@
 """Every Lambda function's environment fits Lambda's 4 KB, names and values together
-(``aws_limits.LAMBDA_ENV_BYTES``; https://docs.aws.amazon.com/lambda/latest/dg/configuration-envvars.html),
+(``spillway.aws.limits.LAMBDA_ENV_BYTES``; https://docs.aws.amazon.com/lambda/latest/dg/configuration-envvars.html),
 as the templates read when the test runs, in two cases:
 
 * ``defaults``: every stack deployed as docs/deploy.md deploys it (``tests.unit.stacks``),
@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from infra.checks.cfn_eval import Exports, Stack
-from spillway.protocol.aws_limits import LAMBDA_ENV_BYTES
+from spillway.aws.limits import LAMBDA_ENV_BYTES
 from tests.unit.stacks import SLS_STACK, deploy, serverless_config, serverless_template
 
 CFN_PARAMETER_VALUE_BYTES = 4096

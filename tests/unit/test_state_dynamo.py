@@ -10,6 +10,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from spillway.async_inference.records import AsyncRecord, from_item, to_item
+from spillway.aws.errors import is_condition_failed
 from spillway.state import dynamo
 
 
@@ -84,9 +85,9 @@ def test_an_async_record_item_keeps_its_stored_shape() -> None:
 
 
 def test_only_a_failed_condition_is_a_failed_condition() -> None:
-    assert dynamo.is_condition_failed(_client_error("ConditionalCheckFailedException"))
-    assert not dynamo.is_condition_failed(_client_error("ProvisionedThroughputExceededException"))
-    assert not dynamo.is_condition_failed(ValueError("ConditionalCheckFailedException"))
+    assert is_condition_failed(_client_error("ConditionalCheckFailedException"))
+    assert not is_condition_failed(_client_error("ProvisionedThroughputExceededException"))
+    assert not is_condition_failed(ValueError("ConditionalCheckFailedException"))
 
 
 def test_a_conditional_write_answers_none_only_when_its_condition_failed() -> None:

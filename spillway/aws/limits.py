@@ -5,7 +5,7 @@ The product's own paths stay within them (or refuse clearly), and the local stan
 (``spillway_cli.ws_gateway``, ``spillway_cli.lambda_http``, the local Step Functions and
 Batch runners) enforce them as AWS does, with AWS's error or close code, so that what
 passes locally passes on the first deploy. ``docs/aws-limits.md`` is generated from this
-table (``python -m spillway.protocol.aws_limits``) and a test keeps the two equal.
+table (``python -m spillway.aws.limits``) and a test keeps the two equal.
 """
 
 from __future__ import annotations
@@ -244,8 +244,8 @@ def markdown() -> str:
     lines = [
         "# AWS limits the product relies on",
         "",
-        "Generated from `spillway/protocol/aws_limits.py` "
-        "(`python -m spillway.protocol.aws_limits > docs/aws-limits.md`); a test keeps "
+        "Generated from `spillway/aws/limits.py` "
+        "(`python -m spillway.aws.limits > docs/aws-limits.md`); a test keeps "
         "them equal. The local stand-ins enforce these as AWS does (docs/deploy.md, "
         '"On AWS\'s terms").',
         "",
