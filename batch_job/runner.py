@@ -63,16 +63,16 @@ def load_model(repository: ModelRepository, settings: JobsSettings, plan: Plan) 
     fetched with checksum verification, opened and warmed by the core's loader. A
     pipeline runs each step once per batch of records over its step models."""
     # onnxruntime only in the container: the submission side never imports these.
-    from spillway.ensembles.serving import load_pipeline_version
     from spillway.models.engine import EngineOptions
     from spillway.models.loader import load_version
+    from spillway.pipelines.serving import load_pipeline_version
 
     options = EngineOptions(
         providers=settings.providers, intra_op_threads=settings.intra_op_threads
     )
     config = repository.read_config(plan.model)
     if config.is_pipeline:
-        from spillway.ensembles.stepcache import CacheSettings, open_cache
+        from spillway.pipelines.stepcache import CacheSettings, open_cache
         from spillway.protocol.wire import read_tenant_scope
 
         cache = open_cache(CacheSettings.from_env())

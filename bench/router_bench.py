@@ -86,7 +86,7 @@ class _MemoryBackend:
     name = "gpu"
 
     def send(self, request: Any, timeout_s: float) -> Any:
-        from spillway.routing.backend import BackendResponse
+        from spillway.policy.backend import BackendResponse
 
         started = time.perf_counter()
         answer = BackendResponse(200, {"content-type": "application/json"}, RESULT, 0.0)
@@ -135,9 +135,9 @@ def _handler(
     """The Lambda handler over one backend, and the list its backend times go to."""
     import serverless_wsgi
 
+    from spillway.policy.accounting import EmfSink
     from spillway.router.settings import RouterSettings
     from spillway.router.wiring import Overrides, create_app
-    from spillway.routing.accounting import EmfSink
 
     backend_times: list[float] = []
 

@@ -74,7 +74,7 @@ class BodyBudget:
 
 class DataPlane:
     """The Open Inference Protocol operations over a model registry: each per-model one
-    finds the name in the registry once and asks what serves it (a model or an ensemble,
+    finds the name in the registry once and asks what serves it (a model or a pipeline,
     ``gpu_service.served.Served``)."""
 
     def __init__(
@@ -192,13 +192,13 @@ class DataPlane:
         stored_scope: str | None = None,
     ) -> InferResult:
         """Run one request through the core request path on what serves ``name``: a
-        model's version, executing on its batcher, or an ensemble, whose steps do.
+        model's version, executing on its batcher, or a pipeline, whose steps do.
 
         Big bodies are decoded, prepared and encoded on the parse threads; text requests
         are tokenised there together with the others that arrived meanwhile. The name is
         looked up once the body is decoded (the transport checked it before reading it).
         ``tenant_scope`` is the ``x-spillway-tenant-scope`` value a door received: an
-        ensemble's step cache entries are the tenant's whose scope it proves (signed by
+        pipeline's step cache entries are the tenant's whose scope it proves (signed by
         the router), and a request it proves nothing for uses no tenant's entries.
         ``stored_scope`` is the scope of an async record the router stored (trusted as
         stored; never a client's header)."""

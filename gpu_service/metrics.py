@@ -203,6 +203,6 @@ def render(registry: ModelRegistry) -> str:
             lines += [f"{name}{{{_labels(s)}}} {read(s)}" for s in served]
     lines += _histogram(served)
     lines += _model_lines(registry)
-    lines += registry.ensembles.metric_lines()
+    lines += registry.pipelines.metric_lines()
     lines += GRPC.lines()
     return "\n".join(lines) + "\n"

@@ -13,7 +13,7 @@ worker threads. Loads are serialised (one at a time) so memory growth is attribu
   with ``InsufficientMemoryError``.
 * A version idle longer than its TTL is unloaded (unless its model is pinned); the next
   request loads it again, and concurrent first requests share that one load.
-* An ensemble is an entry like a model's: ``sync`` checks it instead of loading
+* A pipeline is an entry like a model's: ``sync`` checks it instead of loading
   versions, and ``find`` answers its name, as a model's, with something behind one
   interface (``gpu_service.served.Served``).
 """
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from gpu_service.batching_policy import batching_policy
-from gpu_service.ensemble import Ensembles
 from gpu_service.memory import estimate
+from gpu_service.pipelines import Pipelines
 from gpu_service.served import ModelEntry, ModelVersions, Served
 from gpu_service.settings import GpuSettings
 from gpu_service.versions import ServedVersion, State, load_version, start_version
@@ -53,7 +53,7 @@ Loader = Callable[[ModelConfig, int, Path, GpuSettings], tuple[OnnxModel, int, s
 
 
 class ModelRegistry:
-    """Loads, swaps, evicts and finds model versions; checks and finds ensembles."""
+    """Loads, swaps, evicts and finds model versions; checks and finds pipelines."""
 
     def __init__(
         self, repository: ModelRepository, settings: GpuSettings, *, loader: Loader = load_version
@@ -62,7 +62,7 @@ class ModelRegistry:
         self.settings = settings
         self._loader = loader
         self.models: dict[str, ModelEntry] = {}
-        self.ensembles = Ensembles.from_env(self)
+        self.pipelines = Pipelines.from_env(self)
         self._load_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -102,12 +102,12 @@ class ModelRegistry:
         return entry
 
     def find(self, name: str) -> Served:
-        """What serves ``name``: a model's versions or an ensemble, behind one interface
+        """What serves ``name``: a model's versions or a pipeline, behind one interface
         (404 for a name the registry does not know)."""
         return self._served(self.entry(name))
 
     def _served(self, entry: ModelEntry) -> Served:
-        return self.ensembles.entry(entry) if entry.is_ensemble else ModelVersions(self, entry)
+        return self.pipelines.entry(entry) if entry.is_pipeline else ModelVersions(self, entry)
 
     def get(self, name: str, version: str | None = None) -> ServedVersion:
         """The version that serves now: the pinned one, or the newest ready one."""
@@ -183,8 +183,8 @@ class ModelRegistry:
                 if isinstance(error, ModelNotFoundError) and not entry.versions:
                     self.models.pop(name, None)  # never known: requests get 404, not 503
                 return [error]
-            if entry.is_ensemble:
-                return await self.ensembles.sync(entry, entry.config, available)
+            if entry.is_pipeline:
+                return await self.pipelines.sync(entry, entry.config, available)
             wanted = chosen_versions(entry.config.version_policy, available)
             failures: list[SpillwayError] = []
             for number in wanted:
@@ -250,10 +250,10 @@ class ModelRegistry:
         log.info("unloaded %s v%d: %s", entry.name, number, reason)
 
     async def unload(self, name: str, reason: str = "unloaded on request") -> None:
-        """Drain and free every version of a model (an ensemble stops being served)."""
+        """Drain and free every version of a model (a pipeline stops being served)."""
         entry = self.entry(name)
         async with entry.lock:
-            self.ensembles.unload(entry, reason)
+            self.pipelines.unload(entry, reason)
             for number in list(entry.versions):
                 await self._retire(entry, number, reason)
 
@@ -343,8 +343,8 @@ class ModelRegistry:
         return [e.versions[v] for _, e in sorted(self.models.items()) for v in sorted(e.versions)]
 
     def all_stats(self) -> list[dict[str, Any]]:
-        """Triton's ``model_stats`` of every loaded version, then of every ensemble."""
-        return [s.triton_stats() for s in self.all_versions()] + self.ensembles.stats()
+        """Triton's ``model_stats`` of every loaded version, then of every pipeline."""
+        return [s.triton_stats() for s in self.all_versions()] + self.pipelines.stats()
 
     @property
     def ready(self) -> bool:

@@ -1,9 +1,9 @@
-"""What the registry serves a name with: one interface for a model and for an ensemble.
+"""What the registry serves a name with: one interface for a model and for a pipeline.
 
 Every name of the repository has a ``ModelEntry`` (its configuration, the states the
 index reports, its load counters). ``ModelRegistry.find`` answers a name with the entry
 behind ``Served``: ``ModelVersions`` for a model (its loaded versions, each with its own
-batcher) or ``gpu_service.ensemble.EnsembleEntry`` for an ensemble (its steps run on
+batcher) or ``gpu_service.pipelines.PipelineEntry`` for a pipeline (its steps run on
 their models' versions). The data plane asks that interface and never which kind it has.
 """
 
@@ -17,17 +17,17 @@ from typing import Any, Protocol
 from gpu_service.stats import RequestTimer
 from gpu_service.versions import ServedVersion, State
 from spillway import inference
-from spillway.ensembles.serving import Described
 from spillway.models.config import ModelConfig
 from spillway.models.engine import config_metadata
 from spillway.models.processing import Tensors
 from spillway.models.repository import ModelRepository
+from spillway.pipelines.serving import Described
 from spillway.protocol.errors import ModelNotReadyError, SpillwayError
 
 
 @dataclass
 class ModelEntry:
-    """A model (or ensemble) of the repository: its loaded versions and what happened to
+    """A model (or pipeline) of the repository: its loaded versions and what happened to
     the others."""
 
     name: str
@@ -45,8 +45,8 @@ class ModelEntry:
     _changed: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     @property
-    def is_ensemble(self) -> bool:
-        """Its configuration describes an ensemble (``platform: ensemble``)."""
+    def is_pipeline(self) -> bool:
+        """Its configuration describes a pipeline (``platform: ensemble``)."""
         return self.config is not None and self.config.is_pipeline
 
     def set_state(self, number: int, state: State, reason: str = "") -> None:
@@ -96,7 +96,7 @@ class InferCall:
     """One decoded infer request and how to run it: ``arrived`` is its
     ``time.perf_counter()`` arrival, ``offload`` runs blocking work on the parse threads
     (always for tokenising; for the rest of a request only when it is ``big``), and
-    ``scope`` is its tenant's (an ensemble's step cache entries are that tenant's;
+    ``scope`` is its tenant's (a pipeline's step cache entries are that tenant's;
     ``None``: no tenant's, the router proved none)."""
 
     decoded: inference.Decoded

@@ -7,7 +7,7 @@ request adds to ``fail`` only. Everything here runs on the service's event loop,
 statistics and metrics endpoints read it, so every snapshot has those five counts equal:
 the invariant Triton's perf_analyzer checks (it aborts with "Server side statistics
 compute counts must be the same" when the differences of the compute counts between two
-snapshots disagree, for a model and for each composing model of an ensemble).
+snapshots disagree, for a model and for each composing model of a pipeline).
 """
 
 from __future__ import annotations

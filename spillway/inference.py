@@ -4,8 +4,8 @@ Every deployable runs a request through these steps and injects only the execute
 the GPU service passes its batcher's ``submit`` (many requests share a run), the CPU
 fallback runs the engine directly (one request per run). The batch job reads records
 instead of V2 bodies but validates, prepares and runs through the same engine calls.
-An ensemble's request is admitted and encoded by these same steps too
-(``spillway.ensembles.serving``); its step runner is what executes it.
+A pipeline's request is admitted and encoded by these same steps too
+(``spillway.pipelines.serving``); its step runner is what executes it.
 
 Decoding does not need the model (a server may look the model up with the request's
 ``timeout`` in hand); validation and preparation do.
@@ -74,7 +74,7 @@ Admit = Callable[[Decoded], Awaitable[Admitted]]
 
 
 class Signature(Protocol):
-    """What a request is admitted against: a model version, or an ensemble (whose
+    """What a request is admitted against: a model version, or a pipeline (whose
     ``prepare`` checks the inputs and leaves preparing to its steps)."""
 
     @property
@@ -95,7 +95,7 @@ def decode(body: bytes, header_length: int | None, max_body_bytes: int | None = 
 
 
 def priority_levels(config: ModelConfig) -> int:
-    """The priority levels a model (or ensemble) has: its dynamic batcher's
+    """The priority levels a model (or pipeline) has: its dynamic batcher's
     ``priority_levels``; one without dynamic batching has one level."""
     batching = config.dynamic_batching
     return batching.priority_levels if config.max_batch_size > 0 and batching else 1

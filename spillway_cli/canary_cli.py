@@ -30,7 +30,7 @@ from spillway.protocol.errors import SpillwayError
 from spillway_cli.stackenv import aws_errors, require_aws, use_stack_env
 
 if TYPE_CHECKING:
-    from spillway.routing.backend import Backend
+    from spillway.policy.backend import Backend
 
 TableOption = Annotated[
     str | None,

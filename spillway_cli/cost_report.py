@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from spillway.routing.accounting import RouteTotals, combined, route_events
+from spillway.policy.accounting import RouteTotals, combined, route_events
 
 
 @dataclass(kw_only=True)

@@ -112,7 +112,7 @@ def policy_apply(
     import os
     import tempfile
 
-    from spillway.routing.policy import PolicyError, parse_policy
+    from spillway.policy.rules import PolicyError, parse_policy
     from spillway_cli.stackenv import aws_errors, require_aws, use_stack_env
 
     if to_file is None and parameter is None:

@@ -25,7 +25,7 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _load_policy(file: Path) -> Any:
-    from spillway.routing.policy import PolicyError, parse_policy
+    from spillway.policy.rules import PolicyError, parse_policy
 
     try:
         return parse_policy(file.read_text(encoding="utf-8"), str(file))
@@ -71,8 +71,8 @@ def _request_document(request: str) -> dict[str, Any]:
 
 
 def _call_and_target(document: dict[str, Any], path: str) -> tuple[Any, Any]:
+    from spillway.policy.facts import Call
     from spillway.protocol.wire import require_model_target
-    from spillway.routing.facts import Call
 
     envelope = "body" in document or "headers" in document or "path" in document
     body = document.get("body") if envelope else document
@@ -99,9 +99,9 @@ def policy_explain(
     busy_for: Annotated[float, typer.Option(help="…sustained for this many seconds.")] = 0.0,
 ) -> None:
     """Print the decision for a request and why each rule before it did not fire."""
+    from spillway.policy.decision import explain, with_allowed_priority
+    from spillway.policy.facts import read_request
     from spillway.protocol.errors import SpillwayError
-    from spillway.routing.decision import explain, with_allowed_priority
-    from spillway.routing.facts import read_request
 
     policy = _load_policy(file)
     try:
@@ -173,9 +173,9 @@ def serve_router(
     """The router on a local HTTP server; ROUTER_* variables apply, flags win."""
     from aws_lambda_powertools.logging import Logger
 
+    from spillway.policy.rules import PolicyError
     from spillway.router.settings import RouterSettings
     from spillway.router.wiring import create_app
-    from spillway.routing.policy import PolicyError
     from spillway_cli.wsgi_server import serve_forever
 
     try:

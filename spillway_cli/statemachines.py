@@ -31,9 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from spillway.ensembles.chain import FAILED, RESPOND, STEP
-from spillway.ensembles.graph import Pipeline, read_pipeline
 from spillway.models.repository import LocalRepository
+from spillway.pipelines.chain import FAILED, RESPOND, STEP
+from spillway.pipelines.graph import Pipeline, read_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 FUNCTION = "${CpuInferFunctionArn}"

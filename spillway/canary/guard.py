@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from spillway.models.canary_spec import RollbackBounds
+from spillway.policy.backend import BackendResponse
+from spillway.policy.facts import RequestFacts
 from spillway.protocol.wire import FAULT_HEADER
-from spillway.routing.backend import BackendResponse
-from spillway.routing.facts import RequestFacts
 
 WINDOW_CAP = 2000
 SIGNIFICANCE_Z = 3.0

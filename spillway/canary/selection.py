@@ -58,11 +58,11 @@ from pydantic import ValidationError
 from spillway.canary.guard import SizeClass, Window, outcome, size_class, verdict
 from spillway.canary.records import CanaryState, CanaryStore
 from spillway.models.canary_spec import CanarySpec
+from spillway.policy.accounting import EmfSink, event_metric
+from spillway.policy.backend import Backend, BackendError, BackendRequest, BackendResponse
+from spillway.policy.facts import Request, check_session_id
 from spillway.protocol.errors import StateUnavailableError, VersionRolledBackError
 from spillway.protocol.wire import Reply, Target
-from spillway.routing.accounting import EmfSink, event_metric
-from spillway.routing.backend import Backend, BackendError, BackendRequest, BackendResponse
-from spillway.routing.facts import Request, check_session_id
 from spillway.state.table import StateStore, scope
 
 log = logging.getLogger("spillway.router.canary")

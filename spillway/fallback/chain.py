@@ -2,7 +2,7 @@
 
 A state machine state invokes the function with ``{"spillway": "pipeline-step" |
 "pipeline-respond" | "pipeline-failed", "pipeline", "id", "tenant_scope", "step"}``
-(``spillway.ensembles.chain``; the last two settle the request's async record). The
+(``spillway.pipelines.chain``; the last two settle the request's async record). The
 answer is what the state keeps; a failure is raised, because that is what Step Functions
 retries and catches, and its type names the kind: ``ClientFault`` (the request's own
 fault, 4xx: never retried) or ``ServerFault`` (5xx or 429: retried with backoff), its
@@ -20,8 +20,8 @@ from typing import Any
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
 from spillway.aws.clients import aws_client
-from spillway.ensembles.chain import FAILED, RESPOND, STEP, ChainEvent, ChainStore, run_event
 from spillway.fallback.service import CpuService
+from spillway.pipelines.chain import FAILED, RESPOND, STEP, ChainEvent, ChainStore, run_event
 from spillway.protocol.errors import NotConfiguredError, SpillwayError
 from spillway.protocol.messages import parse_message
 from spillway.protocol.wire import parse_s3_url
@@ -60,7 +60,7 @@ def handle_chain_event(
     """Run one state's work; raise ``ClientFault`` or ``ServerFault`` when it fails."""
     try:
         chain = parse_message(ChainEvent, event, "event")
-        return run_event(service.ensembles, service.get, store or default_store(), chain)
+        return run_event(service.pipelines, service.get, store or default_store(), chain)
     except SpillwayError as error:
         body = json.dumps({"status": error.status, "code": error.code, "error": error.message})
         log.info("pipeline state failed", extra={"status": error.status, "code": error.code})

@@ -10,12 +10,12 @@ load however many requests wait, checksums verified, within ``CPU_MEMORY_BUDGET_
 So a canary the router sends here is served, not refused. A request runs alone,
 unbatched, through the core request path with the engine run directly; a ``timeout``
 (microseconds, set by the router) that has passed by the time the request would run
-fails it with 504 instead of computing it. Ensembles are checked at init and run their
-steps over these models through the core step runner (``spillway.ensembles.serving``).
+fails it with 504 instead of computing it. Pipelines are checked at init and run their
+steps over these models through the core step runner (``spillway.pipelines.serving``).
 
 Each per-model operation looks the name up once (``CpuService.find``) and asks what
 serves it, behind one interface (``CpuServed``): ``CpuModel`` for a model's versions,
-``CpuEnsemble`` for an ensemble. Either resolves the version a request gets before its
+``CpuPipeline`` for a pipeline. Either resolves the version a request gets before its
 body is decoded.
 """
 
@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spillway import inference
-from spillway.ensembles.runner import Resolver
-from spillway.ensembles.serving import Described, EnsembleSet, ServedEnsemble
-from spillway.ensembles.stepcache import CacheSettings, open_cache
 from spillway.fallback.settings import CpuSettings
 from spillway.models.engine import OnnxModel
 from spillway.models.loader import OnDemandVersions
 from spillway.models.repository import ModelRepository, open_repository
+from spillway.pipelines.runner import Resolver
+from spillway.pipelines.serving import Described, PipelineSet, ServedPipeline
+from spillway.pipelines.stepcache import CacheSettings, open_cache
 from spillway.protocol.errors import ModelNotFoundError
 from spillway.protocol.names import validate_model_name, validate_version
 from spillway.protocol.v2 import server_metadata
@@ -49,7 +49,7 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration"]
 @dataclass(frozen=True, slots=True)
 class CpuCall:
     """One infer request as the fallback received it: ``arrived`` is its
-    ``time.monotonic()`` arrival and ``scope`` its tenant's (an ensemble's step cache
+    ``time.monotonic()`` arrival and ``scope`` its tenant's (a pipeline's step cache
     entries are that tenant's; ``None``: no tenant's, none was proven). The body is
     decoded only once the version is resolved."""
 
@@ -86,7 +86,7 @@ class CpuService:
         self,
         models: OnDemandVersions | Mapping[str, Mapping[int, OnnxModel]],
         settings: CpuSettings,
-        ensembles: EnsembleSet | None = None,
+        pipelines: PipelineSet | None = None,
         scopes: ScopeProofs | None = None,
     ) -> None:
         if not isinstance(models, OnDemandVersions):
@@ -99,7 +99,7 @@ class CpuService:
             )
         self.versions = models
         self.settings = settings
-        self.ensembles = ensembles or EnsembleSet()
+        self.pipelines = pipelines or PipelineSet()
         self.scopes = scopes or ScopeProofs.from_env()
         """Verifies the router's tenant scopes (keys from ``SCOPE_PROOF_*``, cached)."""
 
@@ -114,11 +114,11 @@ class CpuService:
         read the scope proof keys (``scopes``, else from ``SCOPE_PROOF_*``)."""
         repo = repository or open_repository(settings.repository)
         cache = open_cache(CacheSettings.from_env())
-        ensembles = EnsembleSet.read(repo, settings.models, cache)
+        pipelines = PipelineSet.read(repo, settings.models, cache)
         budget = settings.memory_budget_mb
         versions = OnDemandVersions(
             repo,
-            ensembles.models(settings.models),
+            pipelines.models(settings.models),
             cache_dir=settings.cache_dir,
             options=settings.engine_options(),
             refresh_s=settings.index_refresh_s,
@@ -128,7 +128,7 @@ class CpuService:
         versions.preload()
         scopes = scopes or ScopeProofs.from_env()
         scopes.prime()  # at init, so a provisioned instance's first request needs no read
-        return cls(versions, settings, ensembles, scopes)
+        return cls(versions, settings, pipelines, scopes)
 
     @property
     def models(self) -> dict[str, dict[int, OnnxModel]]:
@@ -152,15 +152,15 @@ class CpuService:
         return server_metadata("spillway-cpu", EXTENSIONS)
 
     def find(self, name: str) -> CpuServed:
-        """What serves ``name``: an ensemble (503 with the reason for one refused at
+        """What serves ``name``: a pipeline (503 with the reason for one refused at
         load), else a model's versions (404, when asked, for an unknown one)."""
-        ensemble = self.ensembles.find(name, None)
-        if ensemble is not None:
-            return CpuEnsemble(self.ensembles, ensemble, self.get)
+        pipeline = self.pipelines.find(name, None)
+        if pipeline is not None:
+            return CpuPipeline(self.pipelines, pipeline, self.get)
         return CpuModel(self, name)
 
     def check_ready(self, name: str, version: str | None) -> None:
-        """Raise unless the model (or ensemble) serves ``version`` (or its default one);
+        """Raise unless the model (or pipeline) serves ``version`` (or its default one);
         a served version not loaded yet is ready: the request that needs it loads it."""
         self.find(name).check_ready(version)
 
@@ -185,7 +185,7 @@ class CpuService:
     ) -> inference.Encoded:
         """Run one request through the core request path, computing it on this thread.
         ``tenant_scope`` is the tenant scope value a door received (the router signs it):
-        an ensemble's step cache entries are the tenant's whose scope it proves, and a
+        a pipeline's step cache entries are the tenant's whose scope it proves, and a
         request it proves nothing for uses no tenant's entries. ``stored_scope`` is the
         scope of an async record the router stored (trusted as stored; never a
         client's)."""
@@ -232,12 +232,12 @@ class CpuModel:
 
 
 @dataclass(frozen=True, slots=True)
-class CpuEnsemble:
-    """An ensemble behind ``CpuServed``: a request runs its steps on this thread, each on
+class CpuPipeline:
+    """A pipeline behind ``CpuServed``: a request runs its steps on this thread, each on
     a version of its step model that ``resolve`` gives (loaded if need be)."""
 
-    ensembles: EnsembleSet
-    served: ServedEnsemble
+    pipelines: PipelineSet
+    served: ServedPipeline
     resolve: Resolver
 
     def check_ready(self, version: str | None) -> None:
@@ -253,6 +253,6 @@ class CpuEnsemble:
 
     def infer(self, version: str | None, call: CpuCall) -> inference.Encoded:
         self.served.version(version)
-        return self.ensembles.serve(
+        return self.pipelines.serve(
             self.served, version, call.decode(), self.resolve, call.arrived, scope=call.scope
         )

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from spillway.models.canary_spec import CanarySpec
-from spillway.models.ensemble_schema import EnsembleScheduling
+from spillway.models.pipeline_schema import PipelineScheduling
 from spillway.protocol.datatypes import from_triton_type
 from spillway.protocol.names import MODEL_NAME_PATTERN
 
@@ -255,8 +255,8 @@ class ModelConfig(_Strict):
     dynamic_batching: DynamicBatching | None = None
     version_policy: VersionPolicy = VersionPolicy(latest={"num_versions": 1})
     spillway: SpillwayBlock = SpillwayBlock()
-    ensemble_scheduling: EnsembleScheduling | None = None
-    """The steps of a pipeline (``platform: "ensemble"``; see ``spillway.ensembles.graph``)."""
+    ensemble_scheduling: PipelineScheduling | None = None
+    """The steps of a pipeline (``platform: "ensemble"``; see ``spillway.pipelines.graph``)."""
 
     @field_validator("name")
     @classmethod
@@ -266,7 +266,7 @@ class ModelConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _ensemble_has_steps(self) -> ModelConfig:
+    def _pipeline_has_steps(self) -> ModelConfig:
         if (self.platform == "ensemble") != (self.ensemble_scheduling is not None):
             raise ValueError('ensemble_scheduling goes with platform "ensemble", and only with it')
         return self

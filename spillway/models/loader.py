@@ -117,7 +117,7 @@ def load_served(
     options: EngineOptions,
 ) -> dict[str, dict[int, OnnxModel]]:
     """Every version each model's policy serves (all models when ``names`` is ``None``);
-    pipelines are not models to load (``spillway.ensembles.graph`` serves them over these)."""
+    pipelines are not models to load (``spillway.pipelines.graph`` serves them over these)."""
     loaded: dict[str, dict[int, OnnxModel]] = {}
     for name in repository.list_models() if names is None else names:
         config, versions = served_versions(repository, name)

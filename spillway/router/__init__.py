@@ -1,9 +1,9 @@
 """The router service: policy routing over the GPU service, the CPU fallback and batch.
 
 A request reads top to bottom: ``app`` (WSGI application) → ``dispatch.Router.route`` (read
-the request with ``spillway.routing.facts``, decide with ``spillway.routing.decision``,
+the request with ``spillway.policy.facts``, decide with ``spillway.policy.decision``,
 walk the fallback chain over ``backends`` and ``lambda_backend`` behind
-``spillway.routing.health``'s circuit breakers, account with ``spillway.routing.accounting``)
+``spillway.policy.health``'s circuit breakers, account with ``spillway.policy.accounting``)
 → a reply. ``async_mode``, ``batch_mode`` and ``sessions`` are the other modes;
 ``wiring`` builds it all from ``settings``. The Lambda (``functions.router.handler``) and
 ``spillway serve router`` are two transports over the same application.

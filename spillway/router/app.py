@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from spillway import __version__
+from spillway.policy.facts import Call
 from spillway.powertools import remaining_ms
 from spillway.protocol.errors import RouteNotFoundError
 from spillway.protocol.wire import (
@@ -37,7 +38,6 @@ from spillway.router.async_mode import RESULTS_PREFIX
 from spillway.router.dispatch import Router
 from spillway.router.sessions import PREFIX as SESSIONS_PREFIX
 from spillway.router.sessions import Sessions
-from spillway.routing.facts import Call
 from spillway.tenancy.directory import LiveConfigCache
 from spillway.tenancy.identity import vouched_tenant
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
+from spillway.policy.facts import Request
 from spillway.protocol.errors import (
     InvalidInputError,
     ModeUnavailableError,
@@ -41,7 +42,6 @@ from spillway.protocol.errors import (
     UnavailableError,
 )
 from spillway.protocol.wire import Reply, json_reply
-from spillway.routing.facts import Request
 from spillway.state.quotas import QuotaLedger, QuotaLimits
 from spillway.state.table import StateStore, scope
 

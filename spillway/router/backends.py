@@ -1,6 +1,6 @@
 """Backends the router forwards to, and the HTTP one with its keep-alive pool.
 
-Every backend keeps the contract of ``spillway.routing.backend``: it takes a
+Every backend keeps the contract of ``spillway.policy.backend``: it takes a
 ``BackendRequest`` and a timeout and returns a ``BackendResponse``, or raises a
 ``BackendError`` saying how it failed. The router decides what each means.
 
@@ -22,14 +22,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from spillway.protocol.wire import FAULT_HEADER, TENANT_SCOPE_HEADER
-from spillway.routing.backend import (
+from spillway.policy.backend import (
     BackendRequest,
     BackendResponse,
     ConnectFailed,
     ConnectionLost,
     TimedOut,
 )
+from spillway.protocol.wire import FAULT_HEADER, TENANT_SCOPE_HEADER
 from spillway.state.table import scope
 
 if TYPE_CHECKING:

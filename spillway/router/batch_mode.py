@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spillway.async_inference.settings import AsyncSettings
+from spillway.policy.backend import Backend, BackendError, BackendRequest, BackendResponse
 from spillway.protocol.errors import (
     InvalidInputError,
     ModeUnavailableError,
@@ -68,7 +69,6 @@ from spillway.protocol.wire import (
     parse_header_length,
     parse_s3_url,
 )
-from spillway.routing.backend import Backend, BackendError, BackendRequest, BackendResponse
 from spillway.state.quotas import QuotaLedger, QuotaLimits
 from spillway.state.table import StateStore, scope
 from spillway.tenancy.areas import area

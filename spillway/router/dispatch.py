@@ -42,6 +42,19 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from spillway.canary.selection import CanaryRouter, Pick, version_missing
+from spillway.policy.accounting import EmfSink, Pricing, RouteRecord, event_metric
+from spillway.policy.backend import (
+    Backend,
+    BackendError,
+    BackendRequest,
+    BackendResponse,
+    CannotServe,
+    ConnectFailed,
+)
+from spillway.policy.decision import Decision, SpillState, decide, with_allowed_priority
+from spillway.policy.facts import Call, Request, read_request, with_timeout
+from spillway.policy.health import CircuitBreaker, LoadTracker, RetryBudget, parse_load_headers
+from spillway.policy.store import PolicyStore
 from spillway.protocol.errors import (
     DeadlineExceededError,
     ModeUnavailableError,
@@ -60,19 +73,6 @@ from spillway.protocol.wire import (
 from spillway.router.async_mode import AsyncFront
 from spillway.router.backends import RESPONSE_HEADERS
 from spillway.router.settings import RouterSettings
-from spillway.routing.accounting import EmfSink, Pricing, RouteRecord, event_metric
-from spillway.routing.backend import (
-    Backend,
-    BackendError,
-    BackendRequest,
-    BackendResponse,
-    CannotServe,
-    ConnectFailed,
-)
-from spillway.routing.decision import Decision, SpillState, decide, with_allowed_priority
-from spillway.routing.facts import Call, Request, read_request, with_timeout
-from spillway.routing.health import CircuitBreaker, LoadTracker, RetryBudget, parse_load_headers
-from spillway.routing.policy_store import PolicyStore
 
 log = logging.getLogger("spillway.router")
 

@@ -27,6 +27,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from spillway.policy.backend import (
+    BackendRequest,
+    BackendResponse,
+    CannotServe,
+    ConnectFailed,
+    TimedOut,
+)
 from spillway.protocol.errors import (
     InvalidInputError,
     OverloadedError,
@@ -43,13 +50,6 @@ from spillway.protocol.wire import (
     parse_header_length,
 )
 from spillway.router.backends import RESPONSE_HEADERS, TenantScopes, forwardable
-from spillway.routing.backend import (
-    BackendRequest,
-    BackendResponse,
-    CannotServe,
-    ConnectFailed,
-    TimedOut,
-)
 from spillway.state.table import scope
 
 _CPU_OPERATIONS = frozenset({"infer", "metadata", "ready", "config"})

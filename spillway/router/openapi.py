@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from spillway import __version__
+from spillway.policy.facts import MAX_BUDGET_MS, MIN_BUDGET_MS
 from spillway.protocol.openapi import (
     BINARY,
     ERROR_CONTENT,
@@ -20,7 +21,6 @@ from spillway.protocol.openapi import (
     ref,
     schemas,
 )
-from spillway.routing.facts import MAX_BUDGET_MS, MIN_BUDGET_MS
 
 _ROUTING_HEADERS = {
     "x-spillway-rule": "The policy rule that fired.",

@@ -14,7 +14,7 @@ released by a delete or by expiry); past either, a new or larger session is 429
 ``quota_exceeded`` with ``Retry-After``, and other tenants are unaffected.
 
 The ids are also what ``x-spillway-session`` carries for canary affinity; both are
-checked by ``spillway.routing.facts.check_session_id``.
+checked by ``spillway.policy.facts.check_session_id``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from spillway.policy.facts import Call, check_session_id, read_hints
 from spillway.protocol.errors import (
     InvalidInputError,
     MethodNotAllowedError,
@@ -31,7 +32,6 @@ from spillway.protocol.errors import (
     UnauthorizedError,
 )
 from spillway.protocol.wire import JSON_CONTENT_TYPE, Reply, json_bytes, load_json_object
-from spillway.routing.facts import Call, check_session_id, read_hints
 from spillway.state.quotas import QuotaLedger, QuotaLimits
 from spillway.state.table import StateStore, scope, ttl_value
 

@@ -20,6 +20,10 @@ from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
 from spillway.canary.records import CanaryStore
 from spillway.canary.selection import Affinity, CanaryRouter, backend_config
+from spillway.policy.accounting import EmfSink, Pricing, event_metric, load_pricing
+from spillway.policy.backend import Backend
+from spillway.policy.decision import SpillState
+from spillway.policy.store import FileSource, PolicySource, PolicyStore, SsmSource
 from spillway.router.app import RouterApp
 from spillway.router.async_mode import AsyncFront, inflight_ledger
 from spillway.router.backends import HttpBackend, TenantScopes, signed_scopes
@@ -29,10 +33,6 @@ from spillway.router.lambda_backend import LambdaBackend, Payload, cpu_payload, 
 from spillway.router.openapi import document_bytes
 from spillway.router.sessions import Sessions
 from spillway.router.settings import ENV_PREFIX, RouterSettings
-from spillway.routing.accounting import EmfSink, Pricing, event_metric, load_pricing
-from spillway.routing.backend import Backend
-from spillway.routing.decision import SpillState
-from spillway.routing.policy_store import FileSource, PolicySource, PolicyStore, SsmSource
 from spillway.state.table import StateStore, open_state_store, scope
 from spillway.tenancy.directory import (
     LiveConfig,

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from spillway.policy.facts import Call
 from spillway.protocol.errors import (
     InvalidFrameError,
     InvalidInputError,
@@ -40,7 +41,6 @@ from spillway.protocol.wire import (
     load_json_object,
     require_model_target,
 )
-from spillway.routing.facts import Call
 
 FRAME_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 MAX_SEQ = 2**53 - 1

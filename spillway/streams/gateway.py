@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from spillway.policy.facts import Call
 from spillway.protocol.errors import (
     DuplicateSeqError,
     NotConnectedError,
@@ -49,7 +50,6 @@ from spillway.protocol.errors import (
     TooManyConnectionsError,
 )
 from spillway.protocol.wire import Reply, Target, json_bytes
-from spillway.routing.facts import Call
 from spillway.streams.connections import (
     OUT_OF_WINDOW,
     SLOW_DOWN,

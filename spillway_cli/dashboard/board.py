@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spillway.routing.accounting import RouteEvent, RouteTotals, combined, nearest_rank
+from spillway.policy.accounting import RouteEvent, RouteTotals, combined, nearest_rank
 from spillway_cli.dashboard.sources import BreakerSighting, ColdStart, GpuReading, Request
 
 LATE_S = 10

@@ -73,7 +73,7 @@ def dashboard(
     starts and concurrency, canaries and served versions, the policy in force, the async
     backlog, batch jobs, fallbacks, spills and cost per route."""
     from spillway.async_inference.settings import AsyncSettings
-    from spillway.routing.policy_store import FileSource, PolicySource, SsmSource
+    from spillway.policy.store import FileSource, PolicySource, SsmSource
     from spillway_cli.dashboard.board import Board
     from spillway_cli.dashboard.operator import Operator
     from spillway_cli.dashboard.server import DashboardApp, Poller

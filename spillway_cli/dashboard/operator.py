@@ -36,8 +36,8 @@ from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
 from spillway.aws.clients import aws_client
 from spillway.canary.records import CanaryState, CanaryStore
-from spillway.routing.policy import Policy, Rule
-from spillway.routing.policy_store import PolicySource, PolicyStore
+from spillway.policy.rules import Policy, Rule
+from spillway.policy.store import PolicySource, PolicyStore
 from spillway.state import dynamo
 from spillway.state.table import DynamoStateStore
 

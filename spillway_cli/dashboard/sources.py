@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from spillway.routing.accounting import RouteEvent, route_document
+from spillway.policy.accounting import RouteEvent, route_document
 
 MAX_READ_BYTES = 8 * 1024 * 1024
 """Most bytes read from one file per poll, so a huge backlog is taken in slices."""

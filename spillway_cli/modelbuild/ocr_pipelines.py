@@ -24,17 +24,17 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from spillway.ensembles.graph import read_pipeline
 from spillway.models.config import ModelConfig, SpillwayBlock, TensorConfig
 from spillway.models.engine import EngineOptions, OnnxModel
-from spillway.models.ensemble_schema import (
-    EnsembleScheduling,
-    EnsembleStep,
+from spillway.models.pipeline_schema import (
+    PipelineScheduling,
+    PipelineStep,
     SchedulingOptions,
     StepMap,
     StepOptions,
 )
 from spillway.models.repository import LocalRepository
+from spillway.pipelines.graph import read_pipeline
 from spillway_cli.modelbuild import minilm, topics
 from spillway_cli.modelbuild.common import (
     ONNX_FILE,
@@ -107,8 +107,8 @@ def _mapped(
     over: str,
     counts: str,
     max_rows: int = MAX_LINES,
-) -> EnsembleStep:
-    return EnsembleStep(
+) -> PipelineStep:
+    return PipelineStep(
         model_name=model,
         input_map=inputs,
         output_map=outputs,
@@ -116,10 +116,10 @@ def _mapped(
     )
 
 
-def _reading_steps(scores: str, page_outputs: dict[str, str]) -> tuple[EnsembleStep, ...]:
+def _reading_steps(scores: str, page_outputs: dict[str, str]) -> tuple[PipelineStep, ...]:
     """image -> det -> cls over the crops -> rec over the upright crops -> lines."""
     return (
-        EnsembleStep(
+        PipelineStep(
             model_name=DET.name,
             input_map={"image": "image"},
             output_map={"boxes": "boxes", "crops": "crops", "counts": "counts"},
@@ -132,7 +132,7 @@ def _reading_steps(scores: str, page_outputs: dict[str, str]) -> tuple[EnsembleS
             "upright",
             "counts",
         ),
-        EnsembleStep(
+        PipelineStep(
             model_name=LINES,
             input_map={"text": "raw_text", "char_positions": "char_positions", "crops": "upright"},
             output_map=page_outputs,
@@ -153,7 +153,7 @@ def ocr_config() -> ModelConfig:
             _tensor("scores", "TYPE_FP32", -1, 1),
             _tensor("counts", "TYPE_INT32", 1),
         ),
-        ensemble_scheduling=EnsembleScheduling(
+        ensemble_scheduling=PipelineScheduling(
             step=_reading_steps("scores", {"lines": "text"}),
             spillway=SchedulingOptions(timeout_s=PAGE_TIMEOUT_S),
         ),
@@ -176,7 +176,7 @@ def ocr_topics_config() -> ModelConfig:
             _tensor("scores", "TYPE_FP32", -1, len(LABELS)),
             _tensor("text", "TYPE_STRING", -1, 1),
         ),
-        ensemble_scheduling=EnsembleScheduling(
+        ensemble_scheduling=PipelineScheduling(
             step=(
                 *_reading_steps("line_scores", {"page": "text", "pages": "pages"}),
                 _mapped(

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from spillway.ensembles.graph import read_pipeline
 from spillway.models.config import (
     DynamicBatching,
     ModelConfig,
@@ -38,8 +37,9 @@ from spillway.models.config import (
     TensorConfig,
 )
 from spillway.models.engine import EngineOptions, OnnxModel
-from spillway.models.ensemble_schema import EnsembleScheduling, EnsembleStep, StepOptions
+from spillway.models.pipeline_schema import PipelineScheduling, PipelineStep, StepOptions
 from spillway.models.repository import LocalRepository
+from spillway.pipelines.graph import read_pipeline
 from spillway_cli.modelbuild import minilm
 from spillway_cli.modelbuild.common import (
     ONNX_FILE,
@@ -116,15 +116,15 @@ def topics_config() -> ModelConfig:
             TensorConfig(name="label", data_type="TYPE_STRING", dims=(1,)),
             TensorConfig(name="scores", data_type="TYPE_FP32", dims=(len(LABELS),)),
         ),
-        ensemble_scheduling=EnsembleScheduling(
+        ensemble_scheduling=PipelineScheduling(
             step=(
-                EnsembleStep(
+                PipelineStep(
                     model_name=minilm.NAME,
                     input_map={"text": "text"},
                     output_map={"embedding": "embedding"},
                     spillway=StepOptions(cache=True),
                 ),
-                EnsembleStep(
+                PipelineStep(
                     model_name=HEAD,
                     input_map={"embedding": "embedding"},
                     output_map={"label": "label", "scores": "scores"},

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from spillway.routing.accounting import Pricing, load_pricing
+from spillway.policy.accounting import Pricing, load_pricing
 
 ROOT = Path(__file__).resolve().parents[2]
 MEASURED = ROOT / "config" / "measured.yaml"

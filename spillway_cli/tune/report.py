@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import yaml
 
-from spillway.routing.policy import Policy
+from spillway.policy.rules import Policy
 from spillway_cli.tune.search import Proposal, Slo
 from spillway_cli.tune.simulate import Outcome
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spillway.routing.policy import Backend, Policy, Rule, Spill
+from spillway.policy.rules import Backend, Policy, Rule, Spill
 from spillway_cli.tune.simulate import Outcome
 
 SHARES = tuple(round(0.1 * i, 1) for i in range(11))

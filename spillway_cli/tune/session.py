@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from spillway.policy.rules import Policy, PolicyError, parse_policy
 from spillway.router.settings import RouterSettings
-from spillway.routing.policy import Policy, PolicyError, parse_policy
 from spillway_cli.cost_report import markdown, summarise
 from spillway_cli.plan import inputs
 from spillway_cli.tune.report import dump_policy, routes_table, routing_table

@@ -1,7 +1,7 @@
 """The replay: recorded traffic through a policy, with the router's own engine.
 
 Time moves in bins of ``bin_s``. In each bin every group of requests is decided by
-``spillway.routing.decision`` (the router's rule evaluation, spill draws from its
+``spillway.policy.decision`` (the router's rule evaluation, spill draws from its
 ``SpillState``) against a ``LoadTracker`` (the router's moving average of the GPU's busy
 fraction, built from the deployment's ``RouterSettings`` as the router builds it, on the
 replay's clock). The GPU tier is ``gpu_tasks`` tasks; a request of a model takes
@@ -28,11 +28,11 @@ from datetime import UTC, datetime
 from functools import cache
 from itertools import groupby
 
+from spillway.policy.accounting import Pricing
+from spillway.policy.decision import Decision, SpillState, decide
+from spillway.policy.health import LoadTracker
+from spillway.policy.rules import Policy, Rule
 from spillway.router.settings import RouterSettings
-from spillway.routing.accounting import Pricing
-from spillway.routing.decision import Decision, SpillState, decide
-from spillway.routing.health import LoadTracker
-from spillway.routing.policy import Policy, Rule
 from spillway_cli.plan.inputs import Measured
 from spillway_cli.tune.trace import Group
 

@@ -32,10 +32,10 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from spillway.routing.accounting import route_events
-from spillway.routing.decision import mismatch
-from spillway.routing.facts import MODES, RequestFacts
-from spillway.routing.policy import Match, Policy, Range, Rule, globs_hold
+from spillway.policy.accounting import route_events
+from spillway.policy.decision import mismatch
+from spillway.policy.facts import MODES, RequestFacts
+from spillway.policy.rules import Match, Policy, Range, Rule, globs_hold
 
 CONTEXT = frozenset({"time_window", "load"})
 

@@ -40,8 +40,8 @@ from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
 from spillway.aws.clients import aws_client
 from spillway.canary.records import CanaryStore
-from spillway.routing.accounting import nearest_rank, route_document, route_events
-from spillway.routing.policy import parse_policy
+from spillway.policy.accounting import nearest_rank, route_document, route_events
+from spillway.policy.rules import parse_policy
 from spillway.state.table import DynamoStateStore, scope
 from spillway_cli.cost_report import summarise
 from spillway_cli.dashboard.board import Board

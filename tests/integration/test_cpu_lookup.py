@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spillway.fallback.service import CpuEnsemble, CpuModel, CpuService
+from spillway.fallback.service import CpuModel, CpuPipeline, CpuService
 from spillway.fallback.settings import CpuSettings
 from spillway.protocol.errors import InvalidInputError, ModelNotFoundError
 
@@ -18,17 +18,17 @@ def cpu(models_dir: Path) -> CpuService:
     return CpuService.load(CpuSettings(repository=str(models_dir), models=["digits", "topics"]))
 
 
-def test_a_model_and_an_ensemble_are_found_as_their_kinds(cpu: CpuService) -> None:
-    # GIVEN a fallback serving a model and an ensemble
+def test_a_model_and_an_pipeline_are_found_as_their_kinds(cpu: CpuService) -> None:
+    # GIVEN a fallback serving a model and a pipeline
     # WHEN each name is looked up
-    model, ensemble = cpu.find("digits"), cpu.find("topics")
+    model, pipeline = cpu.find("digits"), cpu.find("topics")
     # THEN each is its kind, and answers for its own name and versions
     assert isinstance(model, CpuModel)
-    assert isinstance(ensemble, CpuEnsemble)
+    assert isinstance(pipeline, CpuPipeline)
     assert model.metadata(None)["name"] == "digits"
-    assert ensemble.metadata(None)["name"] == "topics"
-    assert ensemble.config(None)["platform"] == "ensemble"
-    assert ensemble.metadata(None)["versions"] == ["1"]
+    assert pipeline.metadata(None)["name"] == "topics"
+    assert pipeline.config(None)["platform"] == "ensemble"
+    assert pipeline.metadata(None)["versions"] == ["1"]
 
 
 @pytest.mark.parametrize("name", ["digits", "topics"])

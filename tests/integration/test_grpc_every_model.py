@@ -1,6 +1,6 @@
 """Every model the repository serves answers the same over gRPC as over HTTP.
 
-GIVEN the GPU service over the whole built repository (models and ensembles), with its
+GIVEN the GPU service over the whole built repository (models and pipelines), with its
 HTTP and gRPC ports
 WHEN each served name gets one request built for it (OCR steps take what the step before
 them answered for a rendered page) over HTTP, then with an unmodified

@@ -24,13 +24,13 @@ import pytest
 from PIL import Image
 
 from spillway.aws.clients import aws_client
-from spillway.ensembles.chain import ChainStore
-from spillway.ensembles.graph import read_pipeline
 from spillway.fallback.chain import handle_chain_event
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
 from spillway.models.processing import Tensors
 from spillway.models.repository import LocalRepository
+from spillway.pipelines.chain import ChainStore
+from spillway.pipelines.graph import read_pipeline
 from spillway.protocol.codec import decode_response, encode_request
 from spillway.protocol.errors import SpillwayError
 from spillway.protocol.messages import read_staged_request, stage_request

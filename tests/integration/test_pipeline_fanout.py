@@ -22,12 +22,12 @@ from onnx import TensorProto, helper, numpy_helper
 from gpu_service.dataplane import DataPlane
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
-from spillway.ensembles.serving import load_pipeline_version
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
 from spillway.models.engine import EngineOptions
 from spillway.models.processing import Tensors
 from spillway.models.repository import LocalRepository
+from spillway.pipelines.serving import load_pipeline_version
 from spillway.protocol.codec import decode_response, encode_request
 from spillway_cli.modelbuild.common import write_checksums
 
@@ -214,7 +214,7 @@ def test_the_cpu_fallback_serves_the_mapped_step(repo: Path) -> None:
     for x in (THREE, ONE, np.full((2, SLOTS), -1, dtype=np.float32)):
         encoded = cpu.infer("positives", None, *request(x))
         check(decode_response(encoded.body, encoded.header_length)[1], x)
-    stats = cpu.ensembles.served["positives"].stats.step(1)
+    stats = cpu.pipelines.served["positives"].stats.step(1)
     # The request whose items have no rows called no model.
     assert (stats.runs, stats.rows, stats.executions) == (3, 6, 2)
 

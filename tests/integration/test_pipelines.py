@@ -30,8 +30,6 @@ from batch_job.plan import RunSpec
 from batch_job.runner import run_job
 from batch_job.settings import JobsSettings
 from spillway.aws.clients import aws_client
-from spillway.ensembles.chain import ChainStore
-from spillway.ensembles.stepcache import CacheSettings, SharedCache
 from spillway.fallback.app import CpuApp
 from spillway.fallback.chain import ServerFault, handle_chain_event
 from spillway.fallback.direct import handle_direct
@@ -39,6 +37,8 @@ from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
 from spillway.models.processing import Tensors
 from spillway.models.repository import LocalRepository
+from spillway.pipelines.chain import ChainStore
+from spillway.pipelines.stepcache import CacheSettings, SharedCache
 from spillway.protocol.codec import decode_response, encode_request
 from spillway.protocol.messages import read_staged_request, stage_request
 from spillway.protocol.wire import parse_s3_url

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
+from spillway.policy.backend import BackendRequest
 from spillway.router.backends import HttpBackend
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
-from spillway.routing.backend import BackendRequest
 from spillway_cli import procs
 from spillway_cli.wsgi_server import running
 from tests.support import Service, load_engine

@@ -37,14 +37,14 @@ import tritonclient.grpc as grpc_client
 
 from batch_job.runner import load_model
 from batch_job.settings import JobsSettings
-from spillway.ensembles.serving import PipelineJobModel, load_pipeline_version
-from spillway.ensembles.stepcache import MemoryCache
 from spillway.fallback.app import CpuApp
 from spillway.fallback.direct import handle_direct
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
 from spillway.models.engine import EngineOptions
 from spillway.models.repository import LocalRepository
+from spillway.pipelines.serving import PipelineJobModel, load_pipeline_version
+from spillway.pipelines.stepcache import MemoryCache
 from spillway.protocol.codec import encode_request
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
@@ -159,7 +159,7 @@ def ask(app: Any, key: str, text: str, headers: dict[str, str] | None = None) ->
 def hits(base_or_cpu: str | CpuService) -> int:
     """The cache hits of the topics pipeline's embedding step so far."""
     if isinstance(base_or_cpu, CpuService):
-        return base_or_cpu.ensembles.served["topics"].stats.step(0).cache_hits
+        return base_or_cpu.pipelines.served["topics"].stats.step(0).cache_hits
     import urllib.request
 
     with urllib.request.urlopen(f"{base_or_cpu}/v2/models/topics/stats", timeout=30) as answer:

@@ -11,10 +11,10 @@ from typing import Any
 
 from werkzeug.test import Client
 
+from spillway.policy.backend import Backend, BackendRequest, BackendResponse
 from spillway.router.batch_mode import BatchBackend
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
-from spillway.routing.backend import Backend, BackendRequest, BackendResponse
 from tests.memory_store import MemoryStateStore
 from tests.unit.router_support import fake_overrides
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spillway.routing.accounting import RouteRecord, route_metrics
+from spillway.policy.accounting import RouteRecord, route_metrics
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ import random
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
+from spillway.policy.accounting import EmfSink
+from spillway.policy.backend import Backend
 from spillway.router.wiring import Overrides
-from spillway.routing.accounting import EmfSink
-from spillway.routing.backend import Backend
 from spillway.state.table import StateStore
 
 NOON = datetime(2026, 1, 15, 12, tzinfo=UTC)

@@ -91,13 +91,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("spillway.aws",),
     ("spillway.state",),
     ("spillway.tenancy",),
-    # With the blocks a model's config.json holds: ensemble schema, canary spec.
+    # With the blocks a model's config.json holds: pipeline schema, canary spec.
     ("spillway.models",),
     ("spillway.inference",),
     ("spillway.async_inference",),
-    ("spillway.ensembles",),
+    ("spillway.pipelines",),
     # With the backend contract the canary guard and the router share.
-    ("spillway.routing",),
+    ("spillway.policy",),
     ("spillway.canary",),
     # The services the Lambda handlers (and ``spillway serve``) run.
     ("spillway.router", "spillway.streams", "spillway.fallback"),

@@ -15,11 +15,11 @@ from werkzeug.test import Client
 from gpu_service.async_consumer import as_background
 from spillway.async_inference.queue import Message, fair_order, message_of
 from spillway.async_inference.settings import AsyncSettings
+from spillway.policy.facts import read_hints
 from spillway.protocol.wire import read_json_header
 from spillway.router.batch_mode import JobsApiSubmitter, staging_quota
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import Overrides, create_app
-from spillway.routing.facts import read_hints
 from spillway.state.table import scope
 from tests.memory_store import MemoryStateStore
 from tests.unit.test_router import make_stack

@@ -28,8 +28,8 @@ import yaml
 from infra import idle_cost, prices
 from infra.checks import ws_deployment
 from infra.checks.cfn_eval import Stack, load_cfn
+from spillway.policy.rules import PolicyError, parse_policy
 from spillway.protocol.wire import SYNC_BODY_BYTES
-from spillway.routing.policy import PolicyError, parse_policy
 from tests.unit.stacks import ROOT, deploy, serverless_config
 
 TEMPLATE_FILES = [

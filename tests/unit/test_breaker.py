@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from spillway.routing.health import CircuitBreaker, RetryBudget
+from spillway.policy.health import CircuitBreaker, RetryBudget
 
 
 class Clock:

@@ -17,10 +17,10 @@ from werkzeug.test import Client
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
 from spillway.canary.records import CanaryStore
+from spillway.policy.backend import Backend, BackendRequest
 from spillway.router.batch_mode import BatchBackend, BatchReceipt
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
-from spillway.routing.backend import Backend, BackendRequest
 from tests.memory_store import MemoryStateStore
 from tests.unit.canary_support import BODY, PATH, VERSION, Clock, VersionedBackend
 from tests.unit.router_support import fake_overrides
@@ -154,7 +154,7 @@ def test_a_gpu_outage_during_a_canary_gives_no_404() -> None:
     s.gpu.missing.clear()
 
     def down(request: BackendRequest, timeout_s: float) -> Any:
-        from spillway.routing.backend import ConnectFailed
+        from spillway.policy.backend import ConnectFailed
 
         raise ConnectFailed("gpu: connection refused")
 

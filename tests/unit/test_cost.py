@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from spillway.routing.accounting import (
+from spillway.policy.accounting import (
     CapacityPrice,
     EmfSink,
     LambdaPrice,

@@ -11,10 +11,10 @@ from typing import Any, cast
 
 import pytest
 
-from spillway.ensembles.chain import FAILED, RESPOND, STEP
 from spillway.fallback.chain import ClientFault
 from spillway.fallback.events import CpuEvents, EventKind, kind
 from spillway.fallback.service import CpuService
+from spillway.pipelines.chain import FAILED, RESPOND, STEP
 
 EVENTS = Path(__file__).resolve().parents[2] / "events" / "cpu_infer"
 NO_MODELS = cast(CpuService, SimpleNamespace())  # no path below may reach the service

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spillway.routing.accounting import RouteEvent, RouteRecord, route_metrics
+from spillway.policy.accounting import RouteEvent, RouteRecord, route_metrics
 from spillway_cli.dashboard.board import Board
 from spillway_cli.dashboard.sources import (
     GpuReading,

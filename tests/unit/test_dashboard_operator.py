@@ -22,8 +22,8 @@ from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
 from spillway.models.config import CHECKSUM_FILE
 from spillway.models.repository import checksums_text
-from spillway.routing.policy import parse_policy
-from spillway.routing.policy_store import FileSource, SsmSource
+from spillway.policy.rules import parse_policy
+from spillway.policy.store import FileSource, SsmSource
 from spillway.state.table import DynamoStateStore, create_table, scope
 from spillway_cli.dashboard.operator import Operator
 from spillway_cli.local_async import create_async_resources

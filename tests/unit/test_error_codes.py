@@ -25,14 +25,14 @@ BASE = (HOME, "SpillwayError")
 NOT_YET_MOVED = frozenset(
     {
         # The backend contract's attempt failures (spillway/router/backends.py, which the
-        # package-layering work is moving into spillway/routing): they name a ``kind``
+        # package-layering work is moving into spillway/policy): they name a ``kind``
         # for the router's attempt records, no code or status.
         "BackendError",
         "ConnectFailed",
         "TimedOut",
         "ConnectionLost",
         "CannotServe",
-        # spillway/routing/policy.py: the ValueError a policy file that cannot be used
+        # spillway/policy/rules.py: the ValueError a policy file that cannot be used
         # fails with (the CLI and the policy store report it), no code or status.
         "PolicyError",
     }

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 
 from gpu_service.stats import BusyTracker
-from spillway.routing.health import (
+from spillway.policy.health import (
     CircuitBreaker,
     LoadSnapshot,
     LoadTracker,

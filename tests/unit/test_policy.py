@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spillway.routing.decision import Decision, SpillState, decide, explain
-from spillway.routing.facts import RequestFacts
-from spillway.routing.policy import Policy, PolicyError, parse_policy
+from spillway.policy.decision import Decision, SpillState, decide, explain
+from spillway.policy.facts import RequestFacts
+from spillway.policy.rules import Policy, PolicyError, parse_policy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "policies" / "example.yaml"
 NOON = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)

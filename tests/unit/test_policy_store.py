@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from spillway.routing.policy import PolicyError
-from spillway.routing.policy_store import FileSource, PolicyStore
+from spillway.policy.rules import PolicyError
+from spillway.policy.store import FileSource, PolicyStore
 from tests.unit.test_router import Clock
 
 GOOD = "rules:\n  - {name: first, route: gpu}\n"

@@ -20,17 +20,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from werkzeug.test import Client
 
-from spillway.router.app import RouterApp
-from spillway.router.batch_mode import BatchReceipt, JobRefused
-from spillway.router.settings import RouterSettings
-from spillway.router.wiring import create_app
-from spillway.routing.backend import (
+from spillway.policy.backend import (
     BackendError,
     BackendRequest,
     BackendResponse,
     ConnectFailed,
     TimedOut,
 )
+from spillway.router.app import RouterApp
+from spillway.router.batch_mode import BatchReceipt, JobRefused
+from spillway.router.settings import RouterSettings
+from spillway.router.wiring import create_app
 from tests.unit.router_support import fake_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -733,7 +733,7 @@ def test_the_router_never_imports_numpy() -> None:
         "import sys\n"
         "import functions.router.handler\n"
         "from spillway.router.batch_mode import JobsApiSubmitter, staging_key\n"
-        "from spillway.routing.facts import Call, read_request\n"
+        "from spillway.policy.facts import Call, read_request\n"
         "from spillway.router.lambda_backend import direct_event\n"
         "from spillway.router.dispatch import backend_request\n"
         "from spillway.protocol.messages import stage_request\n"

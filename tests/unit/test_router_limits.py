@@ -19,6 +19,7 @@ import pytest
 from werkzeug.test import Client
 
 from batch_job.api import dispatch
+from spillway.policy.backend import BackendRequest, CannotServe
 from spillway.protocol.errors import JobConflictError
 from spillway.protocol.messages import JobRequest, JobView, SubmitReceipt
 from spillway.protocol.wire import LAMBDA_PAYLOAD_BYTES, SYNC_BODY_BYTES
@@ -32,7 +33,6 @@ from spillway.router.lambda_backend import (
 )
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import Overrides, create_app
-from spillway.routing.backend import BackendRequest, CannotServe
 
 ROOT = Path(__file__).resolve().parents[2]
 REST_EVENT = json.loads((ROOT / "events" / "router" / "infer-rest-v1.json").read_text())

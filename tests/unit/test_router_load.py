@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spillway.routing.health import LoadTracker, parse_load_headers
+from spillway.policy.health import LoadTracker, parse_load_headers
 from tests.unit.test_router import Clock, make_stack, ok
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "policies" / "example.yaml"

@@ -13,9 +13,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from spillway.policy.backend import BackendRequest, BackendResponse
 from spillway.protocol.messages import JobRequest, JobView, SubmitReceipt, read_staged_request
 from spillway.router.batch_mode import STAGED_NAME, JobsApiSubmitter, staging_key
-from spillway.routing.backend import BackendRequest, BackendResponse
 from spillway.state.table import scope
 from tests.unit.test_router import BODY, Stack, make_stack
 

@@ -294,9 +294,9 @@ def test_concurrent_writers_of_one_tenant_never_pass_its_quota() -> None:
     # GIVEN a quota of 20 sessions and 8 threads creating 10 sessions each at once
     from concurrent.futures import ThreadPoolExecutor
 
+    from spillway.policy.facts import Call
     from spillway.protocol.errors import SpillwayError
     from spillway.router.sessions import Sessions
-    from spillway.routing.facts import Call
 
     store, clock = MemoryStateStore(), Clock()
     sessions = Sessions(store, ttl_s=TTL_S, wall=clock, quota_count=20, quota_bytes=10**9)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from spillway.routing.accounting import EmfSink, RouteRecord
+from spillway.policy.accounting import EmfSink, RouteRecord
 from spillway_cli import stackenv
 from spillway_cli.dashboard.command import Sources, with_stack_defaults
 from spillway_cli.local_names import POLICY_PARAMETER, STATE_TABLE

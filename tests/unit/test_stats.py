@@ -26,14 +26,14 @@ import pytest
 from gpu_service.batcher import Computed, DynamicBatcher
 from gpu_service.batching_policy import BatchingPolicy
 from gpu_service.dataplane import DataPlane
-from gpu_service.ensemble import _BatcherSteps
+from gpu_service.pipelines import _BatcherSteps
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
 from gpu_service.stats import BusyTracker, ModelStats, RequestTimer
-from spillway.ensembles.graph import Step
-from spillway.ensembles.runner import Compute, Resolve
 from spillway.models.config import ModelConfig
 from spillway.models.processing import Prepared, Tensors
+from spillway.pipelines.graph import Step
+from spillway.pipelines.runner import Compute, Resolve
 from spillway.protocol.errors import InferenceError
 from tests.fakes import (
     MB,

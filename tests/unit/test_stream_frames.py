@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from spillway.policy.facts import read_request
 from spillway.protocol.errors import InvalidInputError, InvalidModelNameError
 from spillway.protocol.wire import Reply, json_reply
-from spillway.routing.facts import read_request
 from spillway.streams.frames import (
     MAX_SEQ,
     Answer,

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
+from spillway.policy.backend import BackendRequest, BackendResponse
+from spillway.policy.facts import Call
 from spillway.protocol.errors import InvalidInputError, StateUnavailableError
 from spillway.protocol.wire import HEADER_LENGTH, Reply, Target, json_reply
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
-from spillway.routing.backend import BackendRequest, BackendResponse
-from spillway.routing.facts import Call
 from spillway.streams.connections import Admission, Connection
 from spillway.streams.gateway import ApiGatewayPoster, StreamGateway
 from spillway.streams.settings import StreamSettings

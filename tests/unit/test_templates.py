@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from infra.checks.cfn_eval import load_cfn
+from spillway.policy.rules import parse_policy
 from spillway.powertools import API_GATEWAY_TIMEOUT_S
-from spillway.routing.policy import parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGE = "prod"

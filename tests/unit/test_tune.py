@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from spillway.policy.rules import parse_policy
 from spillway.router.settings import RouterSettings
-from spillway.routing.policy import parse_policy
 from spillway_cli.main import app
 from spillway_cli.plan import inputs
 from spillway_cli.tune.search import Setting, Slo, propose, with_setting

@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from spillway.routing.accounting import Pricing, RouteRecord, route_metrics
-from spillway.routing.facts import RequestFacts
-from spillway.routing.policy import Policy, Rule, parse_policy
+from spillway.policy.accounting import Pricing, RouteRecord, route_metrics
+from spillway.policy.facts import RequestFacts
+from spillway.policy.rules import Policy, Rule, parse_policy
 from spillway_cli.plan.inputs import load_measured
 from spillway_cli.tune.simulate import Backends, Component, Replay, binned
 from spillway_cli.tune.trace import Group, kind_of

@@ -14,8 +14,12 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from spillway.ensembles.graph import Pipeline, build_pipeline
-from spillway.ensembles.runner import (
+from spillway.models.config import ModelConfig
+from spillway.models.engine import OnnxModel
+from spillway.models.pipeline_schema import DEFAULT_MAX_ROWS
+from spillway.models.processing import Prepared, Tensors
+from spillway.pipelines.graph import Pipeline, build_pipeline
+from spillway.pipelines.runner import (
     CacheIO,
     Compute,
     Effect,
@@ -27,11 +31,7 @@ from spillway.ensembles.runner import (
     drive,
     run_steps,
 )
-from spillway.ensembles.stepcache import MemoryCache
-from spillway.models.config import ModelConfig
-from spillway.models.engine import OnnxModel
-from spillway.models.ensemble_schema import DEFAULT_MAX_ROWS
-from spillway.models.processing import Prepared, Tensors
+from spillway.pipelines.stepcache import MemoryCache
 from spillway.protocol.errors import (
     DeadlineExceededError,
     FanOutTooLargeError,

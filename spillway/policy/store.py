@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from spillway.routing.policy import DEFAULT_POLICY, Policy, PolicyError, parse_policy
+from spillway.policy.rules import DEFAULT_POLICY, Policy, PolicyError, parse_policy
 
 log = logging.getLogger("spillway.router.policy")
 

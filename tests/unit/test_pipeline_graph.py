@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from spillway.ensembles.graph import build_pipeline, check_inputs, condition_holds
-from spillway.ensembles.runner import (
+from spillway.models.config import ModelConfig
+from spillway.models.pipeline_schema import StepCondition
+from spillway.models.processing import Tensors
+from spillway.pipelines.graph import build_pipeline, check_inputs, condition_holds
+from spillway.pipelines.runner import (
     CacheIO,
     Compute,
     Effect,
@@ -24,10 +27,7 @@ from spillway.ensembles.runner import (
     drive,
     run_steps,
 )
-from spillway.ensembles.stepcache import MemoryCache
-from spillway.models.config import ModelConfig
-from spillway.models.ensemble_schema import StepCondition
-from spillway.models.processing import Tensors
+from spillway.pipelines.stepcache import MemoryCache
 from spillway.protocol.errors import BatchTooLargeError, InvalidInputError, ModelLoadError
 from spillway.state.table import scope
 
@@ -245,7 +245,7 @@ def test_an_unread_input_and_a_nested_pipeline_are_refused() -> None:
 
 
 def test_the_schema_refuses_what_one_configuration_shows() -> None:
-    # A tensor made twice, and steps on a model that is not an ensemble.
+    # A tensor made twice, and steps on a model that is not a pipeline.
     with pytest.raises(ValidationError, match="produced by two steps"):
         pipeline_config(
             [step("double", {"a": "x"}, {"b": "out"}), step("plus-one", {"a": "x"}, {"b": "out"})]

@@ -1,9 +1,9 @@
 """Pipelines (Triton's ensembles): several models in one request, each step run by its
-own model. This module holds the definition and its checks; ``spillway.ensembles.runner``
+own model. This module holds the definition and its checks; ``spillway.pipelines.runner``
 runs it.
 
 A pipeline is a model of the repository whose ``config.json`` has ``platform:
-"ensemble"`` and an ``ensemble_scheduling`` block (``spillway.models.ensemble_schema``);
+"ensemble"`` and an ``ensemble_scheduling`` block (``spillway.models.pipeline_schema``);
 its version folders hold no model. Its ``input``/``output`` are what clients send and get.
 
 Loading (``read_pipeline``, ``build_pipeline``) checks the steps against the step
@@ -11,7 +11,7 @@ models' configurations and refuses, with the reason, a pipeline that names an un
 model or an unserved version, maps a tensor nothing makes, joins tensors of different
 datatypes or shapes, leaves a step input unfed or a pipeline input unread, or whose
 steps read each other's outputs in a cycle, or a mapped step (``spillway.map``) whose
-rows or counts it cannot use (``spillway.ensembles.fanout``). Steps run in an order
+rows or counts it cannot use (``spillway.pipelines.fanout``). Steps run in an order
 where each comes after the steps it reads from (the configuration's order breaks ties).
 """
 
@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from spillway.ensembles.fanout import COUNT_TYPES, FanOut
 from spillway.models.config import ModelConfig, TensorConfig
 from spillway.models.engine import config_metadata
-from spillway.models.ensemble_schema import DEFAULT_TIMEOUT_S, EnsembleStep, StepCondition, StepMap
 from spillway.models.loader import chosen_versions
+from spillway.models.pipeline_schema import DEFAULT_TIMEOUT_S, PipelineStep, StepCondition, StepMap
 from spillway.models.processing import Tensors
 from spillway.models.repository import ModelRepository
+from spillway.pipelines.fanout import COUNT_TYPES, FanOut
 from spillway.protocol.datatypes import datatype_of
 from spillway.protocol.errors import (
     BatchTooLargeError,
@@ -218,7 +218,7 @@ class _Checker:
             raise self.fail(f"input {unread[0]!r} is read by no step")
         return Pipeline(self.config, tuple(ordered))
 
-    def _model(self, index: int, spec: EnsembleStep) -> ModelConfig:
+    def _model(self, index: int, spec: PipelineStep) -> ModelConfig:
         label = f"step {index} ({spec.model_name})"
         model = self.configs.get(spec.model_name)
         if model is None:
@@ -246,7 +246,7 @@ class _Checker:
             )
         return model
 
-    def _all_outputs(self, pending: list[tuple[int, tuple[EnsembleStep, ModelConfig]]]) -> None:
+    def _all_outputs(self, pending: list[tuple[int, tuple[PipelineStep, ModelConfig]]]) -> None:
         """Every step's outputs as pipeline tensors; a mapped step's once the tensors it
         maps over are known (its rows' shape says how its model takes them)."""
         while pending:
@@ -260,7 +260,7 @@ class _Checker:
                 self._outputs(index, spec, model)
                 pending.remove((index, (spec, model)))
 
-    def _outputs(self, index: int, spec: EnsembleStep, model: ModelConfig) -> None:
+    def _outputs(self, index: int, spec: PipelineStep, model: ModelConfig) -> None:
         made = _specs(model.output)
         if spec.spillway.map is not None:  # gathered per item: rows of what it makes
             made = {n: (t, (-1, *d)) for n, (t, d) in self._row_outputs(index, spec, model).items()}
@@ -275,7 +275,7 @@ class _Checker:
             self.tensors[tensor] = made[model_output]
             self.producers[tensor] = index
 
-    def _step(self, index: int, spec: EnsembleStep, model: ModelConfig) -> Step:
+    def _step(self, index: int, spec: PipelineStep, model: ModelConfig) -> Step:
         label = f"step {index} ({spec.model_name})"
         wanted = _specs(model.input)
         unfed = sorted(wanted.keys() - spec.input_map.keys())
@@ -306,7 +306,7 @@ class _Checker:
         )
 
     def _fanout(
-        self, index: int, spec: EnsembleStep, model: ModelConfig, mapped: StepMap
+        self, index: int, spec: PipelineStep, model: ModelConfig, mapped: StepMap
     ) -> FanOut:
         """A mapped step's rows: its counts one INT32/INT64 per item, each tensor it maps
         over rows of what its model takes, in the pipeline's layout."""
@@ -365,7 +365,7 @@ class _Checker:
             where=f"step {index}:{spec.model_name} of pipeline {self.config.name!r}",
         )
 
-    def _lead(self, label: str, spec: EnsembleStep, model: ModelConfig) -> bool:
+    def _lead(self, label: str, spec: PipelineStep, model: ModelConfig) -> bool:
         """Whether rows go to the model with a leading dimension of one: always when it
         batches; when it does not, if its inputs' first dimension is 1 (or -1) and one
         more than a row's."""
@@ -378,7 +378,7 @@ class _Checker:
             for have in [rows.get(t.name)]
         )
 
-    def _row_outputs(self, index: int, spec: EnsembleStep, model: ModelConfig) -> dict[str, Spec]:
+    def _row_outputs(self, index: int, spec: PipelineStep, model: ModelConfig) -> dict[str, Spec]:
         """A mapped step model's outputs per row: a leading dimension of one taken off
         when its rows go with one."""
         made = _specs(model.output)

@@ -1,6 +1,6 @@
 """Fan-out and fan-in: a step run over the rows of a variable-length tensor.
 
-A step with ``spillway.map`` (``spillway.models.ensemble_schema.StepMap``) runs over
+A step with ``spillway.map`` (``spillway.models.pipeline_schema.StepMap``) runs over
 rows: each of a request's B items owns ``counts[i]`` rows of the tensors it maps over (an
 OCR detector's N crops per image), the step model gets them as rows of its own, and its
 outputs come back per item, in order. The layout of the tensors mapped over is the
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spillway.models.ensemble_schema import DEFAULT_MAX_ROWS
+from spillway.models.pipeline_schema import DEFAULT_MAX_ROWS
 from spillway.models.processing import Tensors
 from spillway.protocol.datatypes import numpy_dtype
 from spillway.protocol.errors import (
@@ -49,7 +49,7 @@ COUNT_TYPES = frozenset({"INT32", "INT64"})
 @dataclass(frozen=True)
 class FanOut:
     """How a mapped step spreads a request over rows and gathers them back (checked
-    at load by ``spillway.ensembles.graph``)."""
+    at load by ``spillway.pipelines.graph``)."""
 
     inputs: Mapping[str, str]
     """The step model's inputs and the pipeline tensors whose rows feed them."""

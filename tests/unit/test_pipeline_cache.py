@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spillway.ensembles.stepcache import (
+from spillway.models.processing import Tensors
+from spillway.pipelines.stepcache import (
     SHARED_SCOPE,
     CacheSettings,
     MemoryCache,
@@ -20,7 +21,6 @@ from spillway.ensembles.stepcache import (
     open_cache,
     tensors_size,
 )
-from spillway.models.processing import Tensors
 from spillway.state.table import scope
 
 CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"

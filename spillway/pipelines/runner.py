@@ -1,11 +1,11 @@
-"""Running a pipeline (``spillway.ensembles.graph``), written once for every deployable.
+"""Running a pipeline (``spillway.pipelines.graph``), written once for every deployable.
 
 ``run_steps`` does no I/O: it is a generator that yields what it needs and is sent the
 answers —
 
 * ``Resolve(step)``: which version of the step model runs (the driver holds that version
   until the run ends); answer: the version number.
-* ``CacheIO(call)``: a cache call (``spillway.ensembles.stepcache``); answer: its result.
+* ``CacheIO(call)``: a cache call (``spillway.pipelines.stepcache``); answer: its result.
 * ``Compute(step, inputs)``: run the step model over some requests' inputs; answer: one
   output dict each.
 
@@ -14,7 +14,7 @@ step model's own batcher (``drive_async``), so concurrent pipeline requests batc
 step and pipelines that share a model batch together; the CPU fallback and the batch
 job run the engine on their thread (``drive`` with ``LocalSteps``). Serving a request
 with it (signature checks, responses, the batch job's model, a process's pipelines) is
-``spillway.ensembles.serving``.
+``spillway.pipelines.serving``.
 
 A step whose condition fails for a request, or that reads a tensor a skipped step would
 have made, is skipped for it: the response leaves out the outputs it would have made and
@@ -25,7 +25,7 @@ a run whose tenant is unknown, ``None``, reads and writes no tenant's entries).
 A step whose cache is shared across tenants is never named: whether someone else sent
 the same inputs is not the caller's to learn.
 
-A mapped step (``spillway.map``) runs over rows (``spillway.ensembles.fanout``): its
+A mapped step (``spillway.map``) runs over rows (``spillway.pipelines.fanout``): its
 ``Compute`` carries chunks of rows, at most the step model's ``max_batch_size`` each
 (one row each for a model that does not batch), each chunk to be run on its own; it is
 cached per row, and named as cached when every row of the request came from the cache.
@@ -40,11 +40,11 @@ from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from spillway.ensembles import fanout
-from spillway.ensembles.graph import Pipeline, Step
-from spillway.ensembles.stepcache import SHARED_SCOPE, StepCache, cache_key
 from spillway.models.engine import OnnxModel
 from spillway.models.processing import Prepared, Tensors
+from spillway.pipelines import fanout
+from spillway.pipelines.graph import Pipeline, Step
+from spillway.pipelines.stepcache import SHARED_SCOPE, StepCache, cache_key
 from spillway.protocol.errors import DeadlineExceededError, SpillwayError
 
 T = TypeVar("T")

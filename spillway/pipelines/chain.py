@@ -13,7 +13,7 @@ request id and the step. The request and its tensors live under the async locati
 * ``<location>/<id>/result`` — the V2 response, where an async result goes.
 
 Each call reads what the previous one wrote and runs exactly one step through the same
-step runner as every server (``spillway.ensembles.runner.advance``), so a retried state
+step runner as every server (``spillway.pipelines.runner.advance``), so a retried state
 redoes only its own step and overwrites only its own object.
 
 An async request the router started as an execution has a record
@@ -36,9 +36,9 @@ from spillway import inference
 from spillway.async_inference.records import EXECUTION_OWNER, AsyncRecord
 from spillway.async_inference.store import AsyncStore
 from spillway.aws.objects import get_object_or_none
-from spillway.ensembles.runner import LocalSteps, Outcome, Resolver, advance, drive
-from spillway.ensembles.serving import EnsembleSet, ServedEnsemble, admit, encode
 from spillway.models.processing import Tensors
+from spillway.pipelines.runner import LocalSteps, Outcome, Resolver, advance, drive
+from spillway.pipelines.serving import PipelineSet, ServedPipeline, admit, encode
 from spillway.protocol.codec import decode_response, encode_response
 from spillway.protocol.errors import InvalidInputError, ModelNotFoundError
 from spillway.protocol.messages import read_staged_request, stage_request
@@ -158,20 +158,20 @@ def _listed(value: Any) -> list[str]:
     return [part for part in str(value or "").split(",") if part]
 
 
-def _ensemble(ensembles: EnsembleSet, name: str, version: str | None = None) -> ServedEnsemble:
-    served = ensembles.find(name, version)
+def _pipeline(pipelines: PipelineSet, name: str, version: str | None = None) -> ServedPipeline:
+    served = pipelines.find(name, version)
     if served is None:
         raise ModelNotFoundError(f"no pipeline {name!r} is served here")
     return served
 
 
 def run_step(
-    ensembles: EnsembleSet, resolve: Resolver, store: ChainStore, event: ChainEvent
+    pipelines: PipelineSet, resolve: Resolver, store: ChainStore, event: ChainEvent
 ) -> dict[str, Any]:
     """Run step ``event.step`` of the pipeline for request ``event.id``; where its state
     went and whether the step was skipped."""
     requested = store.requested_version(event.id, event.tenant_scope)
-    served = _ensemble(ensembles, event.pipeline, requested)
+    served = _pipeline(pipelines, event.pipeline, requested)
     steps = served.pipeline.steps
     number = event.step if event.step is not None else -1
     if not 0 <= number < len(steps):
@@ -186,7 +186,7 @@ def run_step(
             steps[number],
             [tensors],
             [outcome],
-            ensembles.cache,
+            pipelines.cache,
             served.stats,
             scope=store.cache_scope(event.id, event.tenant_scope),
         ),
@@ -196,12 +196,12 @@ def run_step(
     return {"state": state, "skipped": steps[number].label in outcome.skipped}
 
 
-def respond(ensembles: EnsembleSet, store: ChainStore, event: ChainEvent) -> dict[str, Any]:
+def respond(pipelines: PipelineSet, store: ChainStore, event: ChainEvent) -> dict[str, Any]:
     """Encode the response from the last step's state (the outputs the request asked
     for, as it asked for them) and settle the request's record with it (without a
     record: write it where the async path keeps results)."""
     requested = store.requested_version(event.id, event.tenant_scope)
-    served = _ensemble(ensembles, event.pipeline, requested)
+    served = _pipeline(pipelines, event.pipeline, requested)
     tensors, outcome = store.read_state(event.id, len(served.pipeline.steps) - 1)
     decoded = inference.decode(*store.read_request(event.id, event.tenant_scope))
     outcome.tensors = {n: tensors[n] for n in served.pipeline.output_names if n in tensors}
@@ -242,11 +242,11 @@ def fail(store: ChainStore, event: ChainEvent) -> dict[str, Any]:
 
 
 def run_event(
-    ensembles: EnsembleSet, resolve: Resolver, store: ChainStore, event: ChainEvent
+    pipelines: PipelineSet, resolve: Resolver, store: ChainStore, event: ChainEvent
 ) -> dict[str, Any]:
     """One state's work: a step, the response, or the settling of a failure."""
     if event.spillway == STEP:
-        return run_step(ensembles, resolve, store, event)
+        return run_step(pipelines, resolve, store, event)
     if event.spillway == RESPOND:
-        return respond(ensembles, store, event)
+        return respond(pipelines, store, event)
     return fail(store, event)

@@ -12,13 +12,13 @@ it across tenants, which the pipeline may declare only for a step whose inputs a
 public: every tensor it reads comes from inputs listed in the scheduling's own
 ``spillway.public_inputs`` (checked when the pipeline loads). ``map`` runs a step over
 the rows of a variable-length tensor (fan-out) and gathers its outputs per item, in
-order (fan-in): ``spillway.ensembles.fanout``; its ``max_rows`` bounds what one request
+order (fan-in): ``spillway.pipelines.fanout``; its ``max_rows`` bounds what one request
 may run through it, and the scheduling's ``timeout_s`` bounds a request's whole run.
 
 Only what one configuration can check on its own is checked here; whether the step
-models exist and fit together is checked when the pipeline loads (``spillway.ensembles.graph``).
+models exist and fit together is checked when the pipeline loads (``spillway.pipelines.graph``).
 The schema lives with the models because a model's configuration (``spillway.models.config``)
-holds it; ``spillway.ensembles``, a layer above, reads it.
+holds it; ``spillway.pipelines``, a layer above, reads it.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class StepMap(_Strict):
     Each of the request's items has ``counts`` rows in the tensors ``over`` names; the
     step model gets those rows as rows of its own (in chunks of its max_batch_size, or
     one by one when it does not batch), and each output comes back per item, in order,
-    laid out as the tensors mapped over (``spillway.ensembles.fanout``)."""
+    laid out as the tensors mapped over (``spillway.pipelines.fanout``)."""
 
     over: tuple[TensorName, ...] = Field(min_length=1, max_length=16)
     """The tensors whose rows the step runs over (a name, or a list of names sharing
@@ -106,7 +106,7 @@ class StepOptions(_Strict):
         return self
 
 
-class EnsembleStep(_Strict):
+class PipelineStep(_Strict):
     """One step: a model and the tensors it reads and adds."""
 
     model_name: str = Field(pattern=MODEL_NAME_PATTERN.pattern)
@@ -124,7 +124,7 @@ class EnsembleStep(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _map_reads_what_it_maps(self) -> EnsembleStep:
+    def _map_reads_what_it_maps(self) -> PipelineStep:
         mapped = self.spillway.map
         if mapped is not None and set(self.input_map.values()) != set(mapped.over):
             raise ValueError(
@@ -147,14 +147,14 @@ class SchedulingOptions(_Strict):
     request's total compute is bounded on a server (the batch job, offline, has none)."""
 
 
-class EnsembleScheduling(_Strict):
+class PipelineScheduling(_Strict):
     """Triton's ``ensemble_scheduling``: the steps, in any order (tensors decide it)."""
 
-    step: tuple[EnsembleStep, ...] = Field(min_length=1, max_length=64)
+    step: tuple[PipelineStep, ...] = Field(min_length=1, max_length=64)
     spillway: SchedulingOptions = SchedulingOptions()
 
     @model_validator(mode="after")
-    def _each_tensor_made_once(self) -> EnsembleScheduling:
+    def _each_tensor_made_once(self) -> PipelineScheduling:
         made: set[str] = set()
         for step in self.step:
             for tensor in step.output_map.values():

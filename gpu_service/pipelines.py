@@ -1,18 +1,18 @@
-"""Ensembles in the GPU service: each step runs through its step model's own batcher.
+"""Pipelines in the GPU service: each step runs through its step model's own batcher.
 
-An ensemble is a registry entry whose configuration is an ensemble, served behind the
-same interface as a model (``gpu_service.served.Served``: ``EnsembleEntry``). ``sync``
-checks it against the repository (``spillway.ensembles.graph.read_pipeline``) and records
+A pipeline is a registry entry whose configuration is a pipeline, served behind the
+same interface as a model (``gpu_service.served.Served``: ``PipelineEntry``). ``sync``
+checks it against the repository (``spillway.pipelines.graph.read_pipeline``) and records
 each of its versions as READY, or UNAVAILABLE with the reason, in the entry's states, so
-a bad ensemble shows why in the repository index. A request runs the core step runner
-(``spillway.ensembles.runner``); each step leases a version of its model from the registry
+a bad pipeline shows why in the repository index. A request runs the core step runner
+(``spillway.pipelines.runner``); each step leases a version of its model from the registry
 (loading it if it was scaled to zero), prepares the inputs the way that model's own
 requests are prepared (tokenising off the event loop, announced to the batcher), and
-awaits a place in that version's batcher. Concurrent ensemble requests therefore batch
-per step, and ensembles sharing a model batch with each other and with the model's
+awaits a place in that version's batcher. Concurrent pipeline requests therefore batch
+per step, and pipelines sharing a model batch with each other and with the model's
 direct requests (a mapped step's chunks of rows are each such a request, so rows of
 concurrent requests batch too). The step model's own statistics count what the
-ensemble sent it.
+pipeline sent it.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from gpu_service.served import InferCall, InferResult, ModelEntry, Versions
 from gpu_service.stats import RequestTimer
 from gpu_service.versions import ServedVersion, State
 from spillway import inference
-from spillway.ensembles.graph import read_pipeline
-from spillway.ensembles.runner import Compute, Effect, Resolve
-from spillway.ensembles.serving import ServedEnsemble, serve_async
-from spillway.ensembles.stepcache import CacheSettings, StepCache, open_cache
 from spillway.models.config import ModelConfig
 from spillway.models.loader import chosen_versions
 from spillway.models.processing import Tensors
+from spillway.pipelines.graph import read_pipeline
+from spillway.pipelines.runner import Compute, Effect, Resolve
+from spillway.pipelines.serving import ServedPipeline, serve_async
+from spillway.pipelines.stepcache import CacheSettings, StepCache, open_cache
 from spillway.protocol.errors import (
     DeadlineExceededError,
     ModelNotFoundError,
@@ -85,7 +85,7 @@ class _BatcherSteps:
         pinned = None if step.version is None else str(step.version)
         try:
             served, _ = await self.registry.acquire(step.model, pinned, self.remaining())
-        except ModelNotFoundError as error:  # the step model went away: the ensemble's fault
+        except ModelNotFoundError as error:  # the step model went away: the pipeline's fault
             raise ModelNotReadyError(f"step {step.label}: {error.message}") from error
         self.leases[step.index] = served
         return served.model.version
@@ -118,22 +118,22 @@ class _BatcherSteps:
             served.release()
 
 
-class Ensembles:
-    """The registry's ensembles: checked definitions, statistics and the step cache."""
+class Pipelines:
+    """The registry's pipelines: checked definitions, statistics and the step cache."""
 
     def __init__(self, registry: Versions, cache: StepCache | None = None) -> None:
         self.registry = registry
         self.cache = cache
-        self._served: dict[str, ServedEnsemble] = {}
+        self._served: dict[str, ServedPipeline] = {}
 
     @classmethod
-    def from_env(cls, registry: Versions) -> Ensembles:
+    def from_env(cls, registry: Versions) -> Pipelines:
         """With the step cache ``PIPELINE_CACHE_*`` describes."""
         return cls(registry, open_cache(CacheSettings.from_env()))
 
-    def entry(self, entry: ModelEntry) -> EnsembleEntry:
-        """The ensemble ``entry`` names, behind the interface a model has."""
-        return EnsembleEntry(self, entry)
+    def entry(self, entry: ModelEntry) -> PipelineEntry:
+        """The pipeline ``entry`` names, behind the interface a model has."""
+        return PipelineEntry(self, entry)
 
     def ready(self, name: str, version: str | None = None) -> bool:
         """Checked, serving ``version`` (if named), and every step model can serve (ready,
@@ -147,7 +147,7 @@ class Ensembles:
     async def sync(
         self, entry: ModelEntry, config: ModelConfig, available: list[int]
     ) -> list[SpillwayError]:
-        """Check the ensemble ``config`` describes (the entry's) and record each version's
+        """Check the pipeline ``config`` describes (the entry's) and record each version's
         state; the failures."""
         wanted = chosen_versions(config.version_policy, available)
         try:
@@ -167,7 +167,7 @@ class Ensembles:
         if old is not None and old.pipeline.steps == checked.steps:
             old.pipeline, old.versions = checked, wanted  # a re-check: keep its statistics
         else:
-            self._served[entry.name] = ServedEnsemble(checked, wanted)
+            self._served[entry.name] = ServedPipeline(checked, wanted)
             entry.loads += 1
         for number in wanted:
             entry.set_state(number, State.READY)
@@ -175,14 +175,14 @@ class Ensembles:
         return []
 
     def unload(self, entry: ModelEntry, reason: str) -> None:
-        """Stop serving the ensemble (a later request checks it again, as a model
+        """Stop serving the pipeline (a later request checks it again, as a model
         scaled to zero loads again)."""
         if self._served.pop(entry.name, None) is not None:
             for number in list(entry.states):
                 entry.set_state(number, State.UNAVAILABLE, f"unloaded: {reason}")
 
-    async def checked(self, name: str) -> ServedEnsemble:
-        """The checked ensemble (checked now if it was never synced: a lazy start)."""
+    async def checked(self, name: str) -> ServedPipeline:
+        """The checked pipeline (checked now if it was never synced: a lazy start)."""
         served = self._served.get(name)
         if served is None:
             failures = await self.registry.sync(name)
@@ -191,8 +191,8 @@ class Ensembles:
             served = self._served[name]
         return served
 
-    def served(self, entry: ModelEntry, version: str | None = None) -> ServedEnsemble:
-        """A checked ensemble serving ``version`` (if named); 503 with the reason when
+    def served(self, entry: ModelEntry, version: str | None = None) -> ServedPipeline:
+        """A checked pipeline serving ``version`` (if named); 503 with the reason when
         it did not check out, 404 for a version it does not serve."""
         served = self._served.get(entry.name)
         if served is None:
@@ -202,61 +202,61 @@ class Ensembles:
         return served
 
     def stats(self) -> list[dict[str, Any]]:
-        """Triton-shaped ``model_stats`` entries of every checked ensemble, by name."""
+        """Triton-shaped ``model_stats`` entries of every checked pipeline, by name."""
         return [_stats(served, None) for _, served in sorted(self._served.items())]
 
     def metric_lines(self) -> list[str]:
-        """Prometheus lines per ensemble and per step."""
+        """Prometheus lines per pipeline and per step."""
         lines: list[str] = []
-        for name, help_text, read in _ENSEMBLE_METRICS:
+        for name, help_text, read in _PIPELINE_METRICS:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
             lines += [
                 f'{name}{{pipeline="{n}"}} {read(s)}' for n, s in sorted(self._served.items())
             ]
         for name, help_text, field in _STEP_METRICS:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
-            for ensemble_name, served in sorted(self._served.items()):
+            for pipeline_name, served in sorted(self._served.items()):
                 for step in served.pipeline.steps:
                     value = getattr(served.stats.step(step.index), field)
                     if field == "compute_ns":
                         value //= 1000
-                    labels = f'pipeline="{ensemble_name}",step="{step.index}",model="{step.model}"'
+                    labels = f'pipeline="{pipeline_name}",step="{step.index}",model="{step.model}"'
                     lines.append(f"{name}{{{labels}}} {value}")
         return lines
 
 
 @dataclass(frozen=True, slots=True)
-class EnsembleEntry:
-    """An ensemble of the registry behind ``gpu_service.served.Served``: a request runs
+class PipelineEntry:
+    """A pipeline of the registry behind ``gpu_service.served.Served``: a request runs
     its steps, each on a version of its step model."""
 
-    ensembles: Ensembles
+    pipelines: Pipelines
     entry: ModelEntry
 
     def ready(self, version: str | None) -> bool:
-        return self.ensembles.ready(self.entry.name, version)
+        return self.pipelines.ready(self.entry.name, version)
 
     def metadata(self, version: str | None) -> dict[str, Any]:
-        return self.ensembles.served(self.entry, version).metadata()
+        return self.pipelines.served(self.entry, version).metadata()
 
     def config(self, version: str | None) -> dict[str, Any]:
         if version is None and self.entry.config is not None:
             return self.entry.config.to_json_dict()
-        return self.ensembles.served(self.entry, version).config.to_json_dict()
+        return self.pipelines.served(self.entry, version).config.to_json_dict()
 
     def stats(self, version: str | None) -> list[dict[str, Any]]:
-        return [_stats(self.ensembles.served(self.entry), version)]
+        return [_stats(self.pipelines.served(self.entry), version)]
 
     async def infer(self, version: str | None, call: InferCall) -> InferResult:
         """Run one request of tenant ``call.scope`` (its step cache entries are that
         tenant's) through the steps; the load signals are its busiest step version's."""
-        ensembles = self.ensembles
-        served = await ensembles.checked(self.entry.name)
+        pipelines = self.pipelines
+        served = await pipelines.checked(self.entry.name)
         number = served.version(version)
         decoded = call.decoded
         timeout_s = served.pipeline.deadline_after(decoded.parameters.timeout_s)
         steps = _BatcherSteps(
-            ensembles.registry,
+            pipelines.registry,
             priority=decoded.parameters.priority or 0,
             deadline=call.arrived + timeout_s,
             offload=call.offload,
@@ -264,7 +264,7 @@ class EnsembleEntry:
         )
         try:
             encoded = await serve_async(
-                served, number, decoded, steps, ensembles.cache, scope=call.scope
+                served, number, decoded, steps, pipelines.cache, scope=call.scope
             )
         finally:
             steps.release()
@@ -276,13 +276,13 @@ class EnsembleEntry:
         )
 
 
-def _stats(served: ServedEnsemble, version: str | None) -> dict[str, Any]:
+def _stats(served: ServedPipeline, version: str | None) -> dict[str, Any]:
     number = str(served.version(version))
     return _per_request(served.stats.to_triton(served.pipeline, number))
 
 
 def _per_request(entry: dict[str, Any]) -> dict[str, Any]:
-    """An ensemble's entry with Triton's per-request counters, as an ensemble's has them:
+    """A pipeline's entry with Triton's per-request counters, as Triton's ensembles have them:
     its requests queue and compute in their steps (each step model's entry has those
     times), so each successful request counts once here with no time of its own.
     perf_analyzer needs them: it finds the version it measures by its queue count
@@ -296,7 +296,7 @@ def _per_request(entry: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-_ENSEMBLE_METRICS: tuple[tuple[str, str, Callable[[ServedEnsemble], int]], ...] = (
+_PIPELINE_METRICS: tuple[tuple[str, str, Callable[[ServedPipeline], int]], ...] = (
     (
         "spillway_pipeline_request_success_total",
         "Successful pipeline requests",

@@ -1,17 +1,17 @@
-"""Serving ensembles with the step runner (``spillway.ensembles.runner``): what every
+"""Serving pipelines with the step runner (``spillway.pipelines.runner``): what every
 deployable shares around it.
 
 * ``Described``: what every server answers about a name it serves, a model or an
-  ensemble alike (the GPU service's ``gpu_service.served.Served`` and the CPU fallback's
+  pipeline alike (the GPU service's ``gpu_service.served.Served`` and the CPU fallback's
   ``spillway.fallback.service.CpuServed`` build on it).
-* ``ServedEnsemble``: a checked ensemble, the versions it answers to, its statistics.
+* ``ServedPipeline``: a checked pipeline, the versions it answers to, its statistics.
 * ``admit`` / ``encode``: the request path's own steps (``spillway.inference``) with an
-  ensemble as the signature; the response also names the skipped and cached steps.
+  pipeline as the signature; the response also names the skipped and cached steps.
   ``serve`` and ``serve_async`` run one request between them (the CPU fallback, the GPU
   service).
-* ``PipelineJobModel``: an ensemble version as a batch job's model, each step run once
+* ``PipelineJobModel``: a pipeline version as a batch job's model, each step run once
   per batch of records.
-* ``EnsembleSet``: the ensembles one process serves over its loaded models, and those it
+* ``PipelineSet``: the pipelines one process serves over its loaded models, and those it
   refused at load, with why.
 """
 
@@ -24,8 +24,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from spillway import inference
-from spillway.ensembles.graph import Pipeline, check_inputs, pipeline_metadata, read_pipeline
-from spillway.ensembles.runner import (
+from spillway.inference import Admitted, Decoded, Encoded
+from spillway.models.config import ModelConfig
+from spillway.models.engine import EngineOptions, OnnxModel
+from spillway.models.loader import chosen_versions, load_version, served_versions
+from spillway.models.processing import Prepared, Tensors
+from spillway.models.repository import ModelRepository
+from spillway.pipelines.graph import Pipeline, check_inputs, pipeline_metadata, read_pipeline
+from spillway.pipelines.runner import (
     Effect,
     LocalSteps,
     Outcome,
@@ -35,13 +41,7 @@ from spillway.ensembles.runner import (
     drive_async,
     run_steps,
 )
-from spillway.ensembles.stepcache import StepCache
-from spillway.inference import Admitted, Decoded, Encoded
-from spillway.models.config import ModelConfig
-from spillway.models.engine import EngineOptions, OnnxModel
-from spillway.models.loader import chosen_versions, load_version, served_versions
-from spillway.models.processing import Prepared, Tensors
-from spillway.models.repository import ModelRepository
+from spillway.pipelines.stepcache import StepCache
 from spillway.protocol.errors import (
     ModelLoadError,
     ModelNotFoundError,
@@ -50,7 +50,7 @@ from spillway.protocol.errors import (
 )
 from spillway.protocol.names import validate_version
 
-log = logging.getLogger("spillway.ensemble")
+log = logging.getLogger("spillway.pipeline")
 
 
 # --- serving ----------------------------------------------------------------------------
@@ -71,8 +71,8 @@ class Described(Protocol):
 
 
 @dataclass
-class ServedEnsemble:
-    """An ensemble as a server holds it: the versions it answers to and its statistics;
+class ServedPipeline:
+    """A pipeline as a server holds it: the versions it answers to and its statistics;
     the signature requests are admitted against (``spillway.inference.Signature``)."""
 
     pipeline: Pipeline
@@ -92,7 +92,7 @@ class ServedEnsemble:
         return self.pipeline.output_names
 
     def prepare(self, inputs: Tensors) -> Prepared:
-        """Check the inputs against the ensemble's; each step prepares its own."""
+        """Check the inputs against the pipeline's; each step prepares its own."""
         return Prepared(inputs, check_inputs(self.config, inputs))
 
     def version(self, requested: str | None) -> int:
@@ -105,19 +105,19 @@ class ServedEnsemble:
         return number
 
     def metadata(self) -> dict[str, Any]:
-        """``GET /v2/models/{ensemble}``."""
+        """``GET /v2/models/{pipeline}``."""
         return pipeline_metadata(self.pipeline, self.versions)
 
 
-def admit(served: ServedEnsemble, decoded: Decoded) -> Admitted:
-    """Check a decoded request against the ensemble's signature, parameters and outputs
+def admit(served: ServedPipeline, decoded: Decoded) -> Admitted:
+    """Check a decoded request against the pipeline's signature, parameters and outputs
     (``spillway.inference.admit``: the same checks, in the same order, as a model's)."""
     return inference.admit(served, decoded)
 
 
-def encode(served: ServedEnsemble, version: int, admitted: Admitted, outcome: Outcome) -> Encoded:
+def encode(served: ServedPipeline, version: int, admitted: Admitted, outcome: Outcome) -> Encoded:
     """The response, as ``spillway.inference.encode`` makes a model's but for two things
-    an ensemble has and a model has not: a step its condition skipped made no outputs,
+    a pipeline has and a model has not: a step its condition skipped made no outputs,
     so only the outputs asked for that were made are sent (a model makes every output);
     and the steps skipped or answered from the step cache are named in ``parameters``
     (``skipped_steps``, ``cached_steps``)."""
@@ -131,7 +131,7 @@ def encode(served: ServedEnsemble, version: int, admitted: Admitted, outcome: Ou
 
 
 def serve(
-    served: ServedEnsemble,
+    served: ServedPipeline,
     version: int,
     decoded: Decoded,
     handle: Callable[[Effect], Any],
@@ -139,7 +139,7 @@ def serve(
     *,
     scope: str | None,
 ) -> Encoded:
-    """One request of tenant ``scope`` through the ensemble on this thread (the CPU
+    """One request of tenant ``scope`` through the pipeline on this thread (the CPU
     fallback)."""
     admitted = admit(served, decoded)
     with served.stats.request(admitted.prepared.rows):
@@ -149,7 +149,7 @@ def serve(
 
 
 async def serve_async(
-    served: ServedEnsemble,
+    served: ServedPipeline,
     version: int,
     decoded: Decoded,
     handle: Callable[[Effect], Awaitable[Any]],
@@ -157,7 +157,7 @@ async def serve_async(
     *,
     scope: str | None,
 ) -> Encoded:
-    """One request of tenant ``scope`` through the ensemble, each effect awaited (the GPU
+    """One request of tenant ``scope`` through the pipeline, each effect awaited (the GPU
     service)."""
     admitted = admit(served, decoded)
     with served.stats.request(admitted.prepared.rows):
@@ -170,14 +170,14 @@ async def serve_async(
 
 
 class PipelineJobModel:
-    """An ensemble version as an offline job's model (``batch_job.shard.JobModel``): a
+    """A pipeline version as an offline job's model (``batch_job.shard.JobModel``): a
     batch of records runs each step once over all of them (one tokenising call, one
     engine run), and each record gets the pipeline outputs it made. Every record is the
     job's tenant's (``scope``): the cache entries it reads and writes are that tenant's."""
 
     def __init__(
         self,
-        served: ServedEnsemble,
+        served: ServedPipeline,
         version: int,
         resolve: Resolver,
         cache: StepCache | None = None,
@@ -197,7 +197,7 @@ class PipelineJobModel:
         return self.config.max_batch_size > 0
 
     def prepare(self, inputs: Tensors) -> Prepared:
-        """Check one record against the ensemble's inputs (the steps prepare their own)."""
+        """Check one record against the pipeline's inputs (the steps prepare their own)."""
         return self.served.prepare(inputs)
 
     def prepare_many(self, requests: Sequence[Tensors]) -> list[Prepared | SpillwayError]:
@@ -229,7 +229,7 @@ def load_pipeline_version(
     *,
     scope: str,
 ) -> PipelineJobModel:
-    """An ensemble version for a batch job of tenant ``scope``: checked, with the step
+    """A pipeline version for a batch job of tenant ``scope``: checked, with the step
     models' versions it runs loaded (pinned ones, else the version each step model
     serves); blocking."""
     pipeline = read_pipeline(repository, config)
@@ -247,28 +247,28 @@ def load_pipeline_version(
             models[step.model, pinned] = load_version(
                 repository, step_config, number, cache_dir, options
             )
-    served = ServedEnsemble(pipeline, [version])
+    served = ServedPipeline(pipeline, [version])
     return PipelineJobModel(served, version, lambda name, v: models[name, v], cache, scope=scope)
 
 
-# --- a process's ensembles --------------------------------------------------------------
+# --- a process's pipelines --------------------------------------------------------------
 
 
 @dataclass
-class EnsembleSet:
-    """The ensembles a process serves over its loaded models (the CPU fallback), those
-    refused at load and why (one bad ensemble never stops the others from serving), and
+class PipelineSet:
+    """The pipelines a process serves over its loaded models (the CPU fallback), those
+    refused at load and why (one bad pipeline never stops the others from serving), and
     the step cache they share."""
 
-    served: dict[str, ServedEnsemble] = field(default_factory=dict)
+    served: dict[str, ServedPipeline] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     cache: StepCache | None = None
 
     @classmethod
     def read(
         cls, repository: ModelRepository, names: list[str] | None, cache: StepCache | None
-    ) -> EnsembleSet:
-        """The ensembles among ``names`` (all when ``None``), checked; blocking."""
+    ) -> PipelineSet:
+        """The pipelines among ``names`` (all when ``None``), checked; blocking."""
         found = cls(cache=cache)
         for name in repository.list_models() if names is None else names:
             config = repository.read_config(name)
@@ -276,7 +276,7 @@ class EnsembleSet:
                 continue
             try:
                 versions = served_versions(repository, name)[1]
-                found.served[name] = ServedEnsemble(read_pipeline(repository, config), versions)
+                found.served[name] = ServedPipeline(read_pipeline(repository, config), versions)
             except (ModelLoadError, ModelNotFoundError) as error:
                 log.error("pipeline %s refused: %s", name, error.message)
                 found.refused[name] = error.message
@@ -284,15 +284,15 @@ class EnsembleSet:
 
     def models(self, names: list[str] | None) -> list[str] | None:
         """The models to load for ``names`` (``None``: all): those named and every step
-        model of the ensembles served."""
+        model of the pipelines served."""
         if names is None:
             return None
         steps = {m for served in self.served.values() for m in served.pipeline.models}
         return sorted(({*names} | steps) - self.served.keys() - self.refused.keys())
 
-    def find(self, name: str, version: str | None) -> ServedEnsemble | None:
-        """The ensemble ``name`` serving ``version`` (if named); ``None`` when ``name`` is
-        not an ensemble; 503 with the reason for one refused at load."""
+    def find(self, name: str, version: str | None) -> ServedPipeline | None:
+        """The pipeline ``name`` serving ``version`` (if named); ``None`` when ``name`` is
+        not a pipeline; 503 with the reason for one refused at load."""
         reason = self.refused.get(name)
         if reason is not None:
             raise ModelNotReadyError(f"pipeline {name!r} was refused at load: {reason}")
@@ -303,7 +303,7 @@ class EnsembleSet:
 
     def serve(
         self,
-        served: ServedEnsemble,
+        served: ServedPipeline,
         version: str | None,
         decoded: Decoded,
         resolve: Resolver,

@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Protocol
 
-from spillway.routing.facts import RequestFacts
-from spillway.routing.policy import Backend, Match, Policy, Range, Rule, globs_hold
+from spillway.policy.facts import RequestFacts
+from spillway.policy.rules import Backend, Match, Policy, Range, Rule, globs_hold
 
 
 class LoadView(Protocol):
