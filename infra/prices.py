@@ -14,6 +14,8 @@ TAKEN_ON = date(2026, 12, 7)
 REGION = "us-east-1"
 HOURS_PER_MONTH = 730
 """AWS's own month in its pricing examples (and the calculator's): 730 hours."""
+MINUTES_PER_MONTH = HOURS_PER_MONTH * 60
+SECONDS_PER_MONTH = HOURS_PER_MONTH * 3600
 
 
 @dataclass(frozen=True)

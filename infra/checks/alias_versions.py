@@ -52,7 +52,7 @@ from samtranslator.intrinsics.resolver import IntrinsicsResolver
 from samtranslator.parser.parser import Parser
 from samtranslator.translator.translator import Translator
 
-from infra.checks.second_deploy import is_intrinsic, parameters_in
+from infra.checks.cfn_refs import is_intrinsic, parameters_in
 from infra.checks.translate_sam import packaged
 
 # Properties of AWS::Serverless::Function that no published version holds: a change to

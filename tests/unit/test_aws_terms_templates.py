@@ -25,9 +25,11 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import idle_cost, prices
+from infra import prices
 from infra.checks import ws_deployment
 from infra.checks.cfn_eval import Stack, load_cfn
+from infra.idle_cost import model, report
+from infra.idle_cost.deployment import SHAPES, Shape
 from spillway.policy.rules import PolicyError, parse_policy
 from spillway.protocol.wire import SYNC_BODY_BYTES
 from tests.unit.stacks import ROOT, deploy, serverless_config
@@ -407,23 +409,23 @@ def _resource_types() -> frozenset[str]:
 
 
 def _priced_types() -> set[str]:
-    return {t for shape in idle_cost.SHAPES for line in idle_cost.lines(shape) for t in line.types}
+    return {t for shape in SHAPES for line in model.lines(shape) for t in line.types}
 
 
 def test_the_deploy_guide_shows_the_generators_idle_cost() -> None:
     text = (ROOT / "docs/deploy.md").read_text(encoding="utf-8")
     # GIVEN docs/deploy.md THEN between its markers is exactly what the generator writes
-    assert idle_cost.replace_between_markers(text, idle_cost.render()) == text
-    assert text.count(idle_cost.BEGIN) == text.count(idle_cost.END) == 1
+    assert report.replace_between_markers(text, report.render()) == text
+    assert text.count(report.BEGIN) == text.count(report.END) == 1
 
 
 def test_every_resource_type_is_priced_or_free_at_idle() -> None:
-    priced, free = _priced_types(), set(idle_cost.FREE_AT_IDLE)
+    priced, free = _priced_types(), set(model.FREE_AT_IDLE)
     # GIVEN every type the templates (and what SAM and v3 generate) use
     # THEN each has a price line or a reason it costs nothing at idle, not both
     assert sorted(_resource_types() - priced - free) == []
     assert priced & free == set()
-    assert all(idle_cost.FREE_AT_IDLE.values())
+    assert all(model.FREE_AT_IDLE.values())
     # AND every type known to bill at idle that the templates use has a price line
     assert sorted((BILLED_AT_IDLE & _resource_types()) - priced) == []
 
@@ -440,10 +442,10 @@ def test_every_price_names_its_page_and_the_day_it_was_taken() -> None:
 
 def test_idle_cost_counts_what_the_recount_found() -> None:
     # GIVEN the default shapes WHEN their idle lines are computed
-    on = {line.item: line for line in idle_cost.lines(idle_cost.Shape("SAM", 1))}
-    off = {line.item: line for line in idle_cost.lines(idle_cost.Shape("Serverless", 0))}
+    on = {line.item: line for line in model.lines(Shape("SAM", 1))}
+    off = {line.item: line for line in model.lines(Shape("Serverless", 0))}
 
-    def usd(column: dict[str, idle_cost.Line], start: str) -> float:
+    def usd(column: dict[str, model.Line], start: str) -> float:
         (line,) = [line for item, line in column.items() if item.startswith(start)]
         return round(line.usd, 2)
 

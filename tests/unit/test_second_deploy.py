@@ -21,14 +21,10 @@ from typing import Any
 import pytest
 
 from infra.checks.cfn_eval import load_cfn
-from infra.checks.second_deploy import (
-    LOCK,
-    TEMPLATES,
-    compare_lock,
-    parameters_in,
-    references,
-    render_docs,
-)
+from infra.checks.cfn_refs import parameters_in, references
+from infra.checks.second_deploy.docs import render_docs
+from infra.checks.second_deploy.lock import LOCK, compare_lock
+from infra.checks.second_deploy.templates import TEMPLATES
 from tests.unit.stacks import ROOT
 
 INFRA_PYTHON = ROOT / ".venv-infra/bin/python"

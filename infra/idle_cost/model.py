@@ -1,40 +1,24 @@
-"""What each deploy shape costs a month while idle, computed from the templates.
+"""The idle cost model: one line per billable thing a deployment runs while idle.
 
-    python -m infra.idle_cost           # rewrite the table in docs/deploy.md
-    python -m infra.idle_cost --check   # exit 1 when docs/deploy.md differs
-
-Idle: no requests, no jobs, no provisioned concurrency, every template at its default
-parameters (the GPU stack's ``MinTasks`` as the shape says). Each stack is deployed
-offline with ``infra.checks.cfn_eval`` (conditions and parameters resolved as
-CloudFormation would) and every resource that costs money at idle becomes a line: one
-unit's monthly cost (``infra.prices``) times the units the shape runs. Every resource type
-the templates use is priced by a line (``Line.types``) or says in ``FREE_AT_IDLE`` why it
-costs nothing at idle; ``tests/unit/test_aws_terms_templates.py`` fails on one that does
-neither.
+Each line builder reads a deployed shape (``infra.idle_cost.deployment``) and turns what
+bills at idle into ``Line``s: one unit's monthly cost from ``infra.prices`` (with the
+arithmetic shown) times the units the shape runs. What cannot be read from the templates
+is assumed below (each assumption is printed under the table); resource types that cost
+nothing at idle say why in ``FREE_AT_IDLE``.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
-from typing import Any
-
-import yaml
 
 from infra import prices
-from infra.checks.cfn_eval import Exports, Stack, load_cfn
+from infra.idle_cost.deployment import Deployment, Shape, deploy
 
-ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "deploy.md"
-BEGIN, END = "<!-- idle-cost:begin -->", "<!-- idle-cost:end -->"
 HOURS = prices.HOURS_PER_MONTH
-MINUTES = HOURS * 60
-SECONDS = HOURS * 3600
+MINUTES = prices.MINUTES_PER_MONTH
+SECONDS = prices.SECONDS_PER_MONTH
 
 # --- assumptions (each printed under the table) ---------------------------------------------
 DRAIN_CHECK_S = 0.05
@@ -136,150 +120,6 @@ class Line:
         return self.unit_usd * self.units
 
 
-@dataclass(frozen=True)
-class Shape:
-    """A deploy shape: the application's form and the GPU tier's floor."""
-
-    form: str
-    min_tasks: int
-
-    @property
-    def label(self) -> str:
-        """The shape's column header."""
-        return f"{self.form}, MinTasks={self.min_tasks}"
-
-
-SHAPES = tuple(Shape(form, n) for form in ("SAM", "Serverless") for n in (1, 0))
-
-
-@dataclass(frozen=True)
-class Function:
-    """What a function costs at idle: per-minute-or-slower schedules and warm units."""
-
-    name: str
-    memory_mb: int
-    runs_per_month: float
-    drain_checks: bool
-    provisioned: int
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """The stacks one shape runs, and its application's functions."""
-
-    infra: tuple[Stack, ...]
-    gpu: Stack
-    functions: tuple[Function, ...]
-
-    def resources(self, kind: str) -> Iterator[tuple[Stack, dict[str, Any]]]:
-        """Each included resource of ``kind`` in the infrastructure and observability."""
-        for stack in self.infra:
-            for logical, resource in stack.resources.items():
-                if resource["Type"] == kind and stack.included(logical):
-                    yield stack, resource
-
-    def count(self, kind: str) -> int:
-        """How many included resources of ``kind``."""
-        return sum(1 for _ in self.resources(kind))
-
-
-_RATE = re.compile(r"^rate\((\d+) (minute|minutes|hour|hours|day|days)\)$")
-_PER_MONTH = {"minute": MINUTES, "hour": HOURS, "day": HOURS / 24}
-
-
-def runs_per_month(expression: str) -> float:
-    """Invocations a month of a ``rate(...)`` schedule."""
-    match = _RATE.match(expression)
-    if match is None:  # a cron that fires at idle runs work (a job): not an idle shape
-        raise ValueError(f"an enabled schedule that is not a rate: {expression}")
-    count, unit = match.groups()
-    return _PER_MONTH[unit.rstrip("s")] / int(count)
-
-
-def _sam_functions(app: Stack) -> tuple[Function, ...]:
-    functions = []
-    for logical, resource in app.resources.items():
-        if resource["Type"] != "AWS::Serverless::Function":
-            continue
-        props = app.resolve(resource["Properties"])
-        runs, drains = 0.0, False
-        for event in props.get("Events", {}).values():
-            schedule = event["Properties"] if event["Type"] == "Schedule" else None
-            if schedule is None or schedule.get("State", "ENABLED") != "ENABLED":
-                continue
-            runs += runs_per_month(schedule["Schedule"])
-            drains = drains or "async-drain-check" in str(schedule.get("Input", ""))
-        warm = props.get("ProvisionedConcurrencyConfig", {})
-        functions.append(Function(logical, int(props["MemorySize"]), runs, drains,
-                                  int(warm.get("ProvisionedConcurrentExecutions", 0))))  # fmt: skip
-    return tuple(functions)
-
-
-_PARAM = re.compile(r"^\$\{param:([A-Za-z0-9]+)(?:,\s*(.+))?\}$")
-
-
-def _sls_value(value: Any, params: dict[str, Any]) -> Any:
-    """A serverless.yml value that is a literal or one ``${param:...}``, resolved."""
-    match = _PARAM.match(value) if isinstance(value, str) else None
-    if match is None:
-        return value
-    name, fallback = match.groups()
-    return params.get(name, yaml.safe_load(fallback) if fallback else None)
-
-
-def _sls_schedules(function: dict[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
-    """Each schedule of a function: ``schedule`` events (a rate, or a mapping with one)
-    and ``eventBridge`` events with a ``schedule``."""
-    for event in function.get("events", []):
-        schedule, bridge = event.get("schedule"), event.get("eventBridge")
-        if isinstance(schedule, str):
-            yield schedule, {}
-        elif isinstance(schedule, dict):
-            yield schedule["rate"], schedule
-        elif isinstance(bridge, dict) and "schedule" in bridge:
-            yield bridge["schedule"], bridge
-
-
-def _sls_functions(config: dict[str, Any]) -> tuple[Function, ...]:
-    params = config["params"]["default"]
-    functions = []
-    for key, function in config["functions"].items():
-        runs, drains = 0.0, False
-        for rate, event in _sls_schedules(function):
-            if not _sls_value(event.get("enabled", True), params):
-                continue
-            runs += runs_per_month(str(_sls_value(rate, params)))
-            drains = drains or event.get("input") == {"spillway": "async-drain-check"}
-        warm = _sls_value(function.get("provisionedConcurrency", 0), params) or 0
-        memory = _sls_value(function.get("memorySize", config["provider"]["memorySize"]), params)
-        functions.append(Function(key, int(memory), runs, drains, int(warm)))
-    return tuple(functions)
-
-
-@cache
-def deploy(shape: Shape) -> Deployment:
-    """Every stack of ``shape`` at its default parameters, deployed offline (once a run:
-    the templates do not change meanwhile)."""
-    exports = Exports()
-
-    def stack(name: str, path: str, **parameters: Any) -> Stack:
-        return exports.publish(Stack(name, load_cfn(ROOT / path), parameters, exports))
-
-    network = stack("spillway-network", "infra/network.yaml")
-    storage = stack("spillway-storage", "infra/storage.yaml")
-    gpu = stack("spillway-gpu", "infra/ecs-gpu-service.yaml", ImageTag="idle",
-                MinTasks=shape.min_tasks)  # fmt: skip
-    batch = stack("spillway-batch", "infra/batch.yaml", ImageTag="idle")
-    # The SAM form nests it, the Serverless form deploys it beside: the same template.
-    observability = Stack("observability", load_cfn(ROOT / "infra/observability.yaml"))
-    if shape.form == "SAM":
-        functions = _sam_functions(Stack("spillway", load_cfn(ROOT / "template.yaml"), {}, exports))
-    else:
-        config = yaml.safe_load((ROOT / "serverless.yml").read_text(encoding="utf-8"))
-        functions = _sls_functions(config)
-    return Deployment((network, storage, gpu, batch, observability), gpu, functions)
-
-
 # --- the lines ------------------------------------------------------------------------------
 
 _INSTANCE = ("AWS::AutoScaling::AutoScalingGroup", "AWS::EC2::LaunchTemplate",
@@ -289,7 +129,7 @@ _TASK = ("AWS::ECS::TaskDefinition",)
 _FUNCTION = ("AWS::Serverless::Function", "AWS::Lambda::Function")
 
 
-def _usd(value: float) -> str:
+def usd_text(value: float) -> str:
     """A price as AWS writes it: fixed point, no trailing zeros (0.0000166667, 0.045)."""
     return f"{value:.10f}".rstrip("0").rstrip(".")
 
@@ -299,7 +139,7 @@ def _tasks(d: Deployment) -> int:
 
 
 def _hourly(price: prices.Price) -> tuple[str, float]:
-    return f"{_usd(price.usd)} × {HOURS}", price.usd * HOURS
+    return f"{usd_text(price.usd)} × {HOURS}", price.usd * HOURS
 
 
 def gpu_lines(d: Deployment) -> list[Line]:
@@ -353,10 +193,10 @@ def gpu_task_lines(d: Deployment) -> list[Line]:
         Line(f"GPU task: its EMF metrics ({emf}, by cluster and service)", f"{metric:g} a metric",
              metric, emf if tasks else 0, _TASK),
         Line("GPU task: async queue polls (20 s long polls)",
-             f"{receives:,.0f} × {_usd(sqs)} / M", receives * sqs / 1e6, tasks, _TASK),
+             f"{receives:,.0f} × {usd_text(sqs)} / M", receives * sqs / 1e6, tasks, _TASK),
         Line(f"GPU task: model repository polls (every {every_s:g} s, "
              f"{1 + MODELS_PUBLISHED} LISTs each)",
-             f"{lists:,.0f} × {_usd(s3)} / 1,000", lists * s3 / 1000, tasks, _TASK),
+             f"{lists:,.0f} × {usd_text(s3)} / 1,000", lists * s3 / 1000, tasks, _TASK),
     ]  # fmt: skip
 
 
@@ -382,7 +222,7 @@ def fixed_lines(d: Deployment) -> list[Line]:
         ("dashboard", prices.DASHBOARD_MONTH, "AWS::CloudWatch::Dashboard"),
         ("composite alarm", prices.COMPOSITE_ALARM_MONTH, "AWS::CloudWatch::CompositeAlarm"),
     ]  # fmt: skip
-    return [Line(item, f"{_usd(p.usd)} a {p.unit}", p.usd, d.count(kind), (kind,))
+    return [Line(item, f"{usd_text(p.usd)} a {p.unit}", p.usd, d.count(kind), (kind,))
             for item, p, kind in items]  # fmt: skip
 
 
@@ -409,8 +249,8 @@ def lambda_lines(d: Deployment) -> list[Line]:
     lines = [
         Line(f"scheduled invocations ({f.memory_mb} MB function, {DRAIN_CHECK_S * 1000:g} ms "
              "each)",
-             f"{f.runs_per_month:,.0f} × ({_usd(request)} / M + {DRAIN_CHECK_S:g} s × "
-             f"{f.memory_mb / 1024:.4g} GB × {_usd(second)})",
+             f"{f.runs_per_month:,.0f} × ({usd_text(request)} / M + {DRAIN_CHECK_S:g} s × "
+             f"{f.memory_mb / 1024:.4g} GB × {usd_text(second)})",
              f.runs_per_month * (request / 1e6 + DRAIN_CHECK_S * f.memory_mb / 1024 * second),
              1, _FUNCTION)
         for f in d.functions if f.runs_per_month
@@ -418,7 +258,7 @@ def lambda_lines(d: Deployment) -> list[Line]:
     warm_gb = sum(f.provisioned * f.memory_mb / 1024 for f in d.functions)
     warm = prices.LAMBDA_PROVISIONED_GB_SECOND.usd
     lines.append(Line("provisioned concurrency (GB kept warm; none by default)",
-                      f"{_usd(warm)} × {SECONDS:,} s", warm * SECONDS, warm_gb,
+                      f"{usd_text(warm)} × {SECONDS:,} s", warm * SECONDS, warm_gb,
                       ("AWS::Lambda::Alias", "AWS::Lambda::Version")))  # fmt: skip
     return lines
 
@@ -429,7 +269,7 @@ def drain_check_calls(d: Deployment) -> list[Line]:
     checks = sum(f.runs_per_month for f in d.functions if f.drain_checks)
     reads, sqs = prices.DYNAMODB_MILLION_READ_UNITS.usd, prices.SQS_MILLION_REQUESTS.usd
     return [Line("drain check: its DynamoDB queries and SQS call",
-                 f"{checks:,.0f} × ({_usd(reads)} + {_usd(sqs)}) / M",
+                 f"{checks:,.0f} × ({usd_text(reads)} + {usd_text(sqs)}) / M",
                  checks * (reads + sqs) / 1e6, 1 if checks else 0, _FUNCTION)]  # fmt: skip
 
 
@@ -482,117 +322,3 @@ def lines(shape: Shape) -> list[Line]:
         if int(batch.resolve(environment["Properties"]["ComputeResources"]["MinvCpus"])):
             raise NotImplementedError("a Batch compute environment keeps instances at idle")
     return [line for build in LINE_BUILDERS for line in build(deployment)]
-
-
-# --- the table ------------------------------------------------------------------------------
-
-
-def _money(value: float) -> str:
-    return f"{value:,.2f}"
-
-
-def _units(value: float) -> str:
-    return f"{value:g}" if value == int(value) else f"{value:.3g}"
-
-
-def _columns() -> list[tuple[str, dict[str, Line]]]:
-    """One column per shape (its lines by item); the two forms share one column when
-    every line agrees."""
-    computed = {shape: {line.item: line for line in lines(shape)} for shape in SHAPES}
-    same = all(computed[Shape("SAM", n)] == computed[Shape("Serverless", n)] for n in (1, 0))
-    if same:
-        return [(f"SAM or Serverless, MinTasks={n}", computed[Shape("SAM", n)]) for n in (1, 0)]
-    return [(shape.label, computed[shape]) for shape in SHAPES]
-
-
-def _price_list() -> str:
-    seen: dict[str, list[str]] = {}
-    for name in sorted(vars(prices)):
-        value = getattr(prices, name)
-        for price in value.values() if isinstance(value, dict) else [value]:
-            if isinstance(price, prices.Price):
-                seen.setdefault(price.page, []).append(f"${_usd(price.usd)} per {price.unit}")
-    return "; ".join(f"[{'; '.join(items)}]({page})" for page, items in seen.items())
-
-
-def _warm_units() -> str:
-    """What one unit of provisioned concurrency adds a month, per function (SAM's names)."""
-    unit = prices.LAMBDA_PROVISIONED_GB_SECOND.usd * SECONDS / 1024
-    functions = deploy(Shape("SAM", 0)).functions
-    return ", ".join(
-        f"{f.name} ({f.memory_mb} MB) ${_money(f.memory_mb * unit)}" for f in functions
-    )
-
-
-def render() -> str:
-    """The markdown between the idle-cost markers of docs/deploy.md."""
-    columns = _columns()
-    header = "| item | one unit, $/month | " + " | ".join(name for name, _ in columns) + " |"
-    rows = [header, "|---|---|" + "---:|" * len(columns)]
-    items = {item: line for _, column in columns for item, line in column.items()}
-    for item, line in items.items():
-        cells = [f"{_money(c[item].usd)} (×{_units(c[item].units)})" if item in c else "–"
-                 for _, c in columns]  # fmt: skip
-        rows.append(f"| {item} | {line.arithmetic} = {_money(line.unit_usd)} | "
-                    + " | ".join(cells) + " |")  # fmt: skip
-    totals = [sum(line.usd for line in c.values()) for _, c in columns]
-    rows.append("| **total** | | " + " | ".join(f"**{_money(t)}**" for t in totals) + " |")
-    return "\n".join([
-        "<!-- Generated by `python -m infra.idle_cost` from the templates at their default "
-        "parameters and infra/prices.py: change those, then run it (a unit test holds this "
-        "table equal to its output). -->",
-        "",
-        f"**Idle** (no requests, no jobs, the templates' defaults; {prices.REGION} list prices "
-        f"taken {prices.TAKEN_ON.isoformat()}, no free tier; a month is {HOURS} hours): each "
-        "line is one unit's monthly cost times the units each shape runs at idle.",
-        "",
-        *rows,
-        "",
-        "Provisioned concurrency adds, per unit kept warm, "
-        f"{_usd(prices.LAMBDA_PROVISIONED_GB_SECOND.usd)} × GB × {SECONDS:,} s: "
-        f"{_warm_units()} a month.",
-        "",
-        f"Prices ({prices.REGION}, `infra/prices.py`): {_price_list()}.",
-        "",
-        "Assumed, not measured: a drain check takes "
-        f"{DRAIN_CHECK_S * 1000:g} ms; {MODELS_PUBLISHED} model published; each Metrics "
-        f"Insights alarm analyses ≈ {METRICS_INSIGHTS_METRICS} metrics; the drain-checked "
-        f"function cold-starts in {COLD_START_HOURS_PER_DAY} hours a day; images of "
-        f"{IMAGE_GB['GPU']:g} GB (GPU) and {IMAGE_GB['CPU']:g} GB (CPU) compressed; log "
-        f"events of {LOG_BYTES['drain check']} B a drain check, {LOG_BYTES['EMF record']} B "
-        f"an EMF record (every 15 s) and {LOG_BYTES['Container Insights minute']:,} B of "
-        f"Container Insights events a task-minute, {FLOW_LOG_GB:g} GB of rejected flows; "
-        "with MinTasks=0 Container Insights' cluster and service metrics counted (an upper "
-        "bound). Not in the table: the ECS service's first task after each creation (it "
-        "scales in after about 15 minutes), SNS and API Gateway (per use), requests to KMS "
-        "and Secrets Manager (tasks read the scope key when requests need it).",
-    ])  # fmt: skip
-
-
-def replace_between_markers(text: str, block: str) -> str:
-    """``text`` with what lies between the idle-cost markers replaced by ``block``."""
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    return f"{text[:start]}\n{block}\n{text[end:]}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Write the table into docs/deploy.md, or (``--check``) fail when it differs."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when the doc differs")
-    args = parser.parse_args(argv)
-    text = DOC.read_text(encoding="utf-8")
-    updated = replace_between_markers(text, render())
-    if updated == text:
-        print("docs/deploy.md: idle cost up to date")
-        return 0
-    if args.check:
-        print("docs/deploy.md: the idle cost table is stale: run `python -m infra.idle_cost`",
-              file=sys.stderr)  # fmt: skip
-        return 1
-    DOC.write_text(updated, encoding="utf-8")
-    print("docs/deploy.md: idle cost table rewritten")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
