@@ -30,6 +30,9 @@ bucket has its own compute slots, so short texts neither pad to nor wait behind 
 The length is whatever the model's processor buckets by (``Prepared.length``): tokens for
 text, the padded width for variable-width images, so crops of similar width from many
 requests batch together at one shape.
+
+The queue the batcher holds is ``gpu_service.batch_queue``; a formed batch computes
+through ``gpu_service.batch_compute``.
 """
 
 from __future__ import annotations
@@ -38,16 +41,12 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Protocol
 
+from gpu_service.batch_compute import Computed, Runner, compute_pool, run_batch
+from gpu_service.batch_queue import Bucket, Level, Pending, State
 from gpu_service.batching_policy import BatchingPolicy, RateTracker
 from gpu_service.fair_share import FairShare, Scope
 from gpu_service.stats import ModelStats
@@ -62,94 +61,6 @@ from spillway.protocol.errors import (
 )
 
 log = logging.getLogger("spillway.batcher")
-
-
-class Runner(Protocol):
-    """Runs one batch of prepared requests; blocking, called on an executor thread."""
-
-    def run(self, batch: list[Prepared]) -> list[Tensors]:
-        """One result per request, in order."""
-
-
-@dataclass(frozen=True)
-class Computed:
-    """A request's own rows and its time in the batcher: ``queue_s`` waiting for its
-    batch, ``infer_s`` the whole run of that batch (Triton counts the run for each of a
-    batch's requests). The caller records them with the rest of the request's statistics
-    (``ModelStats.record_success``) when it is answered, so they move together."""
-
-    tensors: Tensors
-    queue_s: float
-    infer_s: float
-
-
-class _State(Enum):
-    QUEUED = 1
-    RUNNING = 2
-    LEFT = 3  # expired, cancelled or failed before it ran
-
-
-@dataclass(eq=False)
-class _Pending:
-    prepared: Prepared
-    level: int
-    arrival: float
-    bucket: int
-    future: asyncio.Future[Computed]
-    scope: Scope = None
-    seq: int = 0
-    """Admission order (FIFO among equal arrival times)."""
-    deadline: float | None = None
-    timer: asyncio.TimerHandle | None = None
-    state: _State = _State.QUEUED
-
-
-@dataclass
-class _Level:
-    """One priority level of a bucket: a FIFO queue per tenant scope."""
-
-    queues: dict[Scope, deque[_Pending]] = field(default_factory=dict)
-
-    def append(self, pending: _Pending) -> None:
-        self.queues.setdefault(pending.scope, deque()).append(pending)
-
-    def heads(self) -> list[_Pending]:
-        """Each tenant's first queued request; ones that left are dropped here."""
-        heads = []
-        for scope in list(self.queues):
-            queue = self.queues[scope]
-            while queue and queue[0].state is not _State.QUEUED:
-                queue.popleft()
-            if queue:
-                heads.append(queue[0])
-            else:
-                del self.queues[scope]
-        return heads
-
-    def pop(self, head: _Pending) -> None:
-        """Take ``head``, its tenant's first queued request."""
-        queue = self.queues[head.scope]
-        queue.popleft()
-        if not queue:
-            del self.queues[head.scope]
-
-    def drain(self) -> list[_Pending]:
-        """Every request still held, emptied out."""
-        held = [p for queue in self.queues.values() for p in queue]
-        self.queues.clear()
-        return held
-
-
-@dataclass
-class _Bucket:
-    index: int
-    levels: list[_Level]
-    rows: int = 0
-    running: int = 0
-
-    def heads(self) -> list[_Pending]:
-        """The first queued request of each tenant at each level."""
-        return [head for level in self.levels for head in level.heads()]
 
 
 class DynamicBatcher:
@@ -191,7 +102,7 @@ class DynamicBatcher:
         self._clock = clock
         self.share = share or FairShare(policy.fair_share_half_life_s)
         self._buckets = [
-            _Bucket(b, [_Level() for _ in range(policy.priority_levels)]) for b in range(buckets)
+            Bucket(b, [Level() for _ in range(policy.priority_levels)]) for b in range(buckets)
         ]
         self._admitted = itertools.count()
         self._queued = 0
@@ -260,9 +171,9 @@ class DynamicBatcher:
         for bucket in self._buckets:
             for level in bucket.levels:
                 for pending in level.drain():
-                    if pending.state is _State.QUEUED:
-                        pending.state = _State.LEFT
-                        self._settle(pending, error=error)
+                    if pending.state is State.QUEUED:
+                        pending.state = State.LEFT
+                        pending.settle(error=error)
             bucket.rows = 0
         self._queued = 0
 
@@ -308,12 +219,12 @@ class DynamicBatcher:
         try:
             return await pending.future
         finally:
-            if pending.state is _State.QUEUED:  # the caller went away: never compute it
+            if pending.state is State.QUEUED:  # the caller went away: never compute it
                 self._leave(pending)
 
     def _admit(
         self, prepared: Prepared, priority: int, timeout_s: float | None, scope: Scope
-    ) -> _Pending:
+    ) -> Pending:
         policy = self.policy
         if not self.healthy:
             raise UnavailableError(f"model {self.name} is not serving")
@@ -330,7 +241,7 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         now = self._clock()
         bucket = policy.bucket_of(prepared.length)
-        pending = _Pending(
+        pending = Pending(
             prepared, level, now, bucket, loop.create_future(), scope, next(self._admitted)
         )
         if timeout_s is not None:
@@ -358,8 +269,8 @@ class DynamicBatcher:
             return default
         return requested if default is None else min(requested, default)
 
-    def _expire(self, pending: _Pending) -> None:
-        if pending.state is not _State.QUEUED or pending.deadline is None:
+    def _expire(self, pending: Pending) -> None:
+        if pending.state is not State.QUEUED or pending.deadline is None:
             return
         left = pending.deadline - self._clock()
         if left > 0:  # the loop's timer ran ahead of the clock (uvloop rounds to ms)
@@ -367,21 +278,20 @@ class DynamicBatcher:
             return
         self._time_out(pending)
 
-    def _time_out(self, pending: _Pending) -> None:
+    def _time_out(self, pending: Pending) -> None:
         """A queued request's deadline passed: it leaves with 504, never computed."""
         waited = self._clock() - pending.arrival
         self._leave(pending)
         self.stats.expired += 1
-        self._settle(
-            pending,
+        pending.settle(
             error=DeadlineExceededError(
                 f"deadline passed after {waited * 1e3:.1f} ms in the queue of {self.name}"
             ),
         )
 
-    def _leave(self, pending: _Pending) -> None:
+    def _leave(self, pending: Pending) -> None:
         """A queued request leaves without running (expired or cancelled)."""
-        pending.state = _State.LEFT
+        pending.state = State.LEFT
         if pending.timer is not None:
             pending.timer.cancel()
         self._buckets[pending.bucket].rows -= pending.prepared.rows
@@ -425,11 +335,11 @@ class DynamicBatcher:
             return policy.min_batch_size
         return max(policy.preferred_batch_sizes, default=policy.max_batch_size)
 
-    def _next_due(self) -> tuple[_Bucket, float] | None:
+    def _next_due(self) -> tuple[Bucket, float] | None:
         """The bucket to dispatch next and the seconds until it is due (<= 0: now); None
         when no bucket with queued work has a free compute slot."""
         now, target = self._clock(), self._target()
-        best: tuple[float, float, _Bucket] | None = None
+        best: tuple[float, float, Bucket] | None = None
         for bucket in self._buckets:
             heads = bucket.heads()
             if not heads or bucket.running >= self.policy.concurrency:
@@ -455,11 +365,11 @@ class DynamicBatcher:
         rate = self._rate.p50_rate()
         return left - 1.0 / rate if rate > 0 else 0.0
 
-    def _form(self, bucket: _Bucket) -> list[_Pending]:
+    def _form(self, bucket: Bucket) -> list[Pending]:
         """One batch from a bucket: aged requests first, then by priority; within those,
         the tenant served least lately first (fair share), else the oldest."""
         limit, now = self.policy.max_batch_size, self._clock()
-        batch: list[_Pending] = []
+        batch: list[Pending] = []
         rows = 0
         taken: dict[Scope, float] = {}
         while heads := bucket.heads():
@@ -475,11 +385,11 @@ class DynamicBatcher:
             self.share.charge(scope, amount, now)
         return self._claim(batch)
 
-    def _next(self, heads: list[_Pending], now: float, taken: dict[Scope, float]) -> _Pending:
+    def _next(self, heads: list[Pending], now: float, taken: dict[Scope, float]) -> Pending:
         """The request to take next: of the best rank (aged, else its level), the one
         whose tenant the fair share puts first, else (or on a tie) the oldest."""
 
-        def rank(head: _Pending) -> int:
+        def rank(head: Pending) -> int:
             return 0 if now - head.arrival >= self.policy.aging_s else 1 + head.level
 
         best = min(rank(h) for h in heads)
@@ -488,7 +398,7 @@ class DynamicBatcher:
             return min(ready, key=lambda h: h.seq)
         return min(ready, key=lambda h: (self.share.rank(h.scope, now, taken), h.seq))
 
-    def _take(self, bucket: _Bucket, head: _Pending, batch: list[_Pending]) -> int:
+    def _take(self, bucket: Bucket, head: Pending, batch: list[Pending]) -> int:
         if head.deadline is not None and self._clock() >= head.deadline:
             # Due and its timer not run yet (it fires in this loop turn): an early
             # dispatch must not compute it either.
@@ -496,17 +406,17 @@ class DynamicBatcher:
             return 0
         bucket.levels[head.level].pop(head)
         bucket.rows -= head.prepared.rows
-        head.state = _State.RUNNING
+        head.state = State.RUNNING
         if head.timer is not None:
             head.timer.cancel()
         batch.append(head)
         return head.prepared.rows
 
-    def _claim(self, batch: list[_Pending]) -> list[_Pending]:
+    def _claim(self, batch: list[Pending]) -> list[Pending]:
         self._queued -= len(batch)
         return batch
 
-    def _dispatch(self, bucket: _Bucket, batch: list[_Pending]) -> None:
+    def _dispatch(self, bucket: Bucket, batch: list[Pending]) -> None:
         self._running += 1
         self._running_requests += len(batch)
         bucket.running += 1
@@ -514,67 +424,40 @@ class DynamicBatcher:
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
-    async def _execute(self, bucket: _Bucket, batch: list[_Pending]) -> None:
-        loop = asyncio.get_running_loop()
+    async def _execute(self, bucket: Bucket, batch: list[Pending]) -> None:
         started = self._clock()
         self.stats.busy.start(started)
-        results: list[Tensors] | None = None
-        error: SpillwayError | None = None
         try:
-            results = await loop.run_in_executor(
-                self._executors[bucket.index], self.runner.run, [p.prepared for p in batch]
+            outcome = await run_batch(
+                self.runner, self._executors[bucket.index], [p.prepared for p in batch], self.name
             )
-            if len(results) != len(batch):
-                raise InferenceError(f"{len(results)} results for {len(batch)} requests")
-        except SpillwayError as exc:
-            error = exc
-        except Exception as exc:
-            log.exception("a batch of %d requests for %s failed", len(batch), self.name)
-            error = InferenceError(f"inference failed on model {self.name}: {exc}")
         finally:
             self._running -= 1
             self._running_requests -= len(batch)
             bucket.running -= 1
             self._wake()
         try:
-            self._finish(batch, started, results, error)
+            self._finish(batch, started, outcome)
         except Exception as exc:
             # A bug in accounting must not leave the batch's callers waiting for ever.
             log.exception("settling a batch of %d requests for %s failed", len(batch), self.name)
             failure = InferenceError(f"inference failed on model {self.name}: {exc}")
             for pending in batch:
-                self._settle(pending, error=failure)
+                pending.settle(error=failure)
 
     def _finish(
-        self,
-        batch: list[_Pending],
-        started: float,
-        results: list[Tensors] | None,
-        error: SpillwayError | None,
+        self, batch: list[Pending], started: float, outcome: list[Tensors] | SpillwayError
     ) -> None:
         ended = self._clock()
         self.stats.busy.stop(ended)
         rows = sum(p.prepared.rows for p in batch)
-        self.stats.record_batch(rows, ended - started, ok=error is None)
+        self.stats.record_batch(rows, ended - started, ok=not isinstance(outcome, SpillwayError))
         for index, pending in enumerate(batch):
-            if error is None and results is not None:
-                computed = Computed(results[index], started - pending.arrival, ended - started)
-                self._settle(pending, result=computed)
+            if isinstance(outcome, SpillwayError):
+                pending.settle(error=outcome)
             else:
-                self._settle(pending, error=error)
-
-    @staticmethod
-    def _settle(
-        pending: _Pending, *, result: Computed | None = None, error: SpillwayError | None = None
-    ) -> None:
-        if pending.timer is not None:
-            pending.timer.cancel()
-        if pending.future.done():
-            return
-        if error is not None:
-            pending.future.set_exception(error)
-        elif result is not None:
-            pending.future.set_result(result)
+                computed = Computed(outcome[index], started - pending.arrival, ended - started)
+                pending.settle(result=computed)
 
 
 _DUE_S = 1e-6
@@ -585,17 +468,3 @@ a sum of floats (arrival + delay - 1/rate) never waits on a timer that cannot ad
 def _resolve(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
-
-
-def compute_pool(threads: int, niceness: int, name: str) -> ThreadPoolExecutor:
-    """Compute threads of one length bucket, at the bucket's OS scheduling niceness."""
-    return ThreadPoolExecutor(
-        threads, thread_name_prefix=f"ort-{name}", initializer=_renice, initargs=(niceness,)
-    )
-
-
-def _renice(niceness: int) -> None:
-    # Linux applies setpriority to a single thread when given its thread id.
-    if niceness and hasattr(os, "setpriority"):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)

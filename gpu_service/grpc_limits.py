@@ -7,7 +7,8 @@
   ``RESOURCE_EXHAUSTED`` and the code ``too_many_rpcs``, so a few peers can never take
   every slot. Every call of ``GRPCInferenceService`` is counted from its start, before its
   message is read (the unary RPCs are served as client-streaming ones that read exactly
-  one message, ``unary``), and its message must arrive within ``body_timeout_s``.
+  one message, ``grpc_errors.unary_rpc``), and its message must arrive within
+  ``body_timeout_s``.
 - **Messages.** A message is parsed by ``parser``: bytes that are not the RPC's message
   become ``Malformed``, which the RPC answers with ``INVALID_ARGUMENT`` and the code
   ``malformed_message`` (gRPC's own handling would answer ``UNKNOWN`` with the

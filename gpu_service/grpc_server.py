@@ -8,13 +8,14 @@ The RPCs are those ``tritonclient.grpc`` uses: health, server and model metadata
 
 Each RPC is one of the data plane's operations, as the HTTP routes are: the same
 registry and batchers, limits, statistics and metrics. An infer request is converted
-once: its message becomes the core's decoded request (``spillway.inference.Decoded``,
-the arrays read straight from the raw contents), and its outputs are asked for as binary
-data, whose bytes after the encoded response's JSON header are the raw output contents
-as they are. A ``SpillwayError`` ends an RPC with the gRPC status of its HTTP status
-(``STATUS_CODES``; anything else is ``INTERNAL``), the message ``<code>: <message>`` and
-the code also in the trailing metadata ``spillway-code``. A stream answers each request
-in its order, a failed one with ``error_message`` (as Triton does), and runs up to
+once (``gpu_service.grpc_messages``): its message becomes the core's decoded request
+(``spillway.inference.Decoded``, the arrays read straight from the raw contents), and its
+outputs are asked for as binary data, whose bytes after the encoded response's JSON
+header are the raw output contents as they are. A ``SpillwayError`` ends an RPC with the
+gRPC status of its HTTP status (``STATUS_CODES``; anything else is ``INTERNAL``), the
+message ``<code>: <message>`` and the code also in the trailing metadata
+``spillway-code`` (``gpu_service.grpc_errors``). A stream answers each request in its
+order, a failed one with ``error_message`` (as Triton does), and runs up to
 ``GPU_GRPC_STREAM_WINDOW`` of them at once so they can share batches.
 
 The door's limits (slots per connection, per peer and in all; a unary call's message
@@ -36,78 +37,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from functools import partial, wraps
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any
 
 import grpc
-import numpy as np
-from google.protobuf import json_format
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from gpu_service.dataplane import DataPlane
+from gpu_service.grpc_errors import abort_rpc, details, status_of, unary_rpc
 from gpu_service.grpc_limits import (
     MemoryReturn,
     PeerSlots,
     checked,
-    first_message,
     parser,
     peer_key,
     pump,
     server_options,
 )
+from gpu_service.grpc_messages import decode_request, encode_response, parsed
 from gpu_service.metrics import GRPC
 from gpu_service.served import InferResult
 from gpu_service.settings import GpuSettings
-from spillway import inference
-from spillway.models.processing import Tensors
-from spillway.protocol.codec import request_from_header
-from spillway.protocol.datatypes import numpy_dtype
-from spillway.protocol.errors import (
-    GrpcLimitError,
-    InvalidInputError,
-    SpillwayError,
-    UnavailableError,
-)
-from spillway.protocol.tensors import tensor_from_bytes
-from spillway.protocol.wire import InferParameters, read_json_header
+from spillway.protocol.errors import SpillwayError, UnavailableError
 
 log = logging.getLogger("spillway.grpc")
-
-STATUS_CODES = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    405: grpc.StatusCode.UNIMPLEMENTED,
-    408: grpc.StatusCode.DEADLINE_EXCEEDED,
-    409: grpc.StatusCode.ABORTED,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    429: grpc.StatusCode.UNAVAILABLE,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
-"""A ``SpillwayError``'s HTTP status as a gRPC status (any other: ``INTERNAL``). 413 is
-``RESOURCE_EXHAUSTED``, as gRPC itself answers a message over the size limit; 429 and 503
-are ``UNAVAILABLE``, the status gRPC clients retry."""
-LIMIT_STATUS = grpc.StatusCode.RESOURCE_EXHAUSTED
-"""A ``GrpcLimitError``'s status (a call past one of the door's limits, 429), whatever
-``STATUS_CODES`` says of 429: gRPC answers its own limits so."""
-
-_CONTENTS = {
-    "BOOL": "bool_contents",
-    **{f"INT{b}": "int_contents" for b in (8, 16, 32)},
-    "INT64": "int64_contents",
-    **{f"UINT{b}": "uint_contents" for b in (8, 16, 32)},
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-    "BYTES": "bytes_contents",
-}
-"""The ``InferTensorContents`` field of each datatype that has one (FP16 and BF16 come
-only as raw contents)."""
 
 HEALTH_SERVICES = ("", "inference.GRPCInferenceService")
 """The names ``grpc.health.v1.Health`` answers for: the whole server and the inference
@@ -117,162 +73,12 @@ _HEALTH_REFRESH_S = 1.0
 """How often ``Health.Watch`` subscribers are told a changed status (``Check`` reads it
 at once)."""
 
-Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
-
-
-def _grpc_errors(handler: Handler) -> Handler:
-    """A unary RPC served as a client-streaming one: counted in the peer's slots from its
-    start, its one message read within ``GPU_BODY_TIMEOUT_S``, then ``handler``. End the
-    RPC with the gRPC status of a ``SpillwayError`` (``INTERNAL`` for anything else,
-    logged with its traceback); count it by method and status either way."""
-    method = handler.__name__
-
-    @wraps(handler)
-    async def wrapper(self: InferenceService, requests: Any, context: Any) -> Any:
-        peer = peer_key(context.peer())
-        try:
-            self.slots.take(peer)
-        except SpillwayError as error:
-            return await _abort(context, method, error)
-        try:
-            request = await first_message(requests, self.plane.settings.body_timeout_s)
-            response = await handler(self, request, context)
-        except Exception as error:  # noqa: BLE001 - every error becomes a status
-            return await _abort(context, method, error)
-        finally:
-            self.slots.give(peer)
-        GRPC.calls[method, "OK"] += 1
-        return response
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _status(error: BaseException) -> grpc.StatusCode:
-    if isinstance(error, GrpcLimitError):
-        return LIMIT_STATUS
-    if isinstance(error, SpillwayError):
-        return STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
-    return grpc.StatusCode.INTERNAL
-
-
-async def _abort(context: Any, method: str, error: Exception) -> None:
-    """End the RPC with ``error``'s status, counted; never returns."""
-    status = _status(error)
-    GRPC.calls[method, status.name] += 1
-    if isinstance(error, SpillwayError):
-        log.info("refused %s: %s", method, error.message)
-        await context.abort(
-            status, _details(error), trailing_metadata=(("spillway-code", error.code),)
-        )
-    log.error("%s failed", method, exc_info=error)
-    await context.abort(status, "internal: internal server error")
-
-
-def _details(error: SpillwayError) -> str:
-    return f"{error.code}: {error.message}"
-
 
 def _metadata(context: Any, key: str) -> str | None:
     for name, value in context.invocation_metadata() or ():
         if name == key:
             return str(value)
     return None
-
-
-def _parameter(value: Any) -> Any:
-    """An ``InferParameter``'s value (``None`` when none is set)."""
-    kind = value.WhichOneof("parameter_choice")
-    return None if kind is None else getattr(value, kind)
-
-
-def _set_parameter(target: Any, value: Any) -> None:
-    if isinstance(value, bool):
-        target.bool_param = value
-    elif isinstance(value, int):
-        target.int64_param = value
-    elif isinstance(value, float):
-        target.double_param = value
-    else:
-        target.string_param = str(value)
-
-
-def decode_request(request: Any) -> inference.Decoded:
-    """A ``ModelInferRequest`` as the core's decoded request: its header validated as a
-    JSON one is, each input read from its raw contents (without a copy) or typed
-    contents, every output asked for as binary data."""
-    parameters = {key: _parameter(value) for key, value in request.parameters.items()}
-    parameters["binary_data_output"] = True
-    header: dict[str, Any] = {
-        "inputs": [
-            {"name": t.name, "shape": list(t.shape), "datatype": t.datatype} for t in request.inputs
-        ],
-        "parameters": parameters,
-    }
-    if request.id:
-        header["id"] = request.id
-    if request.outputs:
-        header["outputs"] = [
-            {"name": o.name, "parameters": {"binary_data": True}} for o in request.outputs
-        ]
-    parsed = request_from_header(header)
-    raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInputError(
-            f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs; "
-            "give every input its raw contents or none"
-        )
-    arrays: Tensors = {}
-    for index, (tensor, message) in enumerate(zip(parsed.inputs, request.inputs, strict=True)):
-        try:
-            if raw:
-                arrays[tensor.name] = tensor_from_bytes(raw[index], tensor.datatype, tensor.shape)
-            else:
-                arrays[tensor.name] = _typed(message.contents, tensor.datatype, tensor.shape)
-        except InvalidInputError as error:
-            raise type(error)(f"input {tensor.name!r}: {error.message}") from None
-    return inference.Decoded(parsed, arrays, InferParameters.of(parsed.parameters))
-
-
-def _typed(contents: Any, datatype: str, shape: list[int]) -> np.ndarray[Any, Any]:
-    field = _CONTENTS.get(datatype)
-    if field is None:
-        raise InvalidInputError(f"{datatype} data comes only as raw_input_contents")
-    values = getattr(contents, field)
-    count = int(np.prod(shape))
-    if len(values) != count:
-        raise InvalidInputError(f"shape {shape} needs {count} elements, data has {len(values)}")
-    if datatype == "BYTES":
-        out = np.empty(count, dtype=np.object_)
-        out[:] = list(values)
-        return out.reshape(shape)
-    try:
-        with np.errstate(over="raise"):
-            return np.array(values, dtype=numpy_dtype(datatype)).reshape(shape)
-    except (OverflowError, FloatingPointError):
-        raise InvalidInputError(f"data holds a value out of range for {datatype}") from None
-
-
-def encode_response(body: bytes, header_length: int | None) -> Any:
-    """A ``ModelInferResponse`` from the encoded response (all of whose outputs are
-    binary): the JSON header's fields, and the bytes after it as the raw contents."""
-    header = read_json_header(body, header_length)
-    response = service_pb2.ModelInferResponse(
-        model_name=header["model_name"],
-        model_version=header.get("model_version", ""),
-        id=header.get("id", ""),
-    )
-    for key, value in (header.get("parameters") or {}).items():
-        _set_parameter(response.parameters[key], value)
-    offset = header_length or len(body)
-    view = memoryview(body)
-    for output in header.get("outputs", []):
-        response.outputs.add(
-            name=output["name"], datatype=output["datatype"], shape=output["shape"]
-        )
-        size = output["parameters"]["binary_data_size"]
-        response.raw_output_contents.append(bytes(view[offset : offset + size]))
-        offset += size
-    return response
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -284,59 +90,59 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         self.slots = PeerSlots(settings.grpc_max_rpcs_per_peer, settings.grpc_max_rpcs)
         self.memory = MemoryReturn()
 
-    @_grpc_errors
+    @unary_rpc
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
 
-    @_grpc_errors
+    @unary_rpc
     async def ServerReady(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerReadyResponse(ready=self.plane.ready())
 
-    @_grpc_errors
+    @unary_rpc
     async def ModelReady(self, request: Any, context: Any) -> Any:
         ready = self.plane.model_ready(request.name, request.version or None)
         return service_pb2.ModelReadyResponse(ready=ready)
 
-    @_grpc_errors
+    @unary_rpc
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        return _parsed(self.plane.server_metadata(), service_pb2.ServerMetadataResponse())
+        return parsed(self.plane.server_metadata(), service_pb2.ServerMetadataResponse())
 
-    @_grpc_errors
+    @unary_rpc
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         metadata = self.plane.model_metadata(request.name, request.version or None)
-        return _parsed(metadata, service_pb2.ModelMetadataResponse())
+        return parsed(metadata, service_pb2.ModelMetadataResponse())
 
-    @_grpc_errors
+    @unary_rpc
     async def ModelConfig(self, request: Any, context: Any) -> Any:
         config = self.plane.model_config(request.name, request.version or None)
         return service_pb2.ModelConfigResponse(
-            config=_parsed(config, model_config_pb2.ModelConfig())
+            config=parsed(config, model_config_pb2.ModelConfig())
         )
 
-    @_grpc_errors
+    @unary_rpc
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
         stats = self.plane.model_stats(request.name or None, request.version or None)
-        return _parsed(stats, service_pb2.ModelStatisticsResponse())
+        return parsed(stats, service_pb2.ModelStatisticsResponse())
 
-    @_grpc_errors
+    @unary_rpc
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         self.plane.authorize(_metadata(context, "authorization"))
         index = await self.plane.repository_index()
-        return _parsed({"models": index}, service_pb2.RepositoryIndexResponse())
+        return parsed({"models": index}, service_pb2.RepositoryIndexResponse())
 
-    @_grpc_errors
+    @unary_rpc
     async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
         self.plane.authorize(_metadata(context, "authorization"))
         await self.plane.load(request.model_name)
         return service_pb2.RepositoryModelLoadResponse()
 
-    @_grpc_errors
+    @unary_rpc
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         self.plane.authorize(_metadata(context, "authorization"))
         await self.plane.unload(request.model_name)
         return service_pb2.RepositoryModelUnloadResponse()
 
-    @_grpc_errors
+    @unary_rpc
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         return await self._infer(request, _metadata(context, "x-spillway-tenant-scope"))
 
@@ -349,7 +155,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         try:
             self.slots.take(peer)
         except SpillwayError as error:
-            return await _abort(context, method, error)
+            return await abort_rpc(context, method, error)
         status: str | None = grpc.StatusCode.CANCELLED.name  # unless it ends below
         try:
             if self.plane.draining:
@@ -359,8 +165,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             await pump(requests, context.write, answer, self.plane.settings)
             status = grpc.StatusCode.OK.name
         except Exception as error:  # noqa: BLE001 - every error becomes a status
-            status = None  # counted by _abort
-            await _abort(context, method, error)
+            status = None  # counted by abort_rpc
+            await abort_rpc(context, method, error)
         finally:
             self.slots.give(peer)
             if status is not None:
@@ -371,9 +177,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         try:
             response = await self._infer(checked(request), scope)
         except Exception as error:
-            GRPC.stream_out[_status(error).name] += 1
+            GRPC.stream_out[status_of(error).name] += 1
             if isinstance(error, SpillwayError):
-                return service_pb2.ModelStreamInferResponse(error_message=_details(error))
+                return service_pb2.ModelStreamInferResponse(error_message=details(error))
             log.error("a stream's request failed", exc_info=error)
             return service_pb2.ModelStreamInferResponse(
                 error_message="internal: internal server error"
@@ -447,7 +253,7 @@ _SERVICE = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 def inference_handlers(service: InferenceService) -> grpc.GenericRpcHandler:
     """``GRPCInferenceService``'s RPCs that ``service`` implements (the others are gRPC's
     ``UNIMPLEMENTED``), each parsing its message with ``grpc_limits.parser``; the unary
-    ones served as client-streaming (``_grpc_errors``), so they count from their start."""
+    ones served as client-streaming (``grpc_errors.unary_rpc``), so they count from their start."""
     handlers = {}
     for method in _SERVICE.methods:
         own = getattr(InferenceService, method.name, None)
@@ -470,12 +276,6 @@ def inference_handlers(service: InferenceService) -> grpc.GenericRpcHandler:
 
 def _serialize(message: Any) -> bytes:
     return bytes(message.SerializeToString())
-
-
-def _parsed(value: Any, message: Any) -> Any:
-    """A document of the HTTP side (Triton's JSON, whose names are the messages' own)
-    as ``message``; fields only the JSON has are left out."""
-    return json_format.ParseDict(value, message, ignore_unknown_fields=True)
 
 
 def time_limits(settings: GpuSettings) -> list[tuple[str, int]]:

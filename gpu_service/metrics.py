@@ -157,9 +157,9 @@ def _histogram(served: Iterable[ServedVersion]) -> list[str]:
 class RpcCounts:
     """The gRPC port's calls by method and gRPC status (``OK``, ``NOT_FOUND``, …), and
     ``ModelStreamInfer``'s messages: requests read and answers sent, by the status each
-    answer stands for. Counted by ``gpu_service.grpc_server`` as each call or message
-    ends; calls gRPC refuses itself (over ``GPU_MAX_CONNECTIONS``, a message over the size
-    limit) never reach it and are not counted."""
+    answer stands for. Counted by ``gpu_service.grpc_server`` (and ``grpc_errors``) as
+    each call or message ends; calls gRPC refuses itself (over ``GPU_MAX_CONNECTIONS``, a
+    message over the size limit) never reach it and are not counted."""
 
     def __init__(self) -> None:
         self.calls: Counter[tuple[str, str]] = Counter()

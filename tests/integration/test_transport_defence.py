@@ -26,8 +26,9 @@ from typing import Any, TypeVar
 import pytest
 
 from gpu_service.http import Exchange, Response
+from gpu_service.http_connection import _MAX_RUNNING, MAX_PIPELINED
 from gpu_service.settings import GpuSettings
-from gpu_service.transport import _MAX_RUNNING, MAX_PIPELINED, HttpServer
+from gpu_service.transport import HttpServer
 from spillway.protocol.errors import SpillwayError
 from tests.fakes import eventually
 from tests.support import Service, gpu_service, link_model, write_slow_model

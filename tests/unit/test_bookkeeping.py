@@ -13,7 +13,8 @@ import logging
 
 import pytest
 
-from gpu_service.batcher import Computed, DynamicBatcher
+from gpu_service.batch_compute import Computed
+from gpu_service.batcher import DynamicBatcher
 from gpu_service.batching_policy import BatchingPolicy
 from spillway.models.processing import Prepared, Tensors
 from spillway.protocol.errors import DeadlineExceededError, InferenceError, OverloadedError

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpu_service.batcher import Computed, DynamicBatcher
+from gpu_service.batch_compute import Computed
+from gpu_service.batcher import DynamicBatcher
 from gpu_service.batching_policy import BatchingPolicy
 from gpu_service.dataplane import DataPlane
 from gpu_service.pipelines import _BatcherSteps
@@ -32,7 +33,7 @@ from gpu_service.settings import GpuSettings
 from gpu_service.stats import BusyTracker, ModelStats, RequestTimer
 from spillway.models.config import ModelConfig
 from spillway.models.processing import Prepared, Tensors
-from spillway.pipelines.graph import Step
+from spillway.pipelines.definition import Step
 from spillway.pipelines.runner import Compute, Resolve
 from spillway.protocol.errors import InferenceError
 from tests.fakes import (

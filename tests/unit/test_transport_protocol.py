@@ -26,9 +26,11 @@ import pytest
 
 from gpu_service.dataplane import DataPlane
 from gpu_service.http import Exchange, GpuServiceApp, Headers, Response
+from gpu_service.http_connection import _MAX_RUNNING, MAX_PIPELINED, Handler
+from gpu_service.http_connection import Connection as _Connection
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
-from gpu_service.transport import _MAX_RUNNING, MAX_PIPELINED, Handler, HttpServer, _Connection
+from gpu_service.transport import HttpServer
 from spillway.protocol.errors import SpillwayError
 from tests.fakes import MB, FakeRepository
 from tests.unit.test_router import Clock

@@ -1,6 +1,6 @@
 """Names of the local stack's AWS resources (on moto): shared by the stack that creates
-them (``spillway_cli.stack``) and the ``sam local invoke`` env-vars file that points the
-template's functions at them (``spillway_cli.sam_env``)."""
+them (``spillway_cli.local.stack``) and the ``sam local invoke`` env-vars file that points the
+template's functions at them (``spillway_cli.local.sam_env``)."""
 
 from __future__ import annotations
 

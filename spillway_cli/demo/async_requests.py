@@ -68,7 +68,7 @@ def _call(
 def _named_input(port: int, headers: Mapping[str, str], area: str, body: Any) -> Any:
     """Put ``body`` in the caller's area and submit it by ``input_location``."""
     from spillway.aws.clients import aws_client
-    from spillway_cli.stack import REGION
+    from spillway_cli.local.names import REGION
 
     url = f"{area}demo/{uuid.uuid4().hex}.json"
     where = parse_s3_url(url)

@@ -10,7 +10,7 @@ answer included: moto reads the item it answers with after the operation, and a 
 around the operation alone let a write to the same item from another thread fail that
 read with a 500 ("dictionary changed size during iteration") after the write had been
 applied, or answer with the other write's values.
-``python -m spillway_cli.moto_atomic`` is ``python -m moto.server`` with it, and with
+``python -m spillway_cli.local.moto_atomic`` is ``python -m moto.server`` with it, and with
 ``strict_limits``: moto refuses what AWS refuses where moto alone would accept it.
 """
 

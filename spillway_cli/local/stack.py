@@ -6,7 +6,9 @@ Docker, DynamoDB, SSM, ...), the model repository uploaded to S3 there, the GPU 
 Step Functions endpoint (in this process: async ``topics`` requests run as executions of
 its state machine, whose states invoke the CPU fallback through Lambda's invoke API), the
 jobs API and the router. Every child is a process of ours, stopped by PID; the Step
-Functions endpoint stops with the stack.
+Functions endpoint stops with the stack. What each part is told (ports, URLs, variables)
+is ``spillway_cli.local.layout``'s; the router under serverless-offline is
+``spillway_cli.local.serverless_offline``'s.
 """
 
 from __future__ import annotations
@@ -26,68 +28,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spillway.aws.clients import aws_client, client
-from spillway_cli import procs, stackenv
-
-# The resource names, re-exported: the demos and tests name them from here.
-from spillway_cli.local_names import DATA_BUCKET as DATA_BUCKET
-from spillway_cli.local_names import JOBS_FUNCTION as JOBS_FUNCTION
-from spillway_cli.local_names import JOBS_STAGING as JOBS_STAGING
-from spillway_cli.local_names import LOCAL_API_KEY as LOCAL_API_KEY
-from spillway_cli.local_names import MODELS_BUCKET as MODELS_BUCKET
-from spillway_cli.local_names import POLICY_PARAMETER as POLICY_PARAMETER
-from spillway_cli.local_names import REGION as REGION
-from spillway_cli.local_names import REPOSITORY as REPOSITORY
-from spillway_cli.local_names import SCOPE_PROOF_KEY_NAME as SCOPE_PROOF_KEY_NAME
-from spillway_cli.local_names import STATE_TABLE as STATE_TABLE
-from spillway_cli.local_names import TENANTS_ROOT as TENANTS_ROOT
+from spillway_cli.local import procs, serverless_offline, stackenv
+from spillway_cli.local.layout import STATE_MACHINES, StackLayout
+from spillway_cli.local.names import (
+    DATA_BUCKET,
+    LOCAL_API_KEY,
+    MODELS_BUCKET,
+    POLICY_PARAMETER,
+    REGION,
+    REPOSITORY,
+    SCOPE_PROOF_KEY_NAME,
+    STATE_TABLE,
+)
 
 if TYPE_CHECKING:
     import subprocess
 
-    from spillway_cli.local_states import LocalStepFunctions
+    from spillway_cli.local.step_functions import LocalStepFunctions
 
 log = logging.getLogger("spillway.stack")
-ROOT = Path(__file__).resolve().parent.parent
-SERVERLESS = ROOT / "node_modules" / ".bin" / "serverless"
-APP_ZIP = ROOT / "build" / "lambda" / "app.zip"  # serverless.yml's package.artifact
-# serverless-offline's first invocation starts a Python process that imports the router:
-# seconds on an idle machine, more than a minute on a loaded 2-core one (as long as the
-# other services are given), and `auto` must not pick the runtime by the machine's load.
-FALLBACK_WAIT_S = 180.0
-CONFIG_TTL_S = 2.0
-"""How long the local doors keep the live configuration (`spillway tenants`): 2 s, so a
-change is seen at once; deployed functions keep it 30 s."""
-SCOPE_PROOF_ENV = "SCOPE_PROOF_SECRET_ID"
-"""The variable naming the tenant scope proof key (``spillway.tenancy.proof``)."""
-STATE_MACHINES = {
-    "topics": f"arn:aws:states:{REGION}:123456789012:stateMachine:spillway-local-topics"
-}
-"""The pipelines whose async requests run as executions on the local Step Functions
-endpoint (``ASYNC_STATE_MACHINES``), each running ``infra/statemachines/<name>.asl.json``."""
-
-
-def router_runtime(choice: str) -> str:
-    """``auto``: serverless-offline when it can start — Node.js, the Serverless Framework
-    (``make check-infra`` installs both) and the artefact serverless.yml runs
-    (``build/lambda/app.zip``, built by ``make -f infra/lambda/Makefile serverless``) —
-    else the WSGI router, saying what was missing."""
-    if choice != "auto":
-        return choice
-    missing = offline_missing()
-    if missing:
-        log.info("router runtime: wsgi (serverless-offline needs %s)", ", ".join(missing))
-        return "wsgi"
-    return "serverless-offline"
-
-
-def offline_missing() -> list[str]:
-    """What serverless-offline would need to run the router and is not here."""
-    needs = {
-        "Node.js": shutil.which("node") is not None,
-        "the Serverless Framework (node_modules)": SERVERLESS.exists(),
-        f"{APP_ZIP.relative_to(ROOT)}": APP_ZIP.is_file(),
-    }
-    return [what for what, present in needs.items() if not present]
 
 
 class StackError(RuntimeError):
@@ -102,84 +61,20 @@ class StackError(RuntimeError):
 
 
 @dataclass
-class Ports:
-    """Where each part listens on 127.0.0.1 (0: a free port)."""
-
-    moto: int = 0
-    gpu: int = 0
-    cpu: int = 0
-    jobs: int = 0
-    router: int = 0
-    dashboard: int = 0
-    states: int = 0
-    gpu_grpc: int = 0
-    """The GPU service's KServe V2 gRPC port."""
-    websocket: int = 0
-    """The WebSocket API (and its ``@connections`` management API)."""
-
-    def resolved(self) -> Ports:
-        return Ports(
-            *(
-                p or procs.free_port()
-                for p in (
-                    self.moto,
-                    self.gpu,
-                    self.cpu,
-                    self.jobs,
-                    self.router,
-                    self.dashboard,
-                    self.states,
-                    self.gpu_grpc,
-                    self.websocket,
-                )
-            )
-        )
-
-
-@dataclass
-class LocalStack:
+class LocalStack(StackLayout):
     """The running parts of the local platform."""
 
-    models: Path
-    log_dir: Path
-    ports: Ports = field(default_factory=Ports)
-    policy: Path = ROOT / "policies" / "example.yaml"
-    gpu_settings: dict[str, str] = field(default_factory=dict)
-    router_runtime: str = "wsgi"
     router_fallback: bool = False
     """``auto`` chose serverless-offline: if the router does not come up under it within
     ``FALLBACK_WAIT_S``, the WSGI router replaces it (and the log says why)."""
-    router_headers: dict[str, str] = field(default_factory=dict)
     children: dict[str, procs.Child] = field(default_factory=dict)
-    async_vars: dict[str, str] = field(default_factory=dict)
-    """The ``ASYNC_*`` variables of the async resources (every process gets them)."""
     states: LocalStepFunctions | None = None
     """The local Step Functions endpoint (``AWS_ENDPOINT_URL_SFN`` of the router), served
     in this process while the stack runs."""
     progress: Callable[[str], None] | None = None
     """Told one line per part as it comes up, with the seconds it took (``spillway up``
     prints them)."""
-    env_path: Path | None = None
-    """Where the stack env file goes (``spillway_cli.stackenv``); default
-    ``<log_dir>/env.json``."""
     _states_server: Any = field(default=None, init=False, repr=False)
-
-    def url(self, part: str) -> str:
-        return f"http://127.0.0.1:{getattr(self.ports, part)}"
-
-    def aws_env(self) -> dict[str, str]:
-        """boto3's standard variables pointing every client at the moto server."""
-        return {
-            "AWS_ENDPOINT_URL": self.url("moto"),
-            "AWS_ACCESS_KEY_ID": "local",
-            "AWS_SECRET_ACCESS_KEY": "local",
-            "AWS_DEFAULT_REGION": REGION,
-            "AWS_REGION": REGION,
-            # The tenant scope proof key (spillway.tenancy.proof): the router signs with
-            # it, the GPU service and the CPU fallback verify.
-            SCOPE_PROOF_ENV: SCOPE_PROOF_KEY_NAME,
-            **self.async_vars,
-        }
 
     def start(self) -> None:
         """Bring every part up, in dependency order; the stack env file last."""
@@ -239,76 +134,11 @@ class LocalStack:
             self.stop()
             raise
 
-    @property
-    def sam_env_path(self) -> Path:
-        """The ``sam local invoke --env-vars`` file of this stack."""
-        return self.log_dir / "sam-env.json"
-
     def write_sam_env(self) -> Path:
         """Write the env-vars file pointing template.yaml's functions at this stack."""
-        from spillway_cli.sam_env import write_env_vars
+        from spillway_cli.local.sam_env import write_env_vars
 
         return write_env_vars(self, self.sam_env_path)
-
-    @property
-    def stack_env_path(self) -> Path:
-        """The stack env file of this stack (``spillway_cli.stackenv``)."""
-        return self.env_path or self.log_dir / "env.json"
-
-    def stack_env(self) -> dict[str, str]:
-        """What the ``spillway`` commands need to reach this stack, by variable name: the
-        AWS endpoint, region and dummy credentials, the tables (state, async, jobs),
-        buckets and model repository, the services' URLs, where the router reads its
-        policy and where it writes its metric lines and its log."""
-        from batch_job.settings import JobsSettings
-
-        jobs = JobsSettings()
-        policy = (
-            {"SPILLWAY_POLICY_PARAMETER": POLICY_PARAMETER}
-            if self.router_runtime == "serverless-offline"
-            else {"SPILLWAY_POLICY_FILE": str(self.policy_copy)}
-        )
-        token = self.gpu_settings.get("GPU_ADMIN_TOKEN")
-        return {
-            **self.aws_env(),
-            "ROUTER_STATE_TABLE": STATE_TABLE,
-            "ROUTER_GPU_URL": self.url("gpu"),
-            "ROUTER_CPU_URL": self.url("cpu"),
-            "JOBS_TABLE": jobs.table,
-            "JOBS_JOB_QUEUE": jobs.job_queue,
-            "JOBS_JOB_DEFINITION": jobs.job_definition,
-            "JOBS_REPOSITORY": REPOSITORY,
-            "JOBS_TENANTS_ROOT": TENANTS_ROOT,
-            "JOBS_STAGING": JOBS_STAGING,
-            "SPILLWAY_REPOSITORY": REPOSITORY,
-            "SPILLWAY_MODELS_BUCKET": MODELS_BUCKET,
-            "SPILLWAY_DATA_BUCKET": DATA_BUCKET,
-            "SPILLWAY_GPU_URL": self.url("gpu"),
-            "SPILLWAY_CPU_URL": self.url("cpu"),
-            "SPILLWAY_JOBS_URL": self.url("jobs"),
-            "SPILLWAY_ROUTER_URL": self.url("router"),
-            "SPILLWAY_WEBSOCKET_URL": self.websocket_url,
-            "SPILLWAY_DASHBOARD_URL": self.url("dashboard"),
-            "SPILLWAY_METRICS_LOG": str(self.metrics_log),
-            "SPILLWAY_ROUTER_LOG": str(self.log_dir / "router.log"),
-            **({"SPILLWAY_API_KEY": LOCAL_API_KEY} if self.router_headers else {}),
-            **policy,
-            **({"SPILLWAY_ADMIN_TOKEN": token} if token else {}),
-        }
-
-    @property
-    def metrics_log(self) -> Path:
-        """Where the router's EMF metric lines go: ``ROUTER_METRICS_LOG`` of the WSGI
-        router; under serverless-offline the handler's stdout, the router's log."""
-        if self.router_runtime == "serverless-offline":
-            return self.log_dir / "router.log"
-        return self.log_dir / "router-metrics.jsonl"
-
-    @property
-    def policy_copy(self) -> Path:
-        """The WSGI router's policy file: a copy of ``policy`` in the log folder, so that
-        ``spillway policy apply`` changes this stack's policy, not the checked-in one."""
-        return self.log_dir / "policy.yaml"
 
     def _say(self, part: str, started: float, what: str) -> None:
         if self.progress is not None:
@@ -338,8 +168,8 @@ class LocalStack:
         self._say(name, started, self.url(name))
 
     def _moto(self) -> None:
-        # moto's server, its DynamoDB item writes atomic (spillway_cli.moto_atomic)
-        argv = [sys.executable, "-m", "spillway_cli.moto_atomic", "-H", "127.0.0.1"]
+        # moto's server, its DynamoDB item writes atomic (spillway_cli.local.moto_atomic)
+        argv = [sys.executable, "-m", "spillway_cli.local.moto_atomic", "-H", "127.0.0.1"]
         argv += ["-p", str(self.ports.moto)]
         self._start("moto", argv, {}, "/moto-api/")
 
@@ -356,26 +186,9 @@ class LocalStack:
                 files += 1
         return files
 
-    def jobs_env(self) -> dict[str, str]:
-        """The jobs API's settings: tenants' areas under ``tenants/`` and the router's
-        staging, the local API key mapped to the ``local`` tenant; the WSGI router
-        authenticates nobody, so its anonymous callers' jobs are the anonymous tenant's
-        (``JOBS_TRUST_TENANT_HINTS``, a local-only setting)."""
-        return {
-            "JOBS_REPOSITORY": REPOSITORY,
-            "JOBS_CACHE_DIR": str(self.log_dir / "jobs-cache"),
-            "JOBS_WORK_DIR": str(self.log_dir / "jobs-work"),
-            "JOBS_TENANTS_ROOT": TENANTS_ROOT,
-            "JOBS_STAGING": JOBS_STAGING,
-            "JOBS_IDENTITY_TENANTS": json.dumps({LOCAL_API_KEY: "local"}),
-            "JOBS_CONFIG_TABLE": STATE_TABLE,
-            "JOBS_CONFIG_TTL_S": str(CONFIG_TTL_S),
-            "JOBS_TRUST_TENANT_HINTS": "true",
-        }
-
     def _jobs_resources(self) -> None:
         from batch_job.settings import JobsSettings
-        from spillway_cli.local_batch import configure_moto, create_resources
+        from spillway_cli.local.batch import configure_moto, create_resources
 
         configure_moto(self.url("moto"))
         create_resources(JobsSettings())
@@ -388,7 +201,7 @@ class LocalStack:
 
     def _async_resources(self) -> None:
         """Async inference's table, queue, dead-letter queue and bucket prefix on moto."""
-        from spillway_cli.local_async import async_env, create_async_resources
+        from spillway_cli.local.async_resources import async_env, create_async_resources
 
         self.async_vars = async_env(create_async_resources(DATA_BUCKET))
         os.environ.update(self.async_vars)
@@ -398,9 +211,10 @@ class LocalStack:
         states invoking the CPU fallback through Lambda's invoke API (as Step Functions
         invokes the function on AWS) and writing to S3 on moto."""
         from spillway.fallback.settings import CpuSettings
-        from spillway_cli.local_states import LocalStateMachine, LocalStepFunctions, substituted
+        from spillway_cli.local.states import LocalStateMachine, substituted
+        from spillway_cli.local.step_functions import LocalStepFunctions
         from spillway_cli.statemachines import definition_path, substitutions
-        from spillway_cli.wsgi_server import server
+        from spillway_cli.local.wsgi_server import server
 
         # One attempt per call: the definition's own Retry handles the service's errors.
         invoke = client(
@@ -442,52 +256,10 @@ class LocalStack:
         if self.states is not None:
             self.states.close()
 
-    def states_env(self) -> dict[str, str]:
-        """The router's variables that run async pipeline requests as executions."""
-        return {
-            "AWS_ENDPOINT_URL_SFN": self.url("states"),
-            "ASYNC_STATE_MACHINES": json.dumps(STATE_MACHINES),
-        }
-
-    def router_env(self) -> dict[str, str]:
-        """The WSGI router's variables (beyond ``aws_env``)."""
-        return {
-            **self.states_env(),
-            "ROUTER_GPU_URL": self.url("gpu"),
-            "ROUTER_CPU_URL": self.url("cpu"),
-            # Batch mode invokes the jobs function as on AWS (Lambda's invoke API, which
-            # `spillway serve jobs` answers): the invoke event carries the caller's tenant.
-            "ROUTER_JOBS_FUNCTION": JOBS_FUNCTION,
-            "AWS_ENDPOINT_URL_LAMBDA": self.url("jobs"),
-            "ROUTER_JOBS_STAGING": JOBS_STAGING,
-            "ROUTER_POLICY_FILE": str(self.policy_copy),
-            "ROUTER_STATE_TABLE": STATE_TABLE,
-            "ROUTER_CONFIG_TTL_S": str(CONFIG_TTL_S),
-            "ROUTER_METRICS_LOG": str(self.log_dir / "router-metrics.jsonl"),
-        }
-
-    @property
-    def websocket_url(self) -> str:
-        """Where WebSocket clients connect."""
-        return f"ws://127.0.0.1:{self.ports.websocket}"
-
-    def websocket_env(self) -> dict[str, str]:
-        """The WebSocket function's variables under ``spillway serve websocket``: the
-        router's (it routes frames with the same router), answers pushed to the local
-        gateway's ``@connections`` API, and, as nothing authenticates a local caller, a
-        connection's tenant named by its ``x-spillway-tenant`` header on ``$connect`` (a
-        local-only setting; the local API key is the ``local`` tenant's)."""
-        return {
-            **self.router_env(),
-            "ROUTER_TRUST_TENANT_HINTS": "true",
-            "ROUTER_IDENTITY_TENANTS": json.dumps({LOCAL_API_KEY: "local"}),
-            "WS_MANAGEMENT_ENDPOINT": self.url("websocket"),
-        }
-
     def _websocket(self) -> None:
         """The WebSocket API, under every router runtime: ``spillway serve websocket``
         running the WebSocket function as API Gateway would, and as strict (binary
-        frames, frame and message sizes, idle and lifetime: ``spillway_cli.ws_gateway``).
+        frames, frame and message sizes, idle and lifetime: ``spillway_cli.local.websocket``).
         serverless-offline's own WebSocket server takes binary frames and messages over
         128 KB, so it is not used (``_router_offline`` moves it to a port nobody uses);
         under it, the function reads the policy where the offline router does."""
@@ -550,7 +322,7 @@ class LocalStack:
     def _scope_key(self) -> None:
         """The tenant scope proof key, a generated Secrets Manager secret on moto (as
         infra/storage.yaml's ``ScopeProofKeySecret``)."""
-        from spillway_cli.local_scope_key import create_scope_key
+        from spillway_cli.local.scope_key import create_scope_key
 
         create_scope_key(aws_client("secretsmanager", REGION), SCOPE_PROOF_KEY_NAME)
 
@@ -558,55 +330,14 @@ class LocalStack:
         """The router as serverless.yml describes it, under serverless-offline (stage
         ``local``): its policy from an SSM parameter on moto, the CPU fallback through
         Lambda's invoke API served by ``spillway serve cpu``."""
-        if not APP_ZIP.is_file():
-            raise RuntimeError(
-                f"serverless-offline runs {APP_ZIP}, which is missing: build it with "
-                "`make -f infra/lambda/Makefile serverless`, or use --router-runtime wsgi"
-            )
-        argv = [
-            str(SERVERLESS),
-            "offline",
-            "start",
-            "--stage",
-            "local",
-            "--host",
-            "127.0.0.1",
-            "--httpPort",
-            str(self.ports.router),
-            "--lambdaPort",
-            str(procs.free_port()),
-            "--noPrependStageInUrl",
-            f"--param=gpuUrl={self.url('gpu')}",
-            "--param=cpuFunction=spillway-cpu-infer",
-            f"--param=awsEndpointUrl={self.url('moto')}",
-            f"--param=lambdaEndpointUrl={self.url('cpu')}",
-            # serverless.yml's local value is "{}": the local Step Functions endpoint's.
-            f"--param=asyncStateMachines={json.dumps(STATE_MACHINES)}",
-            # serverless-offline 13 cannot leave out serverless.yml's websocket events:
-            # its WebSocket server goes to a free port nobody is told of, and the API is
-            # served by `spillway serve websocket` (_websocket).
-            "--websocketPort",
-            str(procs.free_port()),
-            f"--param=wsManagementEndpoint={self.url('websocket')}",
-        ]
-        venv = Path(sys.executable).parent.parent
-        env = {
-            "VIRTUAL_ENV": str(venv),
-            "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '')}",
-            "AWS_ENDPOINT_URL_LAMBDA": self.url("cpu"),
-            # serverless-offline hands every AWS_* variable of its own to the handler.
-            "AWS_ENDPOINT_URL_SFN": self.url("states"),
-            "SLS_TELEMETRY_DISABLED": "1",
-            "SLS_NOTIFICATIONS_MODE": "off",
-            "SLS_DEPRECATION_DISABLE": "*",
-        }
+        argv, env = serverless_offline.command(self)
         self.router_headers = {"x-api-key": LOCAL_API_KEY}
         started = time.monotonic()
         child = procs.start("router", argv, self.log_dir, {**self.aws_env(), **env})
         self.children["router"] = child
         procs.wait_http(
             f"{self.url('router')}/v2/health/live",
-            FALLBACK_WAIT_S if self.router_fallback else 180,
+            serverless_offline.FALLBACK_WAIT_S if self.router_fallback else 180,
             child.proc,
             headers=self.router_headers,
         )

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from spillway_cli.local_names import (
+from spillway_cli.local.names import (
     DATA_BUCKET,
     POLICY_PARAMETER,
     REPOSITORY,
@@ -74,7 +74,7 @@ def env_vars_document(
 
 
 class StackEndpoints(Protocol):
-    """What the env-vars file needs of a running ``spillway_cli.stack.LocalStack``."""
+    """What the env-vars file needs of a running ``spillway_cli.local.stack.LocalStack``."""
 
     @property
     def async_vars(self) -> Mapping[str, str]:

@@ -1,0 +1,97 @@
+"""The router under serverless-offline (``spillway up --router-runtime
+serverless-offline``, ``auto`` where it can start): whether it can run here, and its
+command line and environment for a stack. serverless.yml's ``local`` stage names the
+handlers it runs (``spillway_cli.local.offline_handlers``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from spillway_cli.local import procs
+from spillway_cli.local.layout import STATE_MACHINES, StackLayout
+
+log = logging.getLogger("spillway.stack")
+ROOT = Path(__file__).resolve().parents[2]
+SERVERLESS = ROOT / "node_modules" / ".bin" / "serverless"
+APP_ZIP = ROOT / "build" / "lambda" / "app.zip"  # serverless.yml's package.artifact
+# serverless-offline's first invocation starts a Python process that imports the router:
+# seconds on an idle machine, more than a minute on a loaded 2-core one (as long as the
+# other services are given), and `auto` must not pick the runtime by the machine's load.
+FALLBACK_WAIT_S = 180.0
+
+
+def router_runtime(choice: str) -> str:
+    """``auto``: serverless-offline when it can start — Node.js, the Serverless Framework
+    (``make check-infra`` installs both) and the artefact serverless.yml runs
+    (``build/lambda/app.zip``, built by ``make -f infra/lambda/Makefile serverless``) —
+    else the WSGI router, saying what was missing."""
+    if choice != "auto":
+        return choice
+    missing = offline_missing()
+    if missing:
+        log.info("router runtime: wsgi (serverless-offline needs %s)", ", ".join(missing))
+        return "wsgi"
+    return "serverless-offline"
+
+
+def offline_missing() -> list[str]:
+    """What serverless-offline would need to run the router and is not here."""
+    needs = {
+        "Node.js": shutil.which("node") is not None,
+        "the Serverless Framework (node_modules)": SERVERLESS.exists(),
+        f"{APP_ZIP.relative_to(ROOT)}": APP_ZIP.is_file(),
+    }
+    return [what for what, present in needs.items() if not present]
+
+
+def command(stack: StackLayout) -> tuple[list[str], dict[str, str]]:
+    """serverless-offline's command line for ``stack``'s router (stage ``local``) and the
+    variables it adds to the stack's own; ``RuntimeError`` when its artefact is missing."""
+    if not APP_ZIP.is_file():
+        raise RuntimeError(
+            f"serverless-offline runs {APP_ZIP}, which is missing: build it with "
+            "`make -f infra/lambda/Makefile serverless`, or use --router-runtime wsgi"
+        )
+    argv = [
+        str(SERVERLESS),
+        "offline",
+        "start",
+        "--stage",
+        "local",
+        "--host",
+        "127.0.0.1",
+        "--httpPort",
+        str(stack.ports.router),
+        "--lambdaPort",
+        str(procs.free_port()),
+        "--noPrependStageInUrl",
+        f"--param=gpuUrl={stack.url('gpu')}",
+        "--param=cpuFunction=spillway-cpu-infer",
+        f"--param=awsEndpointUrl={stack.url('moto')}",
+        f"--param=lambdaEndpointUrl={stack.url('cpu')}",
+        # serverless.yml's local value is "{}": the local Step Functions endpoint's.
+        f"--param=asyncStateMachines={json.dumps(STATE_MACHINES)}",
+        # serverless-offline 13 cannot leave out serverless.yml's websocket events:
+        # its WebSocket server goes to a free port nobody is told of, and the API is
+        # served by `spillway serve websocket` (LocalStack._websocket).
+        "--websocketPort",
+        str(procs.free_port()),
+        f"--param=wsManagementEndpoint={stack.url('websocket')}",
+    ]
+    venv = Path(sys.executable).parent.parent
+    env = {
+        "VIRTUAL_ENV": str(venv),
+        "PATH": f"{venv / 'bin'}:{os.environ.get('PATH', '')}",
+        "AWS_ENDPOINT_URL_LAMBDA": stack.url("cpu"),
+        # serverless-offline hands every AWS_* variable of its own to the handler.
+        "AWS_ENDPOINT_URL_SFN": stack.url("states"),
+        "SLS_TELEMETRY_DISABLED": "1",
+        "SLS_NOTIFICATIONS_MODE": "off",
+        "SLS_DEPRECATION_DISABLE": "*",
+    }
+    return argv, env
