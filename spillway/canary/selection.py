@@ -1,20 +1,22 @@
 """Canary versions in the router: the version of a request that pins none, session
-affinity, and the automatic rollback.
+affinity, and the automatic rollback. The router reaches all of it through the
+version-choice stage (``spillway.canary.stage``), whose canary arms call in here.
 
-For a model with a canary record (``spillway.canary.records``), an infer request that names no
-version goes to ``/v2/models/M/versions/V/infer``: V is the canary for ``percent`` % of
-draws, else the stable version, and the response names V (``x-spillway-model-version``).
-A request carrying ``x-spillway-session: <id>`` keeps the version its session first got
-(an affinity item in the state table, scoped to the caller's tenant, renewed on use)
-whatever the percentage does later; a session bound to a canary that was rolled back, or
-to a version a promotion retired, moves to the stable version. A request that pins a
-rolled-back version is refused (409 ``version_rolled_back``, ``admit``) unless the
-operator set ``allow_pinned`` on the record. Records are cached for
-``canary_ttl_s``; once per ``canary_config_check_s`` the model's ``config.json`` (asked
-from a backend) may start the canary it names (``spillway.canary.records.seed``). The record is
-followed in every mode: an unpinned async request is queued, and a batch-mode one
-submitted, with the version chosen here, so no worker falls back on a backend's own
-default (which may be a rolled-back newest version).
+For a model with a canary record (``spillway.canary.records``), an infer request that
+names no version goes to ``/v2/models/M/versions/V/infer`` (``choose``): V is the canary
+for ``percent`` % of draws, else the stable version, and the response names V
+(``x-spillway-model-version``). A request carrying ``x-spillway-session: <id>`` keeps the
+version its session first got (an affinity item in the state table, scoped to the
+caller's tenant, renewed on use) whatever the percentage does later; a session bound to a
+canary that was rolled back, or to a version a promotion retired, moves to the stable
+version. A request that pins a rolled-back version is refused (409
+``version_rolled_back``, ``admit``) unless the operator set ``allow_pinned`` on the
+record. Records are cached for ``canary_ttl_s``; once per ``canary_config_check_s`` the
+model's ``config.json`` (asked from a backend) may start the canary it names
+(``spillway.canary.records.seed``). The record is followed in every mode: an unpinned
+async request is queued, and a batch-mode one submitted, with the version chosen here, so
+no worker falls back on a backend's own default (which may be a rolled-back newest
+version).
 
 Versions are a contract with the backends: a backend that answers the version the router
 chose with 404 ``model_not_found`` does not serve it (``version_missing``); the router
@@ -203,7 +205,7 @@ class CanaryRouter:
                 "version or none"
             )
 
-    def pick(self, request: Request) -> Pick | None:
+    def choose(self, request: Request) -> Pick | None:
         """The version of an infer request that pins none, for a model with a canary
         record; ``None`` leaves the request as it is."""
         session = request.call.headers.get(SESSION_HEADER)

@@ -10,13 +10,17 @@ backends after it leaves ``fallback_reserve`` of the remaining time to them; its
 travels down as the Open Inference Protocol ``timeout`` parameter, so a backend drops
 work nobody waits for.
 
-For a model with a canary record the router chooses the version of a request that pins
-none (``canary``), in every mode: an async request is queued, and a batch-mode one
-submitted, with that version, never left to a worker's default. A backend that answers
-that chosen version with 404 ``model_not_found`` does not serve it: the walk moves on to
-the next backend with the same version, and when none serves it the request walks the
-chain again for the stable version (``x-spillway-fallback`` then names
-``<backend>:version_not_served``). A client sees a 404 only for a version it asked for.
+Which version of a model a request is sent to is one stage, ``versions``
+(``spillway.canary.stage``): ``pick`` gives the request its arm before anything else
+happens to it, in every mode (an async request is queued, and a batch-mode one
+submitted, with the version chosen there, never left to a worker's default); the walk
+passes over the backends the arm ``skips`` and takes an answer the arm calls
+``unserved`` (a 404 ``model_not_found`` for a version the router chose) for no answer,
+moving on to the next backend with the same version (``x-spillway-fallback`` then names
+``<backend>:version_not_served``); when no backend served it the arm may hand the walk
+another arm (``walk_again``: the stable version) for a second walk; and the arm
+``settle``s the answer. A router without canaries has the stand-in stage, whose arms send
+every request as it came. A client sees a 404 only for a version it asked for.
 
 What counts against a backend's circuit: no connection, no answer in time, a broken
 connection, a 502, a 5xx the backend marks as its own fault (``x-spillway-fault:
@@ -41,7 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from spillway.canary.selection import CanaryRouter, Pick, version_missing
+from spillway.canary.stage import NO_CANARY, VERSION_NOT_SERVED, Arm, VersionStage
 from spillway.policy.accounting import EmfSink, Pricing, RouteRecord, event_metric
 from spillway.policy.backend import (
     Backend,
@@ -54,6 +58,7 @@ from spillway.policy.backend import (
 from spillway.policy.decision import Decision, SpillState, decide, with_allowed_priority
 from spillway.policy.facts import Call, Request, read_request, with_timeout
 from spillway.policy.health import CircuitBreaker, LoadTracker, RetryBudget, parse_load_headers
+from spillway.policy.rules import Policy
 from spillway.policy.store import PolicyStore
 from spillway.protocol.errors import (
     DeadlineExceededError,
@@ -77,7 +82,6 @@ from spillway.router.settings import RouterSettings
 log = logging.getLogger("spillway.router")
 
 FAILOVER_STATUS = {429: "overloaded", 502: "bad_gateway", 503: "unavailable", 504: "deadline"}
-VERSION_NOT_SERVED = "version_not_served"
 _MIN_ATTEMPT_S = 0.005
 # The backend is told 90% of the attempt's time so that its own 504 arrives before ours.
 BACKEND_TIMEOUT_SHARE = 0.9
@@ -129,12 +133,12 @@ class Router:
         spills: SpillState,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
-        canaries: CanaryRouter | None = None,
+        versions: VersionStage = NO_CANARY,
         async_front: AsyncFront | None = None,
     ) -> None:
         self.backends = dict(backends)
         self.async_front = async_front
-        self.canaries = canaries
+        self.versions = versions
         self.policies = policies
         self.config = config
         self.pricing = pricing
@@ -160,43 +164,39 @@ class Router:
         self.budget = RetryBudget(config.retry_budget)
 
     def route(self, call: Call, target: Target) -> Reply:
-        """Decide, walk the chain within the deadline, account, and answer."""
+        """Decide, walk the chain within the deadline (through the version stage's arm),
+        account, and answer."""
         started = self.clock()
+        policy, request = self._read(call, target)
+        arm = self.versions.pick(request)
+        if request.facts.mode == "async":
+            return self._queue(arm.request)
+        decision = decide(policy, request.facts, self.wall(), self.load, self.spills)
+        deadline = self._deadline(started, request.facts.latency_budget_ms, call.remaining_ms)
+        outcome, arm = self._walk(decision, arm, deadline)
+        cost = self._account(outcome, arm.request, started)
+        reply = _reply(outcome, target, cost)
+        return arm.settle(outcome.response, self.clock() - started, reply)
+
+    def _read(self, call: Call, target: Target) -> tuple[Policy, Request]:
+        """The policy in force, and the request as it reads under it (with the priority
+        its caller may use)."""
         request = read_request(call, target, trust_tenant_hints=self.config.trust_tenant_hints)
-        if self.canaries is not None:
-            self.canaries.admit(request)
         policy = self.policies.policy
         facts = with_allowed_priority(policy, request.facts)
         if facts is not request.facts:
             request = replace(request, facts=facts)
-        # The version of a request that pins none, for a model with a canary record: in
-        # every mode (a queued or batch request would otherwise get a worker's default).
-        pick = self.canaries.pick(request) if self.canaries is not None else None
-        if pick is not None:
-            request = pick.pinned(request)
-        if facts.mode == "async":
-            if self.async_front is None:
-                raise ModeUnavailableError(
-                    "async mode is not offered by this deployment (ASYNC_TABLE, "
-                    "ASYNC_QUEUE_URL and ASYNC_LOCATION are unset)"
-                )
-            reply = self.async_front.submit(request)
-            self.sink.write(event_metric("AsyncAccepted"))
-            return reply
-        decision = decide(policy, facts, self.wall(), self.load, self.spills)
-        deadline = self._deadline(started, facts.latency_budget_ms, call.remaining_ms)
-        outcome = self._walk(decision, request, deadline, pick)
-        if pick is not None and self.canaries is not None and _version_unserved(outcome):
-            stable = self.canaries.to_stable(pick, [a.outcome for a in outcome.attempts])
-            if stable is not None:
-                pick, request = stable, stable.pinned(request)
-                tried = outcome.attempts
-                outcome = self._walk(decision, request, deadline, pick)
-                outcome.attempts[:0] = tried
-        cost = self._account(outcome, request, started)
-        reply = _reply(outcome, request.target, cost)
-        if self.canaries is not None and pick is not None:
-            reply = self.canaries.settle(pick, outcome.response, self.clock() - started, reply)
+        return policy, request
+
+    def _queue(self, request: Request) -> Reply:
+        """Async mode: the request queued, answered 202 at once."""
+        if self.async_front is None:
+            raise ModeUnavailableError(
+                "async mode is not offered by this deployment (ASYNC_TABLE, "
+                "ASYNC_QUEUE_URL and ASYNC_LOCATION are unset)"
+            )
+        reply = self.async_front.submit(request)
+        self.sink.write(event_metric("AsyncAccepted"))
         return reply
 
     def ready(self) -> bool:
@@ -218,18 +218,29 @@ class Router:
 
     # --- the walk ----------------------------------------------------------------------
 
-    def _walk(
-        self, decision: Decision, request: Request, deadline: float, pick: Pick | None = None
-    ) -> Outcome:
-        """Try the chain's backends in order until one answers for good; ``pick``: the
-        version the router chose, which a backend that does not serve it is not sent (or,
-        answering 404 for it, does not answer for good)."""
+    def _walk(self, decision: Decision, arm: Arm, deadline: float) -> tuple[Outcome, Arm]:
+        """Walk the chain with the request's arm; when nothing served and the arm hands
+        over another (the stable version for a chosen one no backend serves), walk it
+        again with that one. The outcome lists the attempts of both walks."""
+        outcome = self._chain(decision, arm, deadline)
+        again = arm.walk_again(outcome.attempts)
+        if again is None:
+            return outcome, arm
+        tried = outcome.attempts
+        outcome = self._chain(decision, again, deadline)
+        outcome.attempts[:0] = tried
+        return outcome, again
+
+    def _chain(self, decision: Decision, arm: Arm, deadline: float) -> Outcome:
+        """Try the chain's backends in order until one answers for good; a backend the
+        arm ``skips`` is not sent the request, and one whose answer the arm calls
+        ``unserved`` did not answer for good."""
         self.budget.deposit()
         outcome = Outcome(decision)
         chain = [name for name in decision.chain if name in self.backends]
         last_failover: tuple[str, BackendResponse] | None = None
         for index, name in enumerate(chain):
-            if pick is not None and self.canaries is not None and self.canaries.skips(name, pick):
+            if arm.skips(name):
                 outcome.attempts.append(Attempt(name, VERSION_NOT_SERVED))
                 continue
             blocked = self._blocked(name, deadline)
@@ -242,18 +253,16 @@ class Router:
             later = any(self.breakers[n].state != "open" for n in chain[index + 1 :])
             timeout = remaining * (1 - self.config.fallback_reserve) if later else remaining
             try:
-                attempt, response = self._attempt(name, request, timeout, deadline)
+                attempt, response = self._attempt(name, arm.request, timeout, deadline)
             except SpillwayError as exc:  # e.g. batch mode without a jobs API
                 outcome.attempts.append(Attempt(name, exc.code))
                 outcome.error = exc
                 continue
-            if pick is not None and response is not None and version_missing(response):
+            if response is not None and arm.unserved(name, response):
                 # The backend does not serve the version the router chose: not an answer
                 # for the client, who asked for no version (the next backend, or the
                 # stable version, serves it).
                 attempt = replace(attempt, outcome=VERSION_NOT_SERVED, served=False)
-                if self.canaries is not None:
-                    self.canaries.missed(name, pick)
             outcome.attempts.append(attempt)
             if response is not None and attempt.served:
                 outcome.response, outcome.backend = response, name
@@ -442,15 +451,6 @@ def backend_request(request: Request, backend: str, timeout_s: float) -> Backend
         body=body,
         request_id=call.request_id,
         tenant=request.facts.tenant,
-    )
-
-
-def _version_unserved(outcome: Outcome) -> bool:
-    """Whether no backend served the request and one said it does not serve the version
-    the router chose for it."""
-    attempts = outcome.attempts
-    return not any(a.served for a in attempts) and any(
-        a.outcome == VERSION_NOT_SERVED for a in attempts
     )
 
 

@@ -20,6 +20,7 @@ from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
 from spillway.canary.records import CanaryStore
 from spillway.canary.selection import Affinity, CanaryRouter, backend_config
+from spillway.canary.stage import NO_CANARY, CanaryStage, VersionStage
 from spillway.policy.accounting import EmfSink, Pricing, event_metric, load_pricing
 from spillway.policy.backend import Backend
 from spillway.policy.decision import SpillState
@@ -186,11 +187,13 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
         backends = make_backends(settings, o.submitter, store, signed_scopes(proofs))
     spills = SpillState(rng)
     epoch = o.epoch or time.time
-    canaries = None
+    # Canaries live in the state table: without one, the stand-in stage sends every
+    # request as it came.
+    versions: VersionStage = NO_CANARY
     if store is not None:
         draws = random.Random(settings.canary_seed)  # noqa: S311 - canary draws, not secrets
-        canaries = canary_router(
-            settings, store, backends, clock=clock, epoch=epoch, sink=sink, rng=draws
+        versions = CanaryStage(
+            canary_router(settings, store, backends, clock=clock, epoch=epoch, sink=sink, rng=draws)
         )
     policies = PolicyStore(
         _policy_source(settings),
@@ -208,7 +211,7 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
         spills=spills,
         clock=clock,
         wall=o.wall or (lambda: datetime.now(UTC)),
-        canaries=canaries,
+        versions=versions,
         async_front=async_front(o.async_store, store),
     )
     log.info(
