@@ -10,7 +10,7 @@ A request's tenant is found with ``spillway.tenancy.identity`` (the router's rul
 authorizer's ``tenant``, else the API key id or IAM principal through
 ``JOBS_IDENTITY_TENANTS``; 401 ``unauthenticated`` when nothing vouched for the caller);
 ``batch_job.service`` does the work for that tenant, and errors get the core's one
-mapping (``spillway.protocol.wire.guarded``; ``INTERNAL_ERROR`` for anything unexpected).
+mapping (``spillway.protocol.replies.guarded``; ``INTERNAL_ERROR`` for anything unexpected).
 
 The router's batch mode invokes the function directly (``lambda:Invoke``, granted to the
 router's role alone) with a REST proxy event whose ``requestContext.authorizer`` carries
@@ -33,7 +33,8 @@ from batch_job.service import JobService
 from batch_job.settings import JobsSettings
 from spillway.protocol.errors import InvalidInputError, PayloadTooLargeError, RouteNotFoundError
 from spillway.protocol.messages import DirectInvokeAnswer, JobRequest, JobStatus, SubmitReceipt
-from spillway.protocol.wire import Reply, allow, guarded, json_reply, strip_stage
+from spillway.protocol.replies import Reply, guarded, json_reply
+from spillway.protocol.wire import allow, strip_stage
 from spillway.state.table import open_state_store
 from spillway.tenancy.directory import LiveConfigCache, TenantDirectory, apply_log_level
 from spillway.tenancy.identity import Authenticator, event_header

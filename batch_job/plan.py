@@ -24,7 +24,7 @@ from spillway.models.repository import ModelRepository
 from spillway.protocol.errors import InvalidInputError, JobConflictError, ModelNotFoundError
 from spillway.protocol.messages import STAGED_SUFFIX
 from spillway.protocol.names import validate_model_name
-from spillway.protocol.wire import is_s3_url
+from spillway.protocol.s3urls import is_s3_url
 
 InputFormat = Literal["jsonl", "npy", "staged", "images"]
 SUFFIXES: dict[str, InputFormat] = {

@@ -21,7 +21,7 @@ from spillway.aws.clients import aws_client
 from spillway.aws.errors import error_code
 from spillway.aws.objects import get_object_or_none, head_object_or_none
 from spillway.protocol.errors import InputChangedError, InvalidInputError
-from spillway.protocol.wire import is_s3_url, parse_s3_url
+from spillway.protocol.s3urls import is_s3_url, parse_s3_url
 
 _CHUNK = 1 << 20  # bytes per read while streaming a download
 

@@ -34,7 +34,8 @@ from spillway.async_inference.records import owner_scope
 from spillway.async_inference.replies import failure_reply
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore, Job
-from spillway.protocol.wire import Reply, infer_reply, read_json_header
+from spillway.protocol.framing import read_json_header
+from spillway.protocol.replies import Reply, infer_reply
 
 log = logging.getLogger("spillway.gpu.async")
 

@@ -21,8 +21,9 @@ from spillway.models.processing import Tensors
 from spillway.protocol.codec import request_from_header
 from spillway.protocol.datatypes import numpy_dtype
 from spillway.protocol.errors import InvalidInputError
+from spillway.protocol.framing import read_json_header
 from spillway.protocol.tensors import tensor_from_bytes
-from spillway.protocol.wire import InferParameters, read_json_header
+from spillway.protocol.wire import InferParameters
 
 _CONTENTS = {
     "BOOL": "bool_contents",

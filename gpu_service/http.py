@@ -40,17 +40,9 @@ from spillway.protocol.errors import (
     RequestTimeoutError,
     SpillwayError,
 )
-from spillway.protocol.wire import (
-    Reply,
-    Target,
-    allow,
-    infer_reply,
-    model_target,
-    no_route,
-    parse_header_length,
-    refused,
-    unhandled,
-)
+from spillway.protocol.framing import parse_header_length
+from spillway.protocol.replies import Reply, infer_reply, refused, unhandled
+from spillway.protocol.wire import Target, allow, model_target, no_route
 
 if TYPE_CHECKING:
     from gpu_service.grpc_server import GrpcServer
@@ -198,12 +190,12 @@ class GpuServiceApp:
             self.abandon(exchange)
 
     def refusal(self, error: SpillwayError, method: str, path: str) -> Response:
-        """The response to a refused request, logged (``wire.refused``)."""
+        """The response to a refused request, logged (``replies.refused``)."""
         return encoded(refused(log, error, method=method[:16], path=path[:200]))
 
     def failure(self, method: str, path: str) -> Response:
         """The response to an unexpected exception, logged with its traceback (call it
-        from its ``except``: ``wire.unhandled``)."""
+        from its ``except``: ``replies.unhandled``)."""
         return encoded(unhandled(log, method=method[:16], path=path[:200]))
 
     # -- ASGI ----------------------------------------------------------------------------

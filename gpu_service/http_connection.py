@@ -35,7 +35,7 @@ from gpu_service.http_wire import (
 )
 from gpu_service.settings import GpuSettings
 from spillway.protocol.errors import SpillwayError
-from spillway.protocol.wire import unhandled
+from spillway.protocol.replies import unhandled
 
 log = logging.getLogger("spillway.transport")
 

@@ -19,7 +19,7 @@ import httptools
 
 from gpu_service.http import Headers, Response, encoded, header_value, route_path
 from spillway.protocol.errors import RequestTimeoutError, UnavailableError
-from spillway.protocol.wire import error_reply, status_phrase
+from spillway.protocol.replies import error_reply, status_phrase
 
 _DROP_BODY_BYTES = 1024 * 1024
 """A refused request's body is read and dropped up to this size, else the connection

@@ -20,12 +20,8 @@ from aws_lambda_powertools.logging import Logger
 from aws_lambda_powertools.metrics import Metrics
 
 from spillway.powertools import API_GATEWAY_REQUEST_ID, NAMESPACE, traced
-from spillway.protocol.wire import (
-    EVENT_ENVELOPE_BYTES,
-    LAMBDA_PAYLOAD_BYTES,
-    body_over_limit,
-    error_reply,
-)
+from spillway.protocol.replies import error_reply
+from spillway.protocol.wire import EVENT_ENVELOPE_BYTES, LAMBDA_PAYLOAD_BYTES, body_over_limit
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from spillway.tenancy.directory import apply_log_level

@@ -20,8 +20,10 @@ from spillway.powertools import API_GATEWAY_REQUEST_ID, NAMESPACE, remaining_ms,
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import Overrides, create_app, state_store
 from spillway.state.table import DynamoStateStore
-from spillway.streams.connections import Connection, DynamoConnections
-from spillway.streams.gateway import ApiGatewayPoster, StreamGateway
+from spillway.streams.connections import Connection
+from spillway.streams.delivery import ApiGatewayPoster
+from spillway.streams.dynamo_connections import DynamoConnections
+from spillway.streams.gateway import StreamGateway
 from spillway.streams.settings import StreamSettings
 from spillway.streams.tenants import DynamoTenantBudgets
 from spillway.tenancy.directory import apply_log_level

@@ -20,8 +20,10 @@ from spillway.async_inference.records import AsyncRecord
 from spillway.async_inference.settings import AsyncSettings
 from spillway.aws.limits import S3_KEY_BYTES
 from spillway.protocol.errors import InputNotFoundError, InvalidInputError, PayloadTooLargeError
+from spillway.protocol.framing import BINARY_CONTENT_TYPE, HEADER_LENGTH
 from spillway.protocol.messages import read_staged_request
-from spillway.protocol.wire import BINARY_CONTENT_TYPE, HEADER_LENGTH, Reply, parse_s3_url
+from spillway.protocol.replies import Reply
+from spillway.protocol.s3urls import parse_s3_url
 from spillway.tenancy.areas import area, folder, require_inside
 
 STAGED_NAME = "request.v2req"
@@ -130,7 +132,7 @@ class AsyncObjects:
         if place.prefix.endswith(".v2req"):
             return read_staged_request(data)
         length = (head.get("Metadata") or {}).get(HEADER_LENGTH)
-        from spillway.protocol.wire import parse_header_length
+        from spillway.protocol.framing import parse_header_length
 
         return data, parse_header_length(length)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spillway.async_inference.replies import error_of
-from spillway.protocol.wire import Reply
+from spillway.protocol.replies import Reply
 
 _QUEUE_COUNTS = (
     "ApproximateNumberOfMessages",

@@ -9,7 +9,8 @@ from typing import Any
 
 from spillway.async_inference.records import AsyncRecord
 from spillway.protocol.errors import SpillwayError
-from spillway.protocol.wire import HEADER_LENGTH, JSON_CONTENT_TYPE, Reply, json_reply
+from spillway.protocol.framing import HEADER_LENGTH, JSON_CONTENT_TYPE
+from spillway.protocol.replies import Reply, json_reply
 
 VERSION_HEADER = "x-spillway-model-version"
 
@@ -26,7 +27,7 @@ def error_of(reply: Reply) -> tuple[str, str]:
 def failure_reply(error: BaseException) -> Reply:
     """The reply recorded for a run that raised: its own mapping, or 500 for anything
     unexpected (retried like any server fault)."""
-    from spillway.protocol.wire import INTERNAL_ERROR, error_reply
+    from spillway.protocol.replies import INTERNAL_ERROR, error_reply
 
     if isinstance(error, SpillwayError):
         return error_reply(error)

@@ -31,7 +31,7 @@ from typing import Literal
 from spillway.models.canary_spec import RollbackBounds
 from spillway.policy.backend import BackendResponse
 from spillway.policy.facts import RequestFacts
-from spillway.protocol.wire import FAULT_HEADER
+from spillway.protocol.replies import FAULT_HEADER
 
 WINDOW_CAP = 2000
 SIGNIFICANCE_Z = 3.0

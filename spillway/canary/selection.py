@@ -64,7 +64,8 @@ from spillway.policy.accounting import EmfSink, event_metric
 from spillway.policy.backend import Backend, BackendError, BackendRequest, BackendResponse
 from spillway.policy.facts import Request, check_session_id
 from spillway.protocol.errors import StateUnavailableError, VersionRolledBackError
-from spillway.protocol.wire import Reply, Target
+from spillway.protocol.replies import Reply
+from spillway.protocol.wire import Target
 from spillway.state.table import StateStore, scope
 
 log = logging.getLogger("spillway.router.canary")

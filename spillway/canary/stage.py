@@ -31,7 +31,7 @@ from typing import Protocol
 from spillway.canary.selection import CanaryRouter, Pick, version_missing
 from spillway.policy.backend import BackendResponse
 from spillway.policy.facts import Request
-from spillway.protocol.wire import Reply
+from spillway.protocol.replies import Reply
 
 VERSION_NOT_SERVED = "version_not_served"
 """The outcome of an attempt a backend did not serve because it lacks the version the

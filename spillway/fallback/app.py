@@ -18,18 +18,9 @@ from spillway.fallback.chain import ClientFault, ServerFault, handle_chain_event
 from spillway.fallback.direct import handle_direct
 from spillway.fallback.service import CpuService
 from spillway.protocol.errors import RouteNotFoundError
-from spillway.protocol.wire import (
-    Reply,
-    Target,
-    allow,
-    allow_get,
-    infer_reply,
-    json_reply,
-    load_json_object,
-    model_target,
-    parse_header_length,
-    read_wsgi_body,
-)
+from spillway.protocol.framing import load_json_object, parse_header_length
+from spillway.protocol.replies import Reply, infer_reply, json_reply
+from spillway.protocol.wire import Target, allow, allow_get, model_target, read_wsgi_body
 from spillway.protocol.wsgi import StartResponse, serve
 
 log = logging.getLogger("spillway.cpu_infer")

@@ -33,7 +33,7 @@ from spillway.async_inference.records import owner_scope
 from spillway.async_inference.replies import failure_reply
 from spillway.async_inference.store import AsyncStore
 from spillway.fallback.service import CpuService
-from spillway.protocol.wire import Reply, infer_reply
+from spillway.protocol.replies import Reply, infer_reply
 
 log = logging.getLogger("spillway.cpu_infer.async")
 DRAIN_CHECK = "async-drain-check"

@@ -24,7 +24,7 @@ from spillway.fallback.service import CpuService
 from spillway.pipelines.chain import FAILED, RESPOND, STEP, ChainEvent, ChainStore, run_event
 from spillway.protocol.errors import NotConfiguredError, SpillwayError
 from spillway.protocol.messages import parse_message
-from spillway.protocol.wire import parse_s3_url
+from spillway.protocol.s3urls import parse_s3_url
 
 log = logging.getLogger("spillway.cpu_infer.chain")
 EVENTS = frozenset({STEP, RESPOND, FAILED})

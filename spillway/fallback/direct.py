@@ -15,7 +15,7 @@ from typing import Any
 
 from spillway.fallback.service import CpuService
 from spillway.protocol.messages import DirectInvokeAnswer, DirectInvokeEvent, parse_message
-from spillway.protocol.wire import Reply, guarded, infer_reply, json_reply
+from spillway.protocol.replies import Reply, guarded, infer_reply, json_reply
 
 log = logging.getLogger("spillway.cpu_infer")
 

@@ -33,7 +33,7 @@ from spillway.protocol.errors import (
     ModelNotFoundError,
 )
 from spillway.protocol.names import MODEL_NAME_PATTERN, validate_model_name, validate_version
-from spillway.protocol.wire import is_s3_url, parse_s3_url
+from spillway.protocol.s3urls import is_s3_url, parse_s3_url
 
 log = logging.getLogger("spillway.repository")
 

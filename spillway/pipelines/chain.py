@@ -43,7 +43,9 @@ from spillway.protocol.codec import decode_response, encode_response
 from spillway.protocol.errors import InvalidInputError, ModelNotFoundError
 from spillway.protocol.messages import read_staged_request, stage_request
 from spillway.protocol.names import MODEL_NAME_PATTERN
-from spillway.protocol.wire import TENANT_SCOPE_PATTERN, Reply, S3Location, infer_reply, json_reply
+from spillway.protocol.replies import Reply, infer_reply, json_reply
+from spillway.protocol.s3urls import S3Location
+from spillway.protocol.wire import TENANT_SCOPE_PATTERN
 
 STEP = "pipeline-step"
 RESPOND = "pipeline-respond"

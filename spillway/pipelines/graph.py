@@ -1,5 +1,6 @@
 """Pipelines (Triton's ensembles): several models in one request, each step run by its
-own model. This module holds the definition and its checks; ``spillway.pipelines.runner``
+own model. This module builds one from its configuration, with its checks and its run
+order; ``spillway.pipelines.definition`` holds what it builds, ``spillway.pipelines.runner``
 runs it.
 
 A pipeline is a model of the repository whose ``config.json`` has ``platform:
@@ -19,158 +20,23 @@ from __future__ import annotations
 
 import hashlib
 import math
-import operator
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-import numpy as np
-
-from spillway.models.config import ModelConfig, TensorConfig
-from spillway.models.engine import config_metadata
+from spillway.models.config import ModelConfig
 from spillway.models.loader import chosen_versions
-from spillway.models.pipeline_schema import DEFAULT_TIMEOUT_S, PipelineStep, StepCondition, StepMap
-from spillway.models.processing import Tensors
+from spillway.models.pipeline_schema import PipelineStep, StepCondition, StepMap
 from spillway.models.repository import ModelRepository
-from spillway.pipelines.fanout import COUNT_TYPES, FanOut
-from spillway.protocol.datatypes import datatype_of
-from spillway.protocol.errors import (
-    BatchTooLargeError,
-    InvalidInputError,
-    ModelLoadError,
-    ModelNotFoundError,
-)
 
-_OPS: dict[str, Callable[[Any, float], Any]] = {
-    ">": operator.gt,
-    ">=": operator.ge,
-    "<": operator.lt,
-    "<=": operator.le,
-}
+# moved: re-exported until cli imports it from spillway.pipelines.definition
+from spillway.pipelines.definition import Pipeline as Pipeline
+from spillway.pipelines.definition import Spec, Step, dims_fit, tensor_specs
+from spillway.pipelines.fanout import COUNT_TYPES, FanOut
+from spillway.protocol.errors import ModelLoadError, ModelNotFoundError
+
 _NUMERIC = frozenset(
     {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"}
     | {"FP16", "FP32", "FP64"}
 )
-
-
-# --- the definition -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step as it runs: its model, the tensors it reads and makes, its options."""
-
-    index: int
-    """Its place in the configuration (steps are named ``<index>:<model>``)."""
-    model: str
-    version: int | None
-    """The pinned version; ``None``: the one the model serves."""
-    input_map: Mapping[str, str]
-    output_map: Mapping[str, str]
-    condition: StepCondition | None
-    cache: bool
-    cache_shared: bool
-    """The cache is one for every tenant (the step reads only public inputs)."""
-    config_digest: str
-    """sha256 of the step model's configuration, part of every cache key."""
-    batching: bool
-    """The pipeline's tensors have a batch dimension (its ``max_batch_size`` > 0)."""
-    fanout: FanOut | None = None
-    """How the step runs over rows, when it maps (``spillway.map``)."""
-
-    @property
-    def label(self) -> str:
-        """``<index>:<model>``, as responses, statistics and metrics name the step."""
-        return f"{self.index}:{self.model}"
-
-    @property
-    def reads(self) -> frozenset[str]:
-        """The pipeline tensors the step needs: its inputs and its condition's tensor."""
-        extra = {self.condition.tensor} if self.condition else set()
-        if self.fanout is not None:
-            extra.add(self.fanout.counts)
-        return frozenset(self.input_map.values()) | extra
-
-    def runs_on(self, tensors: Tensors) -> bool:
-        """Whether the step runs for a request holding ``tensors``: everything it reads
-        was made, and its condition (if any) holds."""
-        if not self.reads <= tensors.keys():
-            return False
-        return self.condition is None or condition_holds(
-            self.condition, tensors[self.condition.tensor], self.batching
-        )
-
-    def inputs_of(self, tensors: Tensors) -> Tensors:
-        """The step model's inputs, from the pipeline's tensors."""
-        return {model_input: tensors[tensor] for model_input, tensor in self.input_map.items()}
-
-    def outputs_of(self, result: Tensors) -> Tensors:
-        """The pipeline tensors the step makes, from its model's outputs."""
-        return {tensor: result[model_output] for model_output, tensor in self.output_map.items()}
-
-
-@dataclass(frozen=True)
-class Pipeline:
-    """A validated pipeline: its configuration and its steps in run order."""
-
-    config: ModelConfig
-    steps: tuple[Step, ...]
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def output_names(self) -> list[str]:
-        """The served outputs, in the configuration's order."""
-        return [o.name for o in self.config.output]
-
-    @property
-    def models(self) -> set[str]:
-        """The step models."""
-        return {s.model for s in self.steps}
-
-    @property
-    def timeout_s(self) -> float:
-        """The longest one request may run through it (``SchedulingOptions.timeout_s``)."""
-        scheduling = self.config.ensemble_scheduling
-        return scheduling.spillway.timeout_s if scheduling else DEFAULT_TIMEOUT_S
-
-    def deadline_after(self, requested_s: float | None) -> float:
-        """Seconds a request that asked for ``requested_s`` (``None``: nothing) may run:
-        its own timeout may only lower the pipeline's."""
-        limit = self.timeout_s
-        return limit if requested_s is None else min(requested_s, limit)
-
-
-def condition_holds(condition: StepCondition, array: np.ndarray, batching: bool) -> bool:
-    """Whether ``rows`` of ``array`` (one number per row: its ``element`` or its
-    ``reduce``) pass ``op value``."""
-    values = np.asarray(array, dtype=np.float64)
-    rows = values.reshape(values.shape[0] if batching else 1, -1)
-    if condition.element is not None:
-        if condition.element >= rows.shape[1]:
-            raise InvalidInputError(
-                f"the condition reads element {condition.element} of {condition.tensor!r}, "
-                f"which has {rows.shape[1]} per row"
-            )
-        per_row = rows[:, condition.element]
-    else:
-        per_row = getattr(np, condition.reduce)(rows, axis=1)
-    passed = _OPS[condition.op](per_row, condition.value)
-    return bool(passed.any() if condition.rows == "any" else passed.all())
-
-
-Spec = tuple[str, tuple[int, ...]]
-"""A tensor's datatype and dims (without the batch dimension)."""
-
-
-def _fits(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b, strict=True))
-
-
-def _specs(tensors: tuple[TensorConfig, ...]) -> dict[str, Spec]:
-    return {t.name: (t.datatype, t.dims) for t in tensors}
 
 
 def _digest(config: ModelConfig) -> str:
@@ -191,7 +57,7 @@ class _Checker:
         self.configs = configs
         self.served = served
         self.where = f"pipeline {config.name!r}"
-        self.tensors: dict[str, Spec] = _specs(config.input)
+        self.tensors: dict[str, Spec] = tensor_specs(config.input)
         self.producers: dict[str, int] = {}
 
     def fail(self, reason: str) -> ModelLoadError:
@@ -261,7 +127,7 @@ class _Checker:
                 pending.remove((index, (spec, model)))
 
     def _outputs(self, index: int, spec: PipelineStep, model: ModelConfig) -> None:
-        made = _specs(model.output)
+        made = tensor_specs(model.output)
         if spec.spillway.map is not None:  # gathered per item: rows of what it makes
             made = {n: (t, (-1, *d)) for n, (t, d) in self._row_outputs(index, spec, model).items()}
         for model_output, tensor in spec.output_map.items():
@@ -277,7 +143,7 @@ class _Checker:
 
     def _step(self, index: int, spec: PipelineStep, model: ModelConfig) -> Step:
         label = f"step {index} ({spec.model_name})"
-        wanted = _specs(model.input)
+        wanted = tensor_specs(model.input)
         unfed = sorted(wanted.keys() - spec.input_map.keys())
         if unfed:
             raise self.fail(f"{label}: input {unfed[0]!r} of {spec.model_name!r} is not mapped")
@@ -327,7 +193,7 @@ class _Checker:
                 f"{label}: map counts {mapped.counts!r} has dims {list(counts[1])}; one count "
                 f"per item is {'[] or [1]' if padded else '[-1] or [-1, 1]'}"
             )
-        wanted = _specs(model.input)
+        wanted = tensor_specs(model.input)
         lead = self._lead(label, spec, model)
         for model_input, tensor in spec.input_map.items():
             have = self.tensors.get(tensor)
@@ -347,7 +213,7 @@ class _Checker:
             reader = f"{spec.model_name}.{model_input}"
             if have[0] != want[0]:
                 raise self.fail(f"{label}: {tensor!r} is {have[0]} but {reader} takes {want[0]}")
-            if not _fits(have[1][1:], take):
+            if not dims_fit(have[1][1:], take):
                 raise self.fail(
                     f"{label}: a row of {tensor!r} has dims {list(have[1][1:])} but {reader} "
                     f"takes {list(take)} per row"
@@ -381,7 +247,7 @@ class _Checker:
     def _row_outputs(self, index: int, spec: PipelineStep, model: ModelConfig) -> dict[str, Spec]:
         """A mapped step model's outputs per row: a leading dimension of one taken off
         when its rows go with one."""
-        made = _specs(model.output)
+        made = tensor_specs(model.output)
         if model.max_batch_size > 0 or not self._lead(f"step {index}", spec, model):
             return made
         for name, (_, dims) in made.items():
@@ -399,7 +265,7 @@ class _Checker:
             raise self.fail(f"{label}: tensor {tensor!r} is neither an input nor made by a step")
         if have[0] != want[0]:
             raise self.fail(f"{label}: {tensor!r} is {have[0]} but {reader} takes {want[0]}")
-        if not _fits(have[1], want[1]):
+        if not dims_fit(have[1], want[1]):
             raise self.fail(
                 f"{label}: {tensor!r} has dims {list(have[1])} but {reader} takes {list(want[1])}"
             )
@@ -489,40 +355,3 @@ def read_pipeline(repository: ModelRepository, config: ModelConfig) -> Pipeline:
             raise ModelLoadError(f"pipeline {config.name!r}: {error.message}") from error
         served[name] = chosen_versions(configs[name].version_policy, versions)
     return build_pipeline(config, configs, served)
-
-
-def pipeline_metadata(pipeline: Pipeline, versions: list[int]) -> dict[str, Any]:
-    """The Open Inference Protocol metadata of a pipeline, its steps in ``parameters``."""
-    meta = config_metadata(pipeline.config, versions)
-    meta["parameters"] = {"steps": ",".join(s.label for s in pipeline.steps)}
-    return meta
-
-
-def check_inputs(config: ModelConfig, inputs: Tensors) -> int:
-    """Check a request's tensors against the pipeline's inputs (names, datatypes, shapes,
-    batch size); its row count. The step models check their own limits again."""
-    wanted = _specs(config.input)
-    if inputs.keys() != wanted.keys():
-        extra = sorted(inputs.keys() - wanted.keys())
-        if extra:
-            raise InvalidInputError(f"unknown input {extra[0]!r} for pipeline {config.name}")
-        missing = sorted(wanted.keys() - inputs.keys())[0]
-        raise InvalidInputError(f"missing input {missing!r} for pipeline {config.name}")
-    batching = config.max_batch_size > 0
-    rows = set()
-    for name, array in inputs.items():
-        datatype, dims = wanted[name]
-        if datatype_of(array) != datatype:
-            raise InvalidInputError(f"input {name!r} must be {datatype}, got {datatype_of(array)}")
-        shape = (-1, *dims) if batching else dims
-        if not _fits(tuple(array.shape), shape) or (batching and array.shape[0] < 1):
-            raise InvalidInputError(
-                f"input {name!r} must have shape {list(shape)}, got {list(array.shape)}"
-            )
-        rows.add(int(array.shape[0]) if batching else 1)
-    if len(rows) != 1:
-        raise InvalidInputError("all inputs must have the same batch size")
-    count = rows.pop()
-    if batching and count > config.max_batch_size:
-        raise BatchTooLargeError(f"batch of {count} exceeds max_batch_size {config.max_batch_size}")
-    return count

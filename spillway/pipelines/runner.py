@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 from spillway.models.engine import OnnxModel
 from spillway.models.processing import Prepared, Tensors
 from spillway.pipelines import fanout
-from spillway.pipelines.graph import Pipeline, Step
+from spillway.pipelines.definition import Pipeline, Step
 from spillway.pipelines.stepcache import SHARED_SCOPE, StepCache, cache_key
 from spillway.protocol.errors import DeadlineExceededError, SpillwayError
 

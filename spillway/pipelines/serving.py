@@ -30,7 +30,8 @@ from spillway.models.engine import EngineOptions, OnnxModel
 from spillway.models.loader import chosen_versions, load_version, served_versions
 from spillway.models.processing import Prepared, Tensors
 from spillway.models.repository import ModelRepository
-from spillway.pipelines.graph import Pipeline, check_inputs, pipeline_metadata, read_pipeline
+from spillway.pipelines.definition import Pipeline, check_inputs, pipeline_metadata
+from spillway.pipelines.graph import read_pipeline
 from spillway.pipelines.runner import (
     Effect,
     LocalSteps,

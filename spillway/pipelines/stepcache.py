@@ -45,8 +45,9 @@ from spillway.models.processing import Tensors
 from spillway.protocol.codec import decode_response, encode_response
 from spillway.protocol.datatypes import datatype_of
 from spillway.protocol.errors import SpillwayError
+from spillway.protocol.s3urls import parse_s3_url
 from spillway.protocol.tensors import wire_buffer
-from spillway.protocol.wire import TENANT_SCOPE_PATTERN, parse_s3_url
+from spillway.protocol.wire import TENANT_SCOPE_PATTERN
 from spillway.state import dynamo
 
 log = logging.getLogger("spillway.stepcache")

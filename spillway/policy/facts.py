@@ -21,20 +21,18 @@ from typing import Any
 import pydantic_core
 
 from spillway.protocol.errors import InvalidInputError
-from spillway.protocol.wire import (
-    HEADER_LENGTH,
-    InferParameters,
-    Target,
-    latency_budget_ms,
-    parse_header_length,
-    priority_hint,
-    read_json_header,
-    routing_mode,
-    tenant_hint,
-)
+from spillway.protocol.framing import HEADER_LENGTH, parse_header_length, read_json_header
 from spillway.protocol.wire import MAX_BUDGET_MS as MAX_BUDGET_MS  # the router's names for them
 from spillway.protocol.wire import MIN_BUDGET_MS as MIN_BUDGET_MS
 from spillway.protocol.wire import MODES as MODES
+from spillway.protocol.wire import (
+    InferParameters,
+    Target,
+    latency_budget_ms,
+    priority_hint,
+    routing_mode,
+    tenant_hint,
+)
 
 _BYTES_PER_TOKEN = 4
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

@@ -20,6 +20,15 @@ from pydantic import BaseModel, ValidationError
 
 from spillway.protocol.datatypes import datatype_of
 from spillway.protocol.errors import InferenceError, InvalidInputError
+from spillway.protocol.framing import (
+    BINARY_CONTENT_TYPE,
+    HEADER_LENGTH,
+    JSON_CONTENT_TYPE,
+    has_surrogate_escape,
+    load_json_object,
+    split_body,
+    utf8_text,
+)
 from spillway.protocol.tensors import (
     CONTENT_TYPE_BASE64,
     Buffer,
@@ -32,16 +41,7 @@ from spillway.protocol.tensors import (
     wire_buffer,
 )
 from spillway.protocol.v2 import InferenceRequest, InferenceResponse, RequestInput, ResponseOutput
-from spillway.protocol.wire import (
-    BINARY_CONTENT_TYPE,
-    HEADER_LENGTH,
-    JSON_CONTENT_TYPE,
-    body_over_limit,
-    has_surrogate_escape,
-    load_json_object,
-    split_body,
-    utf8_text,
-)
+from spillway.protocol.wire import body_over_limit
 
 __all__ = ["BINARY_CONTENT_TYPE", "HEADER_LENGTH", "JSON_CONTENT_TYPE"]
 

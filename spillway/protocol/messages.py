@@ -20,16 +20,11 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from spillway.protocol.errors import InvalidInputError
+from spillway.protocol.framing import HEADER_LENGTH, JSON_CONTENT_TYPE, parse_header_length
 from spillway.protocol.names import MODEL_NAME_PATTERN
-from spillway.protocol.wire import (
-    HEADER_LENGTH,
-    JSON_CONTENT_TYPE,
-    SCOPE_CLAIM_PATTERN,
-    Reply,
-    json_bytes,
-    parse_header_length,
-    parse_s3_url,
-)
+from spillway.protocol.replies import Reply, json_bytes
+from spillway.protocol.s3urls import parse_s3_url
+from spillway.protocol.wire import SCOPE_CLAIM_PATTERN
 
 M = TypeVar("M", bound=BaseModel)
 

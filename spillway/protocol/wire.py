@@ -1,23 +1,22 @@
-"""What every transport reads off and writes onto the wire, written once.
+"""What a request carries besides its body's framing, read alike by every transport.
 
 The GPU service (ASGI), the CPU fallback (WSGI and direct invoke), the router (WSGI on
-API Gateway) and the jobs API all use these: the ``Inference-Header-Content-Length`` and
-JSON-header parsers, the model path and what it targets, ``s3://`` locations, the API
-Gateway stage prefix, the ``timeout``/``priority`` request parameters, and the one
-mapping from a ``SpillwayError`` to a status, headers and body.
+API Gateway) and the jobs API all use these: the synchronous payload limits and a WSGI
+body read within them, the tenant scope header and its claims, the ``timeout``/``priority``
+and routing request parameters, the model path and what it targets, and the API Gateway
+stage prefix. A body's framing and JSON are ``spillway.protocol.framing``'s, the replies
+and the one mapping from a ``SpillwayError`` to a response ``spillway.protocol.replies``'s,
+``s3://`` locations ``spillway.protocol.s3urls``'s.
 
 No numpy here: the router imports this module and must stay light.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import math
 import re
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any
 
 from spillway.protocol.errors import (
@@ -25,48 +24,56 @@ from spillway.protocol.errors import (
     MethodNotAllowedError,
     PayloadTooLargeError,
     RouteNotFoundError,
-    SpillwayError,
 )
+
+# moved: re-exported until router imports it from spillway.protocol.framing
+from spillway.protocol.framing import BINARY_CONTENT_TYPE as BINARY_CONTENT_TYPE
+
+# moved: re-exported until router imports it from spillway.protocol.framing
+from spillway.protocol.framing import HEADER_LENGTH as HEADER_LENGTH
+
+# moved: re-exported until router imports it from spillway.protocol.framing
+from spillway.protocol.framing import JSON_CONTENT_TYPE as JSON_CONTENT_TYPE
+
+# moved: re-exported until router imports it from spillway.protocol.framing
+from spillway.protocol.framing import load_json_object as load_json_object
+
+# moved: re-exported until router/cli/gpu_service imports it from spillway.protocol.framing
+from spillway.protocol.framing import parse_header_length as parse_header_length
+
+# moved: re-exported until gpu_service imports it from spillway.protocol.framing
+from spillway.protocol.framing import read_json_header as read_json_header
 from spillway.protocol.names import validate_model_name, validate_version
 
-HEADER_LENGTH = "inference-header-content-length"
-FAULT_HEADER = "x-spillway-fault"
-"""On an error answer: ``server`` when the server says the failure is its own (it failed
-to compute, load or serve), so a router may count it against the server's health. An
-answer without it (a client error, a busy 504, an unexpected exception) never does."""
-TENANT_SCOPE_HEADER = "x-spillway-tenant-scope"
-"""What the router sends a backend with every request: the caller's tenant scope
-(``spillway.state.table.scope``: ``-`` when anonymous, else 32 hex digits of a digest)
-with the router's proof, ``<scope>.<expiry>.<signature>`` (``spillway.tenancy.proof``:
-an HMAC-SHA256 over the scope and an epoch-seconds expiry, keyed with a secret only the
-router and the backends read). A scope is a digest anybody can compute from a tenant's
-name, so the scope alone proves nothing: a backend keys a tenant's step cache entries by
-it only when the signature verifies. A value without a valid proof (none, a bare scope,
-a wrong or rotated-out key, an expired one) is served, but with no tenant's cache at all;
-a value that is not even of this form is refused (400). The GPU service's HTTP and gRPC
-doors and the CPU fallback's HTTP and direct-invoke doors read it alike; the router
-never forwards a client's own."""
-TENANT_SCOPE_PATTERN = r"^(-|[0-9a-f]{32})$"
-"""A tenant scope as stored (async records, cache keys, jobs): no proof, never from a
-client."""
-_SCOPE_CLAIM = re.compile(
-    r"^(?P<scope>-|[0-9a-f]{32})(?:\.(?P<expiry>[0-9]{1,12})\.(?P<signature>[0-9a-f]{64}))?$"
-)
-SCOPE_CLAIM_PATTERN = _SCOPE_CLAIM.pattern
-"""What ``TENANT_SCOPE_HEADER`` (or a direct invoke's ``tenant_scope``) may hold: a
-scope, with or without the router's ``.<expiry>.<signature>``."""
-ANONYMOUS_SCOPE = "-"
-"""The scope of a caller no tenant is known for (``state_table.scope(None)``): never the
-scope of a named tenant."""
-JSON_CONTENT_TYPE = "application/json"
-BINARY_CONTENT_TYPE = "application/octet-stream"
-# A JSON header longer than this many decimal digits would be larger than any body we take.
-_MAX_LENGTH_DIGITS = 12
-# One hour in microseconds: no caller waits longer for a synchronous answer.
-MAX_TIMEOUT_US = 3_600_000_000
-MAX_PRIORITY = 1_000_000
+# moved: re-exported until router/canary imports it from spillway.protocol.replies
+from spillway.protocol.replies import FAULT_HEADER as FAULT_HEADER
 
-Headers = list[tuple[str, str]]
+# moved: re-exported until router/canary/gpu_service imports it from spillway.protocol.replies
+from spillway.protocol.replies import Reply as Reply
+
+# moved: re-exported until router/gpu_service imports it from spillway.protocol.replies
+from spillway.protocol.replies import error_reply as error_reply
+
+# moved: re-exported until gpu_service imports it from spillway.protocol.replies
+from spillway.protocol.replies import infer_reply as infer_reply
+
+# moved: re-exported until router imports it from spillway.protocol.replies
+from spillway.protocol.replies import json_bytes as json_bytes
+
+# moved: re-exported until router imports it from spillway.protocol.replies
+from spillway.protocol.replies import json_reply as json_reply
+
+# moved: re-exported until gpu_service imports it from spillway.protocol.replies
+from spillway.protocol.replies import refused as refused
+
+# moved: re-exported until gpu_service imports it from spillway.protocol.replies
+from spillway.protocol.replies import status_phrase as status_phrase
+
+# moved: re-exported until gpu_service imports it from spillway.protocol.replies
+from spillway.protocol.replies import unhandled as unhandled
+
+# moved: re-exported until router/cli imports it from spillway.protocol.s3urls
+from spillway.protocol.s3urls import parse_s3_url as parse_s3_url
 
 # --- synchronous payload limits -----------------------------------------------------------
 # A synchronous Lambda invocation takes and returns at most 6 MB (6 MiB) of event JSON.
@@ -116,95 +123,32 @@ def read_wsgi_body(environ: Mapping[str, Any], limit: int) -> bytes:
     return b""
 
 
-def parse_header_length(value: str | None) -> int | None:
-    """The ``Inference-Header-Content-Length`` value (absent: ``None``): ASCII digits only,
-    so ``+368``, ``1_0`` or ``٣`` are refused everywhere alike."""
-    if value is None:
-        return None
-    text = value.strip()
-    if not (text.isascii() and text.isdigit() and len(text) <= _MAX_LENGTH_DIGITS):
-        raise InvalidInputError("Inference-Header-Content-Length must be a non-negative integer")
-    return int(text)
+# --- the tenant scope header ----------------------------------------------------------
 
-
-def split_body(body: bytes, header_length: int | None) -> tuple[bytes, memoryview]:
-    """The JSON header and the binary tensor data that follows it (empty for JSON)."""
-    view = memoryview(body)
-    if header_length is None:
-        return body, view[len(view) :]
-    if not 0 <= header_length <= len(body):
-        raise InvalidInputError(
-            f"Inference-Header-Content-Length {header_length} is outside the body "
-            f"of {len(body)} bytes"
-        )
-    return bytes(view[:header_length]), view[header_length:]
-
-
-NOT_UTF8 = "invalid JSON: not UTF-8"
-"""The one message for JSON text that is not UTF-8, or that escapes a lone surrogate (a
-string no UTF-8 can carry back): every server refuses both alike."""
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-def utf8_text(raw: bytes) -> str:
-    """JSON text as strict UTF-8 (RFC 8259): undecodable bytes, overlong forms and
-    encoded surrogates (``\\xed\\xa0\\x80``) are refused alike, with ``NOT_UTF8``."""
-    try:
-        return raw.decode("ascii" if raw.isascii() else "utf-8")
-    except UnicodeDecodeError:
-        raise InvalidInputError(NOT_UTF8) from None
-
-
-def has_surrogate_escape(raw: bytes) -> bool:
-    """Whether JSON text escapes a UTF-16 surrogate (``\\ud83d``, paired or not): such
-    text is read the long way, through ``load_json_object``, which refuses a lone one."""
-    # A one-byte search first (memchr: a tenth of a millisecond for a 2.6 MB body of
-    # numbers); only text with a backslash is searched for the escape itself.
-    return b"\\" in raw and _SURROGATE_ESCAPE.search(raw) is not None
-
-
-def _check_escapes(raw: bytes, value: Any) -> None:
-    """Refuse a lone surrogate written as an escape (``\\ud800``): valid JSON, but text no
-    answer (or forwarded body) can encode. Only text that has such an escape is walked."""
-    if not has_surrogate_escape(raw):
-        return
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInputError(NOT_UTF8) from None
-
-
-def load_json_object(raw: bytes | str) -> dict[str, Any]:
-    """A JSON object; anything else (bad JSON, a list, deep nesting, text that is not
-    UTF-8 or holds a lone surrogate) is the client's error.
-
-    The bare ``NaN`` and ``Infinity`` that Python's and tritonclient's encoders write are
-    read (be tolerant in what you accept); Spillway itself writes them as strings."""
-    try:
-        data = raw.encode("utf-8") if isinstance(raw, str) else raw
-    except UnicodeEncodeError:
-        raise InvalidInputError(NOT_UTF8) from None
-    try:
-        value = json.loads(utf8_text(data))
-    except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"invalid JSON: {exc.msg} at position {exc.pos}") from None
-    except RecursionError:
-        raise InvalidInputError("invalid JSON: nested too deeply") from None
-    except ValueError:  # an integer past Python's digit limit
-        raise InvalidInputError("invalid JSON: a number is too long") from None
-    if not isinstance(value, dict):
-        raise InvalidInputError("the JSON header must be an object")
-    _check_escapes(data, value)
-    return value
-
-
-def read_json_header(body: bytes, header_length: int | None) -> dict[str, Any]:
-    """The parsed JSON header of an infer body; tensor bytes are never touched."""
-    header = load_json_object(split_body(body, header_length)[0])
-    parameters = header.get("parameters")
-    if parameters is not None and not isinstance(parameters, dict):
-        raise InvalidInputError("parameters must be an object")
-    return header
+TENANT_SCOPE_HEADER = "x-spillway-tenant-scope"
+"""What the router sends a backend with every request: the caller's tenant scope
+(``spillway.state.table.scope``: ``-`` when anonymous, else 32 hex digits of a digest)
+with the router's proof, ``<scope>.<expiry>.<signature>`` (``spillway.tenancy.proof``:
+an HMAC-SHA256 over the scope and an epoch-seconds expiry, keyed with a secret only the
+router and the backends read). A scope is a digest anybody can compute from a tenant's
+name, so the scope alone proves nothing: a backend keys a tenant's step cache entries by
+it only when the signature verifies. A value without a valid proof (none, a bare scope,
+a wrong or rotated-out key, an expired one) is served, but with no tenant's cache at all;
+a value that is not even of this form is refused (400). The GPU service's HTTP and gRPC
+doors and the CPU fallback's HTTP and direct-invoke doors read it alike; the router
+never forwards a client's own."""
+TENANT_SCOPE_PATTERN = r"^(-|[0-9a-f]{32})$"
+"""A tenant scope as stored (async records, cache keys, jobs): no proof, never from a
+client."""
+_SCOPE_CLAIM = re.compile(
+    r"^(?P<scope>-|[0-9a-f]{32})(?:\.(?P<expiry>[0-9]{1,12})\.(?P<signature>[0-9a-f]{64}))?$"
+)
+SCOPE_CLAIM_PATTERN = _SCOPE_CLAIM.pattern
+"""What ``TENANT_SCOPE_HEADER`` (or a direct invoke's ``tenant_scope``) may hold: a
+scope, with or without the router's ``.<expiry>.<signature>``."""
+ANONYMOUS_SCOPE = "-"
+"""The scope of a caller no tenant is known for (``state_table.scope(None)``): never the
+scope of a named tenant."""
 
 
 def read_tenant_scope(value: str | None) -> str:
@@ -246,6 +190,10 @@ def read_scope_claim(value: str | None) -> ScopeClaim | None:
 
 
 # --- request parameters -----------------------------------------------------------------
+
+# One hour in microseconds: no caller waits longer for a synchronous answer.
+MAX_TIMEOUT_US = 3_600_000_000
+MAX_PRIORITY = 1_000_000
 
 
 def int_parameter(
@@ -442,136 +390,3 @@ def strip_stage(path: str, event: object) -> str:
         if stage and stage != "$default" and path.startswith(f"/{stage}/"):
             return path[len(stage) + 1 :]
     return path
-
-
-# --- s3:// locations --------------------------------------------------------------------
-
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-
-
-@dataclass(frozen=True)
-class S3Location:
-    """``s3://bucket/prefix``: the prefix has no leading ``/`` and keeps a trailing one."""
-
-    bucket: str
-    prefix: str
-
-    @property
-    def url(self) -> str:
-        """The location as ``s3://bucket/prefix``."""
-        return f"s3://{self.bucket}/{self.prefix}"
-
-    def key(self, *parts: str) -> str:
-        """A key below the prefix, joined with ``/``."""
-        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/"))
-
-
-def is_s3_url(value: str) -> bool:
-    """Whether ``value`` is meant as an ``s3://`` location (it may still be invalid)."""
-    return value.startswith("s3://")
-
-
-def parse_s3_url(value: str) -> S3Location:
-    """The bucket and prefix of ``s3://bucket[/prefix]``; a bad one is ``InvalidInputError``."""
-    if not is_s3_url(value) or "\\" in value or len(value) > 1024:
-        raise InvalidInputError(f"{value[:200]!r} is not an s3://bucket/prefix location")
-    bucket, _, prefix = value.removeprefix("s3://").partition("/")
-    if not _BUCKET.fullmatch(bucket) or ".." in bucket:
-        raise InvalidInputError(f"{value[:200]!r} does not name a valid bucket")
-    return S3Location(bucket, prefix.lstrip("/"))
-
-
-# --- errors to responses ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Reply:
-    """Status, headers (names lower-case) and body of a response."""
-
-    status: int
-    headers: Headers
-    body: bytes
-
-    def header(self, name: str) -> str | None:
-        """The first value of a header."""
-        return next((v for k, v in self.headers if k == name), None)
-
-
-def json_bytes(value: Any) -> bytes:
-    """Compact JSON."""
-    return json.dumps(value, separators=(",", ":")).encode()
-
-
-def json_reply(status: int, value: Any, headers: Headers | None = None) -> Reply:
-    """A JSON response."""
-    return Reply(status, [("content-type", JSON_CONTENT_TYPE), *(headers or [])], json_bytes(value))
-
-
-def infer_reply(
-    body: bytes, header_length: int | None, version: int, extra: Headers | None = None
-) -> Reply:
-    """The 200 of an infer request, on every server: the model version that answered,
-    ``extra`` (a server's load report), and JSON or binary with its header length."""
-    headers: Headers = [("x-spillway-model-version", str(version)), *(extra or [])]
-    if header_length is None:
-        headers.append(("content-type", JSON_CONTENT_TYPE))
-    else:
-        headers += [
-            ("content-type", BINARY_CONTENT_TYPE),
-            (HEADER_LENGTH, str(header_length)),
-        ]
-    return Reply(200, headers, body)
-
-
-def error_reply(error: SpillwayError) -> Reply:
-    """The one response of an error, on every transport: its status, ``{"error", "code"}``,
-    ``Retry-After`` (whole seconds, at least 1) when it carries one, ``Allow`` on 405, and
-    the server-fault mark on a 5xx the server knows is its own (504 means busy)."""
-    headers: Headers = []
-    if error.status >= 500 and error.status != 504:
-        headers.append((FAULT_HEADER, "server"))
-    if error.retry_after_s is not None:
-        headers.append(("retry-after", str(max(1, round(error.retry_after_s)))))
-    if isinstance(error, MethodNotAllowedError) and error.allow:
-        headers.append(("allow", error.allow))
-    return json_reply(error.status, error.to_body(), headers)
-
-
-_PHRASES = {status.value: status.phrase for status in HTTPStatus}
-
-
-def status_phrase(status: int) -> str:
-    """The reason phrase every transport writes after a status (``Unknown`` for a status
-    HTTP does not name)."""
-    return _PHRASES.get(status, "Unknown")
-
-
-INTERNAL_ERROR = json_reply(500, {"error": "internal error", "code": "internal"})
-"""The last-resort answer to an unexpected exception (logged with its traceback)."""
-
-
-def refused(log: logging.Logger, error: SpillwayError, **where: object) -> Reply:
-    """The reply to a refused request, logged once at INFO on every transport: ``refused``
-    with where it happened (``where``: method, path, request id…) and the error's status,
-    code and reason."""
-    fields = {**where, "status": error.status, "code": error.code, "reason": error.message}
-    log.info("refused", extra=fields)
-    return error_reply(error)
-
-
-def unhandled(log: logging.Logger, **where: object) -> Reply:
-    """The reply to an unexpected exception (call it from its ``except``): logged with its
-    traceback as ``unhandled error`` and where it happened; answered ``INTERNAL_ERROR``."""
-    log.exception("unhandled error", extra=where)
-    return INTERNAL_ERROR
-
-
-def guarded(log: logging.Logger, answer: Callable[[], Reply], **where: object) -> Reply:
-    """``answer()``, or the reply to what it raised: a ``SpillwayError`` as ``refused``,
-    anything else as ``unhandled``. Never raises."""
-    try:
-        return answer()
-    except SpillwayError as error:
-        return refused(log, error, **where)
-    except Exception:  # noqa: BLE001 - logged with its traceback by unhandled()
-        return unhandled(log, **where)

@@ -1,9 +1,9 @@
 """The WSGI entry, written once for every WSGI service (the router, the CPU fallback).
 
 A request's method and path are read (an HTTP API stage name at the front of the path
-removed), the service's ``route`` answers it through ``wire.guarded`` (so every error is
+removed), the service's ``route`` answers it through ``replies.guarded`` (so every error is
 mapped and logged alike), and the reply is written with its length and the status phrase
-every transport writes (``wire.status_phrase``).
+every transport writes (``replies.status_phrase``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from spillway.protocol.wire import Headers, Reply, guarded, status_phrase, strip_stage
+from spillway.protocol.replies import Headers, Reply, guarded, status_phrase
+from spillway.protocol.wire import strip_stage
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 Route = Callable[[str, str], Reply]

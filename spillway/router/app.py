@@ -23,16 +23,9 @@ from spillway import __version__
 from spillway.policy.facts import Call
 from spillway.powertools import remaining_ms
 from spillway.protocol.errors import RouteNotFoundError
-from spillway.protocol.wire import (
-    JSON_CONTENT_TYPE,
-    Reply,
-    allow,
-    allow_get,
-    json_reply,
-    no_route,
-    read_wsgi_body,
-    require_model_target,
-)
+from spillway.protocol.framing import JSON_CONTENT_TYPE
+from spillway.protocol.replies import Reply, json_reply
+from spillway.protocol.wire import allow, allow_get, no_route, read_wsgi_body, require_model_target
 from spillway.protocol.wsgi import StartResponse, serve
 from spillway.router.async_mode import RESULTS_PREFIX
 from spillway.router.dispatch import Router

@@ -41,7 +41,7 @@ from spillway.protocol.errors import (
     SpillwayError,
     UnavailableError,
 )
-from spillway.protocol.wire import Reply, json_reply
+from spillway.protocol.replies import Reply, json_reply
 from spillway.state.quotas import QuotaLedger, QuotaLimits
 from spillway.state.table import StateStore, scope
 

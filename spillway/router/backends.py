@@ -29,7 +29,8 @@ from spillway.policy.backend import (
     ConnectionLost,
     TimedOut,
 )
-from spillway.protocol.wire import FAULT_HEADER, TENANT_SCOPE_HEADER
+from spillway.protocol.replies import FAULT_HEADER
+from spillway.protocol.wire import TENANT_SCOPE_HEADER
 from spillway.state.table import scope
 
 if TYPE_CHECKING:

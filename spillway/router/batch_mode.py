@@ -56,6 +56,7 @@ from spillway.protocol.errors import (
     PayloadTooLargeError,
     UnavailableError,
 )
+from spillway.protocol.framing import HEADER_LENGTH, JSON_CONTENT_TYPE, parse_header_length
 from spillway.protocol.messages import (
     STAGED_SUFFIX,
     JobRequest,
@@ -63,12 +64,7 @@ from spillway.protocol.messages import (
     parse_message,
     stage_request,
 )
-from spillway.protocol.wire import (
-    HEADER_LENGTH,
-    JSON_CONTENT_TYPE,
-    parse_header_length,
-    parse_s3_url,
-)
+from spillway.protocol.s3urls import parse_s3_url
 from spillway.state.quotas import QuotaLedger, QuotaLimits
 from spillway.state.table import StateStore, scope
 from spillway.tenancy.areas import area

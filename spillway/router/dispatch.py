@@ -66,15 +66,9 @@ from spillway.protocol.errors import (
     SpillwayError,
     UnavailableError,
 )
-from spillway.protocol.wire import (
-    BINARY_CONTENT_TYPE,
-    FAULT_HEADER,
-    HEADER_LENGTH,
-    JSON_CONTENT_TYPE,
-    Reply,
-    Target,
-    error_reply,
-)
+from spillway.protocol.framing import BINARY_CONTENT_TYPE, HEADER_LENGTH, JSON_CONTENT_TYPE
+from spillway.protocol.replies import FAULT_HEADER, Reply, error_reply
+from spillway.protocol.wire import Target
 from spillway.router.async_mode import AsyncFront
 from spillway.router.backends import RESPONSE_HEADERS
 from spillway.router.settings import RouterSettings

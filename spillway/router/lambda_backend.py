@@ -40,15 +40,10 @@ from spillway.protocol.errors import (
     SpillwayError,
     UnavailableError,
 )
+from spillway.protocol.framing import HEADER_LENGTH, parse_header_length
 from spillway.protocol.messages import DirectInvokeAnswer, DirectInvokeEvent, parse_message
-from spillway.protocol.wire import (
-    FAULT_HEADER,
-    HEADER_LENGTH,
-    LAMBDA_PAYLOAD_BYTES,
-    Reply,
-    error_reply,
-    parse_header_length,
-)
+from spillway.protocol.replies import FAULT_HEADER, Reply, error_reply
+from spillway.protocol.wire import LAMBDA_PAYLOAD_BYTES
 from spillway.router.backends import RESPONSE_HEADERS, TenantScopes, forwardable
 from spillway.state.table import scope
 

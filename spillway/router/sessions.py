@@ -31,7 +31,8 @@ from spillway.protocol.errors import (
     SessionNotFoundError,
     UnauthorizedError,
 )
-from spillway.protocol.wire import JSON_CONTENT_TYPE, Reply, json_bytes, load_json_object
+from spillway.protocol.framing import JSON_CONTENT_TYPE, load_json_object
+from spillway.protocol.replies import Reply, json_bytes
 from spillway.state.quotas import QuotaLedger, QuotaLimits
 from spillway.state.table import StateStore, scope, ttl_value
 

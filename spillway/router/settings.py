@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from spillway.envsettings import json_mapping
 from spillway.protocol.errors import InvalidInputError
-from spillway.protocol.wire import SYNC_BODY_BYTES, parse_s3_url
+from spillway.protocol.s3urls import parse_s3_url
+from spillway.protocol.wire import SYNC_BODY_BYTES
 
 ENV_PREFIX = "ROUTER_"
 

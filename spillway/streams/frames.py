@@ -32,15 +32,10 @@ from spillway.protocol.errors import (
     MessageTooLargeError,
     SpillwayError,
 )
+from spillway.protocol.framing import JSON_CONTENT_TYPE, load_json_object
 from spillway.protocol.names import validate_model_name, validate_version
-from spillway.protocol.wire import (
-    JSON_CONTENT_TYPE,
-    Reply,
-    Target,
-    json_bytes,
-    load_json_object,
-    require_model_target,
-)
+from spillway.protocol.replies import Reply, json_bytes
+from spillway.protocol.wire import Target, require_model_target
 
 FRAME_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 MAX_SEQ = 2**53 - 1

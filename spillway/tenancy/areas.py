@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from spillway.protocol.errors import InvalidInputError, OutsideTenantAreaError
-from spillway.protocol.wire import parse_s3_url
+from spillway.protocol.s3urls import parse_s3_url
 from spillway.state.table import scope
 
 
