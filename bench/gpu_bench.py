@@ -47,7 +47,7 @@ from bench.loadgen import exchange, http_request
 from bench.serving_bench import start_service
 from spillway.models.repository import sha256_file
 from spillway.protocol.codec import encode_request
-from spillway_cli import procs
+from spillway_cli.local import procs
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_BATCH = 64

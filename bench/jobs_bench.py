@@ -36,7 +36,7 @@ from batch_job.settings import JobsSettings
 from batch_job.shard import JobModel
 from spillway.aws.clients import aws_client
 from spillway.models.repository import open_repository
-from spillway_cli import procs
+from spillway_cli.local import procs
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = [

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from spillway.models.repository import LocalRepository
 from spillway.protocol.codec import encode_request
-from spillway_cli import procs
+from spillway_cli.local import procs
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("digits", "minilm", "mlp-bench")

@@ -42,7 +42,7 @@ import numpy as np
 from bench.loadgen import LoadResult, http_request, run_load
 from bench.serving_bench import load_average, start_service
 from spillway.protocol.codec import encode_request
-from spillway_cli import procs
+from spillway_cli.local import procs
 from spillway_cli.modelbuild.build import build_repository
 from spillway_cli.modelbuild.ocr import render_lines
 

@@ -39,7 +39,7 @@ from bench.lifecycle_bench import start as start_gpu_service
 from bench.loadgen import LoadResult, http_request, run_load
 from bench.serving_bench import texts
 from spillway.protocol.codec import encode_request
-from spillway_cli import procs
+from spillway_cli.local import procs
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("digits", "minilm", "mlp-bench")

@@ -116,7 +116,7 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_f
 
 def _backend_process() -> tuple[subprocess.Popen[bytes], int]:
     """A stand-in GPU service in its own process (so it takes no GIL from the router)."""
-    from spillway_cli.procs import free_port
+    from spillway_cli.local.procs import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(port), RESULT.decode()])

@@ -44,7 +44,7 @@ from bench import serving_report, wrk
 from bench.serving_report import Point, Raw, Run
 from spillway.models.repository import sha256_file
 from spillway.protocol.codec import encode_request
-from spillway_cli import procs
+from spillway_cli.local import procs
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = [

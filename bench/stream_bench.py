@@ -14,7 +14,7 @@ still answered once, in order) and once during gRPC streams (no router in front:
 stream ends with UNAVAILABLE; the frames it had in flight are reported failed, those
 after them not sent), the service restarted after each.
 
-Starts its own stack (``spillway_cli.stack.LocalStack``) and writes ``bench-streams.json``
+Starts its own stack (``spillway_cli.local.stack.LocalStack``) and writes ``bench-streams.json``
 and ``bench-streams.md`` to ``--out``.
 
     .venv/bin/python -m bench.stream_bench [--streams 50] [--frames 20] [--window 8]
@@ -44,7 +44,7 @@ from spillway_cli.frame_streams import (
     Scenario,
     batch_text,
 )
-from spillway_cli.stack import LocalStack
+from spillway_cli.local.stack import LocalStack
 from spillway_cli.stream_drivers import Endpoints, gpu_killer, restart_gpu, run_door
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,6 @@ start without tracing does not pay for it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -43,24 +42,12 @@ def traced(on: bool, service: str) -> Callable[[LambdaHandler], LambdaHandler]:
 API_GATEWAY_TIMEOUT_S = 29
 """API Gateway's integration timeout, and the timeout both template forms give the
 functions behind it (the router and the WebSocket function)."""
-_OFFLINE_CONTEXT_S = 6
-"""What serverless-offline's Python runner gives every invocation, whatever the
-function's timeout."""
 
 
 def remaining_ms(context: object) -> float | None:
-    """What is left of the invocation in ms; ``None`` without a Lambda context.
-
-    serverless-offline's Python runner (``IS_OFFLINE``) hands each invocation a context
-    with 6 s left whatever the function's timeout (its context carries none), while it
-    stops the invocation only at the function's own timeout; there the 6 s become the
-    29 s both template forms give the functions behind API Gateway, so that a request's
-    deadline locally is what it would be on AWS."""
+    """What is left of the invocation in ms, as the Lambda context counts it; ``None``
+    without a Lambda context."""
     remaining = getattr(context, "get_remaining_time_in_millis", None)
     if not callable(remaining):
         return None
-    left = float(remaining())
-    offline = os.environ.get("IS_OFFLINE") == "true"
-    if offline and getattr(context, "timeout", None) == _OFFLINE_CONTEXT_S:
-        left += (API_GATEWAY_TIMEOUT_S - _OFFLINE_CONTEXT_S) * 1000.0
-    return left
+    return float(remaining())

@@ -2,7 +2,7 @@
 router's shared state table (``ROUTER_STATE_TABLE``), the record every router reads.
 
 Both find the state table, the backends and the model repository of a stack started by
-``spillway up`` through its stack env file (``spillway_cli.stackenv``) when no flag or
+``spillway up`` through its stack env file (``spillway_cli.local.stackenv``) when no flag or
 variable names them.
 
 ``models canary`` asks the router's backends (``--gpu-url``, ``--cpu-url`` or
@@ -27,7 +27,7 @@ import typer
 from spillway.canary.records import CanaryState, CanaryStore
 from spillway.models.canary_spec import RollbackBounds
 from spillway.protocol.errors import SpillwayError
-from spillway_cli.stackenv import aws_errors, require_aws, use_stack_env
+from spillway_cli.local.stackenv import aws_errors, require_aws, use_stack_env
 
 if TYPE_CHECKING:
     from spillway.policy.backend import Backend

@@ -7,10 +7,10 @@ local processes (moto does not run containers). ``JOBS_*`` variables configure a
 
 Exit codes of ``run``: 0 every shard committed, 1 a shard failed (Batch retries; committed
 shards are skipped), 3 a configuration error that a retry cannot fix. ``run`` also reads
-the test-only ``SPILLWAY_FAULT_*`` variables (``spillway_cli.local_batch.FaultSettings``).
+the test-only ``SPILLWAY_FAULT_*`` variables (``spillway_cli.local.batch.FaultSettings``).
 
 ``submit`` and ``status`` reach a stack started by ``spillway up`` through its stack env
-file (``spillway_cli.stackenv``: its endpoint, tables, queue and model repository) when
+file (``spillway_cli.local.stackenv``: its endpoint, tables, queue and model repository) when
 the environment does not name them; ``status`` takes the short id the progress bar shows.
 """
 
@@ -40,14 +40,14 @@ from spillway.protocol.errors import InvalidInputError, JobNotFoundError, Spillw
 from spillway.protocol.messages import JobRequest, JobStatus
 from spillway.state.table import scope
 from spillway.tenancy.identity import tenant_hint
-from spillway_cli.local_batch import (
+from spillway_cli.local.batch import (
     FaultSettings,
     configure_moto,
     create_resources,
     fault_hook,
     run_local,
 )
-from spillway_cli.stackenv import aws_errors, require_aws, use_stack_env
+from spillway_cli.local.stackenv import aws_errors, require_aws, use_stack_env
 
 jobs_app = typer.Typer(help="Offline batch inference on AWS Batch.", no_args_is_help=True)
 log = logging.getLogger("spillway.jobs.cli")

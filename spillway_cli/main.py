@@ -98,8 +98,8 @@ def demo(
 ) -> None:
     """The whole platform on 127.0.0.1 with real traffic through the router."""
     from spillway_cli.console import report_logging
-    from spillway_cli.demo import run_demo
-    from spillway_cli.stack import router_runtime as resolve
+    from spillway_cli.demo.run import run_demo
+    from spillway_cli.local.serverless_offline import router_runtime as resolve
 
     report_logging(out / "demo.log", verbose)
     run_demo(models, out, resolve(router_runtime), router_runtime == "auto")
@@ -151,8 +151,8 @@ def serve_jobs(
     from batch_job.service import JobService
     from batch_job.settings import JobsSettings
     from spillway_cli.jobs_cli import run_submitted_locally
-    from spillway_cli.lambda_http import wsgi_app
-    from spillway_cli.wsgi_server import serve_forever
+    from spillway_cli.local.lambda_http import wsgi_app
+    from spillway_cli.local.wsgi_server import serve_forever
 
     _logging(False)
     jobs = JobService(JobsSettings())
@@ -181,7 +181,7 @@ def serve_websocket(
     this server."""
     import os
 
-    from spillway_cli.ws_gateway import serve
+    from spillway_cli.local.websocket.gateway import serve
 
     _logging(False)
     os.environ.setdefault("WS_MANAGEMENT_ENDPOINT", f"http://{host}:{port}")

@@ -3,7 +3,7 @@
 The configuration comes from the graph, the batching from a proof and a profile
 (``spillway.models.onboarding``); this module parses the options, prints the evidence and,
 with ``--load``, asks the running GPU service to load the model. Defaults come from the
-running stack's env file (``spillway_cli.stackenv``): its repository and GPU service.
+running stack's env file (``spillway_cli.local.stackenv``): its repository and GPU service.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def models_add(
     from spillway.models.onboarding import add_model
     from spillway.models.repository import open_repository
     from spillway.protocol.errors import SpillwayError
-    from spillway_cli.stackenv import aws_errors, use_stack_env
+    from spillway_cli.local.stackenv import aws_errors, use_stack_env
 
     images = image_options(image, image_size, mean, std, scale, color, resize)
     use_stack_env()

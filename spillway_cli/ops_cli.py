@@ -113,7 +113,7 @@ def policy_apply(
     import tempfile
 
     from spillway.policy.rules import PolicyError, parse_policy
-    from spillway_cli.stackenv import aws_errors, require_aws, use_stack_env
+    from spillway_cli.local.stackenv import aws_errors, require_aws, use_stack_env
 
     if to_file is None and parameter is None:
         use_stack_env()

@@ -139,7 +139,7 @@ def cost_report(
 ) -> None:
     """Summarise the router's per-request metrics by route (rule and backend)."""
     from spillway_cli.cost_report import as_json, markdown, summarise
-    from spillway_cli.stackenv import use_stack_env
+    from spillway_cli.local.stackenv import use_stack_env
 
     if output not in ("markdown", "json"):
         raise _fail("--format must be markdown or json")
@@ -176,7 +176,7 @@ def serve_router(
     from spillway.policy.rules import PolicyError
     from spillway.router.settings import RouterSettings
     from spillway.router.wiring import create_app
-    from spillway_cli.wsgi_server import serve_forever
+    from spillway_cli.local.wsgi_server import serve_forever
 
     try:
         settings = RouterSettings.from_env(
@@ -201,7 +201,7 @@ def serve_cpu(
     from spillway.fallback.async_drain import start_local_drain
     from spillway.fallback.service import CpuService
     from spillway.fallback.settings import CpuSettings
-    from spillway_cli.wsgi_server import serve_forever
+    from spillway_cli.local.wsgi_server import serve_forever
 
     flags = {"host": host, "port": port, "repository": repository}
     settings = CpuSettings.model_validate({k: v for k, v in flags.items() if v is not None})

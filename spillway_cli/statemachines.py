@@ -33,7 +33,8 @@ from typing import Any
 
 from spillway.models.repository import LocalRepository
 from spillway.pipelines.chain import FAILED, RESPOND, STEP
-from spillway.pipelines.graph import Pipeline, read_pipeline
+from spillway.pipelines.definition import Pipeline
+from spillway.pipelines.graph import read_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 FUNCTION = "${CpuInferFunctionArn}"

@@ -43,7 +43,7 @@ from spillway_cli.frame_streams import (
 )
 
 if TYPE_CHECKING:
-    from spillway_cli.stack import LocalStack
+    from spillway_cli.local.stack import LocalStack
 
 RESEND_AFTER_S = 0.05
 """How long a frame refused with ``slow_down`` waits before it is sent again."""

@@ -21,7 +21,7 @@ import typer
 from spillway.protocol.errors import SpillwayError
 from spillway.state.table import DynamoStateStore
 from spillway.tenancy.directory import ConfigWriter, LiveConfig
-from spillway_cli.stackenv import aws_errors, require_aws, use_stack_env
+from spillway_cli.local.stackenv import aws_errors, require_aws, use_stack_env
 
 tenants_app = typer.Typer(
     help="Map identities (API key ids, IAM principals) to tenants, live.", no_args_is_help=True

@@ -42,7 +42,7 @@ def up(
 ) -> None:
     """The whole platform on 127.0.0.1 until Ctrl-C or SIGTERM."""
     from spillway_cli import preflight
-    from spillway_cli.stack import offline_missing
+    from spillway_cli.local.serverless_offline import offline_missing
 
     ports = {
         "router": router_port,
@@ -65,9 +65,10 @@ def up(
 
 def _run(models: Path, log_dir: Path, ports: dict[str, int], runtime: str, verbose: bool) -> None:
     from spillway_cli.console import report_logging
-    from spillway_cli.stack import LocalStack, Ports, StackError
-    from spillway_cli.stack import router_runtime as resolve
-    from spillway_cli.stackenv import stack_env_path
+    from spillway_cli.local.layout import Ports
+    from spillway_cli.local.serverless_offline import router_runtime as resolve
+    from spillway_cli.local.stack import LocalStack, StackError
+    from spillway_cli.local.stackenv import stack_env_path
 
     report_logging(log_dir / "up.log", verbose)
     typer.echo(f"Starting Spillway (logs in {log_dir}/):")

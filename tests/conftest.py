@@ -30,7 +30,7 @@ def moto_endpoint() -> Iterator[str]:
     DynamoDB item writes atomic as DynamoDB's."""
     from moto.server import ThreadedMotoServer
 
-    from spillway_cli.moto_atomic import atomic_dynamodb
+    from spillway_cli.local.moto_atomic import atomic_dynamodb
 
     atomic_dynamodb()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

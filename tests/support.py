@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from spillway.aws.clients import aws_client
 from spillway.models.engine import EngineOptions, OnnxModel
 from spillway.models.repository import LocalRepository
-from spillway_cli import procs
+from spillway_cli.local import procs
 from spillway_cli.modelbuild.common import write_checksums
 
 
@@ -137,7 +137,7 @@ def scope_proof_secret(moto_endpoint: str) -> Iterator[tuple[Any, str]]:
     and the secret's name."""
     import pytest
 
-    from spillway_cli.local_scope_key import create_scope_key
+    from spillway_cli.local.scope_key import create_scope_key
 
     name = f"spillway-test-scope-proof-{uuid.uuid4().hex[:8]}"
     with pytest.MonkeyPatch.context() as env:

@@ -2,7 +2,7 @@
 
 Every size, lifetime and rule below is AWS's, with the documentation page it comes from.
 The product's own paths stay within them (or refuse clearly), and the local stand-ins
-(``spillway_cli.ws_gateway``, ``spillway_cli.lambda_http``, the local Step Functions and
+(``spillway_cli.local.websocket``, ``spillway_cli.local.lambda_http``, the local Step Functions and
 Batch runners) enforce them as AWS does, with AWS's error or close code, so that what
 passes locally passes on the first deploy. ``docs/aws-limits.md`` is generated from this
 table (``python -m spillway.aws.limits``) and a test keeps the two equal.

@@ -26,10 +26,7 @@ from spillway.models.config import ModelConfig
 from spillway.models.loader import chosen_versions
 from spillway.models.pipeline_schema import PipelineStep, StepCondition, StepMap
 from spillway.models.repository import ModelRepository
-
-# moved: re-exported until cli imports it from spillway.pipelines.definition
-from spillway.pipelines.definition import Pipeline as Pipeline
-from spillway.pipelines.definition import Spec, Step, dims_fit, tensor_specs
+from spillway.pipelines.definition import Pipeline, Spec, Step, dims_fit, tensor_specs
 from spillway.pipelines.fanout import COUNT_TYPES, FanOut
 from spillway.protocol.errors import ModelLoadError, ModelNotFoundError
 

@@ -25,55 +25,7 @@ from spillway.protocol.errors import (
     PayloadTooLargeError,
     RouteNotFoundError,
 )
-
-# moved: re-exported until router imports it from spillway.protocol.framing
-from spillway.protocol.framing import BINARY_CONTENT_TYPE as BINARY_CONTENT_TYPE
-
-# moved: re-exported until router imports it from spillway.protocol.framing
-from spillway.protocol.framing import HEADER_LENGTH as HEADER_LENGTH
-
-# moved: re-exported until router imports it from spillway.protocol.framing
-from spillway.protocol.framing import JSON_CONTENT_TYPE as JSON_CONTENT_TYPE
-
-# moved: re-exported until router imports it from spillway.protocol.framing
-from spillway.protocol.framing import load_json_object as load_json_object
-
-# moved: re-exported until router/cli/gpu_service imports it from spillway.protocol.framing
-from spillway.protocol.framing import parse_header_length as parse_header_length
-
-# moved: re-exported until gpu_service imports it from spillway.protocol.framing
-from spillway.protocol.framing import read_json_header as read_json_header
 from spillway.protocol.names import validate_model_name, validate_version
-
-# moved: re-exported until router/canary imports it from spillway.protocol.replies
-from spillway.protocol.replies import FAULT_HEADER as FAULT_HEADER
-
-# moved: re-exported until router/canary/gpu_service imports it from spillway.protocol.replies
-from spillway.protocol.replies import Reply as Reply
-
-# moved: re-exported until router/gpu_service imports it from spillway.protocol.replies
-from spillway.protocol.replies import error_reply as error_reply
-
-# moved: re-exported until gpu_service imports it from spillway.protocol.replies
-from spillway.protocol.replies import infer_reply as infer_reply
-
-# moved: re-exported until router imports it from spillway.protocol.replies
-from spillway.protocol.replies import json_bytes as json_bytes
-
-# moved: re-exported until router imports it from spillway.protocol.replies
-from spillway.protocol.replies import json_reply as json_reply
-
-# moved: re-exported until gpu_service imports it from spillway.protocol.replies
-from spillway.protocol.replies import refused as refused
-
-# moved: re-exported until gpu_service imports it from spillway.protocol.replies
-from spillway.protocol.replies import status_phrase as status_phrase
-
-# moved: re-exported until gpu_service imports it from spillway.protocol.replies
-from spillway.protocol.replies import unhandled as unhandled
-
-# moved: re-exported until router/cli imports it from spillway.protocol.s3urls
-from spillway.protocol.s3urls import parse_s3_url as parse_s3_url
 
 # --- synchronous payload limits -----------------------------------------------------------
 # A synchronous Lambda invocation takes and returns at most 6 MB (6 MiB) of event JSON.

@@ -2,7 +2,7 @@
 metrics and the operator's stores. Heavy imports happen inside the command.
 
 What no flag names comes from the environment, else from the stack env file of a running
-``spillway up`` (``spillway_cli.stackenv``), as the other commands take it: the router's
+``spillway up`` (``spillway_cli.local.stackenv``), as the other commands take it: the router's
 metrics log and log, the GPU and CPU URLs, the state table, the policy, the jobs table and
 the ``ASYNC_*`` settings.
 """
@@ -78,7 +78,7 @@ def dashboard(
     from spillway_cli.dashboard.operator import Operator
     from spillway_cli.dashboard.server import DashboardApp, Poller
     from spillway_cli.dashboard.sources import RouterLogs
-    from spillway_cli.wsgi_server import serve_forever
+    from spillway_cli.local.wsgi_server import serve_forever
 
     if policy_file is not None and policy_parameter is not None:
         raise _fail("give --policy-file or --policy-parameter, not both")
@@ -131,7 +131,7 @@ class Sources:
 def with_stack_defaults(given: Sources) -> Sources:
     """``given`` with what it lacks from the environment, else from the running stack's
     env file: flags win, then variables already set, then the stack's."""
-    from spillway_cli.stackenv import use_stack_env
+    from spillway_cli.local.stackenv import use_stack_env
 
     use_stack_env()
     env = os.environ.get

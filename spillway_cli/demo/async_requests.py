@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from spillway.protocol.wire import parse_s3_url
+from spillway.protocol.s3urls import parse_s3_url
 from spillway_cli.console import Check, equal
 
 REQUESTS = 20

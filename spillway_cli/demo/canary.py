@@ -33,9 +33,9 @@ from spillway.models.repository import open_repository
 from spillway.state.table import DynamoStateStore
 from spillway_cli.canary_cli import describe
 from spillway_cli.console import Check, at_most, equal
-from spillway_cli.modelbuild.faulty import publish_faulty_canary
 from spillway_cli.local.names import REGION, REPOSITORY, STATE_TABLE
 from spillway_cli.local.stack import LocalStack
+from spillway_cli.modelbuild.faulty import publish_faulty_canary
 
 MODEL = "digits"
 SESSIONS = 40

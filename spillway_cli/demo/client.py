@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from spillway.protocol.codec import decode_response, encode_request
-from spillway.protocol.wire import parse_header_length
+from spillway.protocol.framing import parse_header_length
 from spillway_cli.console import Check
 
 log = logging.getLogger("spillway.demo")

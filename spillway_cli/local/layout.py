@@ -37,7 +37,6 @@ STATE_MACHINES = {
 endpoint (``ASYNC_STATE_MACHINES``), each running ``infra/statemachines/<name>.asl.json``."""
 
 
-
 @dataclass
 class Ports:
     """Where each part listens on 127.0.0.1 (0: a free port)."""
@@ -71,7 +70,6 @@ class Ports:
                 )
             )
         )
-
 
 
 @dataclass

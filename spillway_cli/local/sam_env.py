@@ -28,7 +28,7 @@ from spillway_cli.local.names import (
     TENANTS_ROOT,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
 FUNCTION_TYPE = "AWS::Serverless::Function"
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from spillway.aws.clients import aws_client, client
 from spillway_cli.local import procs, serverless_offline, stackenv
-from spillway_cli.local.layout import STATE_MACHINES, StackLayout
+from spillway_cli.local.layout import SCOPE_PROOF_ENV, STATE_MACHINES, StackLayout
 from spillway_cli.local.names import (
     DATA_BUCKET,
     LOCAL_API_KEY,
@@ -66,7 +66,8 @@ class LocalStack(StackLayout):
 
     router_fallback: bool = False
     """``auto`` chose serverless-offline: if the router does not come up under it within
-    ``FALLBACK_WAIT_S``, the WSGI router replaces it (and the log says why)."""
+    ``serverless_offline.FALLBACK_WAIT_S``, the WSGI router replaces it (and the log says
+    why)."""
     children: dict[str, procs.Child] = field(default_factory=dict)
     states: LocalStepFunctions | None = None
     """The local Step Functions endpoint (``AWS_ENDPOINT_URL_SFN`` of the router), served
@@ -213,8 +214,8 @@ class LocalStack(StackLayout):
         from spillway.fallback.settings import CpuSettings
         from spillway_cli.local.states import LocalStateMachine, substituted
         from spillway_cli.local.step_functions import LocalStepFunctions
-        from spillway_cli.statemachines import definition_path, substitutions
         from spillway_cli.local.wsgi_server import server
+        from spillway_cli.statemachines import definition_path, substitutions
 
         # One attempt per call: the definition's own Retry handles the service's errors.
         invoke = client(

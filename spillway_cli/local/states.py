@@ -35,7 +35,6 @@ from typing import Any, Literal
 
 from spillway.aws.limits import SFN_PAYLOAD_BYTES
 
-
 PARTITIONS = ("aws", "aws-cn", "aws-us-gov")
 _PARTITION = "(" + "|".join(re.escape(p) for p in PARTITIONS) + ")"
 LAMBDA_INVOKE = re.compile(rf"^arn:{_PARTITION}:states:::lambda:invoke$")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spillway_cli.stack import LocalStack, offline_missing
+from spillway_cli.local.serverless_offline import offline_missing
+from spillway_cli.local.stack import LocalStack
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from spillway.state.table import scope
-from spillway_cli.stack import DATA_BUCKET
+from spillway_cli.local.names import DATA_BUCKET
 from tests.integration.test_jobs_support import EXAMPLE_API_KEY_ID
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,7 +184,7 @@ def _embedding(answer: Answer, facts: Facts) -> None:
 
 
 def _mode_unavailable(answer: Answer, facts: Facts) -> None:
-    # Locally the Lambda endpoint serves the CPU fallback alone (spillway_cli/sam_env.py).
+    # Locally the Lambda endpoint serves the CPU fallback alone (spillway_cli/local/sam_env.py).
     assert answer.body["code"] == "mode_unavailable", answer.body
     assert answer.headers["x-spillway-rule"] == "batch-requested"
 

@@ -46,8 +46,8 @@ from spillway.protocol.codec import encode_request
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from spillway.tenancy.identity import Authenticator
-from spillway_cli.lambda_http import wsgi_app
-from spillway_cli.wsgi_server import running
+from spillway_cli.local.lambda_http import wsgi_app
+from spillway_cli.local.wsgi_server import running
 from tests.conftest import AWS_REGION
 from tests.e2e import gen as st
 from tests.e2e.adversarial import (
@@ -398,7 +398,7 @@ def test_grpc_door_cuts_one_peers_attacks_while_another_is_served(
     import grpc
     from tritonclient.grpc import service_pb2_grpc
 
-    from spillway_cli import procs
+    from spillway_cli.local import procs
     from tests.integration.test_grpc_limits import (
         INFER,
         Forwarder,

@@ -25,9 +25,9 @@ from spillway.aws.clients import aws_client
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import Overrides, create_app
 from spillway.state.table import DynamoStateStore, create_table
-from spillway_cli.lambda_http import wsgi_app
-from spillway_cli.local_async import async_env, create_async_resources
-from spillway_cli.wsgi_server import running
+from spillway_cli.local.async_resources import async_env, create_async_resources
+from spillway_cli.local.lambda_http import wsgi_app
+from spillway_cli.local.wsgi_server import running
 from tests.fakes import eventually
 from tests.support import gpu_service, link_model
 

@@ -25,9 +25,10 @@ from spillway.async_inference.store import AsyncStore
 from spillway.protocol.codec import decode_response
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
-from spillway_cli.lambda_http import wsgi_app
-from spillway_cli.stack import REGION, LocalStack
-from spillway_cli.wsgi_server import running
+from spillway_cli.local.lambda_http import wsgi_app
+from spillway_cli.local.names import REGION
+from spillway_cli.local.stack import LocalStack
+from spillway_cli.local.wsgi_server import running
 from tests.fakes import eventually
 
 KEYS = {"acme": "e2e-key-acme", "globex": "e2e-key-globex"}

@@ -48,9 +48,10 @@ from spillway_cli.dashboard.board import Board
 from spillway_cli.dashboard.command import load_slo
 from spillway_cli.dashboard.server import DashboardApp, Poller
 from spillway_cli.dashboard.sources import GpuReading, Request, RouterLogs, parse_prometheus
-from spillway_cli.demo import Client
-from spillway_cli.stack import STATE_TABLE, LocalStack
-from spillway_cli.wsgi_server import running
+from spillway_cli.demo.client import Client
+from spillway_cli.local.names import STATE_TABLE
+from spillway_cli.local.stack import LocalStack
+from spillway_cli.local.wsgi_server import running
 from tests.e2e.chromium import CHROMIUM, Browser
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from spillway_cli.stack import LocalStack
+from spillway_cli.local.stack import LocalStack
 
 CHECKS = [
     not_a_server_error,

@@ -33,9 +33,10 @@ import serverless_wsgi
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from spillway.state.table import scope
-from spillway_cli.lambda_http import wsgi_app
-from spillway_cli.stack import TENANTS_ROOT, LocalStack
-from spillway_cli.wsgi_server import running
+from spillway_cli.local.lambda_http import wsgi_app
+from spillway_cli.local.names import TENANTS_ROOT
+from spillway_cli.local.stack import LocalStack
+from spillway_cli.local.wsgi_server import running
 
 KEY = "live-key-b"
 TENANT = "live-acme"

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spillway_cli import procs
-from spillway_cli.demo import Client
-from spillway_cli.stack import LocalStack
+from spillway_cli.demo.client import Client
+from spillway_cli.local import procs
+from spillway_cli.local.stack import LocalStack
 from tests.support import Service, gpu_service, write_slow_model
 
 POLICY = """version: 1

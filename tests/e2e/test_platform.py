@@ -14,8 +14,9 @@ import pytest
 import tritonclient.http as triton
 
 from spillway.aws.clients import aws_client
-from spillway_cli.demo import Client, under_load
-from spillway_cli.stack import DATA_BUCKET, LOCAL_API_KEY, REGION, LocalStack
+from spillway_cli.demo.client import Client, under_load
+from spillway_cli.local.names import DATA_BUCKET, LOCAL_API_KEY, REGION
+from spillway_cli.local.stack import LocalStack
 from tests.fakes import eventually
 from tests.support import load_engine
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from spillway.aws.clients import aws_client
-from spillway_cli.stack import LocalStack
+from spillway_cli.local.stack import LocalStack
 from tests.e2e.sam_local import (
     EVENT_FUNCTIONS,
     EXPECTED,

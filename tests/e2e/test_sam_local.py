@@ -29,7 +29,8 @@ import numpy as np
 import pytest
 
 from batch_job.settings import JobsSettings
-from spillway_cli.stack import REGION, LocalStack
+from spillway_cli.local.names import REGION
+from spillway_cli.local.stack import LocalStack
 from tests.e2e.containers import (
     GPU_IMAGE,
     OUT,

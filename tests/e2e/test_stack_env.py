@@ -18,8 +18,9 @@ import pytest
 from spillway.aws.clients import aws_client
 from spillway.canary.records import CanaryStore
 from spillway.state.table import DynamoStateStore
-from spillway_cli.stack import DATA_BUCKET, REGION, STATE_TABLE, LocalStack
-from spillway_cli.stackenv import read_stack_env
+from spillway_cli.local.names import DATA_BUCKET, REGION, STATE_TABLE
+from spillway_cli.local.stack import LocalStack
+from spillway_cli.local.stackenv import read_stack_env
 from tests.support import load_engine
 
 OWN_PREFIXES = ("AWS_", "ROUTER_", "JOBS_", "ASYNC_", "SPILLWAY_", "CPU_", "GPU_")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from spillway_cli.frame_streams import DoorRun, Frames, Scenario
-from spillway_cli.stack import LocalStack
+from spillway_cli.local.stack import LocalStack
 from spillway_cli.stream_drivers import Endpoints, gpu_killer, restart_gpu, run_door
 
 SCENARIO = Scenario(streams=10, frames=30, window=8)

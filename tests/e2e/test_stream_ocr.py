@@ -17,7 +17,7 @@ import pytest
 
 from spillway.aws.limits import WS_FRAME_BYTES
 from spillway_cli.frame_streams import DOORS, OcrPages, Scenario, StreamLog
-from spillway_cli.stack import LocalStack
+from spillway_cli.local.stack import LocalStack
 from spillway_cli.stream_drivers import Endpoints, run_door, websocket_message
 
 SCENARIO = Scenario(streams=4, frames=3, window=2)

@@ -25,7 +25,7 @@ import numpy as np
 import onnxruntime as ort
 
 from spillway.aws.limits import WS_FRAME_BYTES
-from spillway_cli.stack import LocalStack
+from spillway_cli.local.stack import LocalStack
 from spillway_cli.stream_drivers import send_text
 
 FRAMES = 40

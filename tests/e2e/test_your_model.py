@@ -17,7 +17,8 @@ import tritonclient.http as triton
 from tokenizers import Tokenizer
 from tritonclient.utils import np_to_triton_dtype
 
-from spillway_cli.stack import REPOSITORY, LocalStack
+from spillway_cli.local.names import REPOSITORY
+from spillway_cli.local.stack import LocalStack
 from tests.e2e.own_models import fixed_batch_one, not_batch_safe, run_doc_block, two_int64
 
 Arrays = dict[str, np.ndarray]

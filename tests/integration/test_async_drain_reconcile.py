@@ -20,7 +20,7 @@ from spillway.fallback.async_drain import drain_check, should_drain
 from spillway.protocol.errors import QuotaExceededError
 from spillway.router.async_mode import inflight_ledger
 from spillway.state.table import scope
-from spillway_cli.local_async import create_async_resources
+from spillway_cli.local.async_resources import create_async_resources
 from tests.memory_store import MemoryStateStore
 
 DRAIN_AGE_S = 120.0

@@ -33,10 +33,11 @@ from spillway.fallback.settings import CpuSettings
 from spillway.protocol.codec import decode_response, encode_request
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import Overrides, create_app
-from spillway_cli.local_async import async_env, create_async_resources
-from spillway_cli.local_states import LocalStateMachine, LocalStepFunctions, substituted
+from spillway_cli.local.async_resources import async_env, create_async_resources
+from spillway_cli.local.states import LocalStateMachine, substituted
+from spillway_cli.local.step_functions import LocalStepFunctions
+from spillway_cli.local.wsgi_server import running
 from spillway_cli.statemachines import definition_path, substitutions
-from spillway_cli.wsgi_server import running
 from tests.support import link_model
 
 KEYS = {"acme": "key-acme", "globex": "key-globex"}

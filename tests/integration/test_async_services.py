@@ -24,9 +24,9 @@ from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
-from spillway_cli.demo_async import scenario_async
-from spillway_cli.local_async import async_env, create_async_resources
-from spillway_cli.wsgi_server import running
+from spillway_cli.demo.async_requests import scenario_async
+from spillway_cli.local.async_resources import async_env, create_async_resources
+from spillway_cli.local.wsgi_server import running
 from tests.fakes import eventually
 from tests.support import gpu_service
 

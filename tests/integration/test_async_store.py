@@ -21,9 +21,9 @@ from spillway.protocol.errors import (
     OutsideTenantAreaError,
     RouteNotFoundError,
 )
-from spillway.protocol.wire import error_reply, infer_reply, json_reply
+from spillway.protocol.replies import error_reply, infer_reply, json_reply
 from spillway.state.table import scope
-from spillway_cli.local_async import create_async_resources
+from spillway_cli.local.async_resources import create_async_resources
 
 
 class Clock:

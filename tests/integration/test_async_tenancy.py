@@ -23,11 +23,11 @@ from spillway.async_inference.store import AsyncStore
 from spillway.aws.clients import aws_client
 from spillway.fallback.async_drain import run_message
 from spillway.protocol.messages import stage_request
-from spillway.protocol.wire import infer_reply
+from spillway.protocol.replies import infer_reply
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import Overrides, create_app
 from spillway.state.table import DynamoStateStore, create_table
-from spillway_cli.local_async import create_async_resources
+from spillway_cli.local.async_resources import create_async_resources
 
 KEYS = {"acme": "key-acme", "globex": "key-globex"}
 IMAGE = {"name": "image", "shape": [1, 8, 8], "datatype": "FP32", "data": [0.0] * 64}

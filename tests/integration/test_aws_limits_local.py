@@ -36,12 +36,13 @@ from spillway.aws.limits import (
     SFN_EXECUTION_NAME_CHARS,
     SFN_PAYLOAD_BYTES,
 )
-from spillway.protocol.wire import json_reply
+from spillway.protocol.replies import json_reply
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import Overrides, create_app
-from spillway_cli.local_async import create_async_resources
-from spillway_cli.local_states import LocalStateMachine, LocalStepFunctions
-from spillway_cli.wsgi_server import running
+from spillway_cli.local.async_resources import create_async_resources
+from spillway_cli.local.states import LocalStateMachine
+from spillway_cli.local.step_functions import LocalStepFunctions
+from spillway_cli.local.wsgi_server import running
 
 MACHINE = "arn:aws:states:us-east-1:123456789012:stateMachine:spillway-echo"
 KEYS = {"acme": "key-acme", "globex": "key-globex"}

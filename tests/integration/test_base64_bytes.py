@@ -27,7 +27,7 @@ from spillway.fallback.app import CpuApp
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
 from spillway.protocol.codec import decode_response, encode_request
-from spillway_cli.wsgi_server import running
+from spillway_cli.local.wsgi_server import running
 from tests.integration.test_image_models import (
     HEIGHT,
     WIDTH,

@@ -30,8 +30,8 @@ from spillway.models.repository import S3Repository
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from spillway.state.table import DynamoStateStore, create_table
+from spillway_cli.local.wsgi_server import running
 from spillway_cli.main import app as cli
-from spillway_cli.wsgi_server import running
 from tests.support import gpu_service
 
 MODEL = "digits"

@@ -23,7 +23,7 @@ from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
 from spillway.models.engine import EngineOptions, OnnxModel
 from spillway.models.repository import LocalRepository
-from spillway_cli.wsgi_server import running
+from spillway_cli.local.wsgi_server import running
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = ROOT / "events" / "cpu_infer"

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from spillway_cli.demo import Client, under_load
+from spillway_cli.demo.client import Client, under_load
 
 START_STEP_S = 0.3
 """The k-th instance takes k times this to start: start-ups sharing two loaded cores

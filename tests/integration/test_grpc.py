@@ -19,7 +19,7 @@ import tritonclient.http as http_client
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from spillway_cli import procs
+from spillway_cli.local import procs
 from tests.fakes import eventually
 from tests.support import Service, gpu_service, write_slow_model
 

@@ -22,7 +22,7 @@ import pytest
 import tritonclient.grpc as grpc_client
 import tritonclient.http as http_client
 
-from spillway_cli import procs
+from spillway_cli.local import procs
 from spillway_cli.modelbuild.ocr import render_lines
 from tests.support import gpu_service
 

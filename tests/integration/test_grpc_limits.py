@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from spillway_cli import procs
+from spillway_cli.local import procs
 from tests.fakes import eventually
 from tests.support import Service, gpu_service, link_model
 

@@ -1,6 +1,6 @@
 """What the product puts in S3 keys, DynamoDB items and SQS messages stays within AWS's
 limits, or is refused at once with a 400; and the local moto refuses past them as AWS
-does (``spillway_cli.moto_atomic.strict_limits``: moto alone stores a 1,100-byte S3 key
+does (``spillway_cli.local.moto_atomic.strict_limits``: moto alone stores a 1,100-byte S3 key
 and counts an SQS body's characters, not its bytes, nor its attributes).
 
 AWS's limits (``spillway.aws.limits``): an S3 key is 1,024 bytes of UTF-8; an
@@ -25,9 +25,9 @@ from spillway.async_inference.store import AsyncStore
 from spillway.aws.clients import aws_client
 from spillway.aws.limits import DYNAMODB_ITEM_BYTES, S3_KEY_BYTES, SQS_MESSAGE_BYTES
 from spillway.protocol.errors import InferenceError, InvalidInputError
-from spillway.protocol.wire import error_reply, infer_reply
-from spillway_cli.local_async import create_async_resources
-from spillway_cli.moto_atomic import strict_limits
+from spillway.protocol.replies import error_reply, infer_reply
+from spillway_cli.local.async_resources import create_async_resources
+from spillway_cli.local.moto_atomic import strict_limits
 
 BODY = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]})
 CLEF = "\U0001d11e"  # four bytes of UTF-8

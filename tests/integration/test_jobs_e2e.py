@@ -18,9 +18,9 @@ from spillway.aws.clients import aws_client
 from spillway.models.engine import OnnxModel
 from spillway.protocol.codec import encode_request
 from spillway.protocol.messages import JobRequest, stage_request
-from spillway_cli import procs
 from spillway_cli.jobs_cli import LAUNCHER
-from spillway_cli.local_batch import run_local
+from spillway_cli.local import procs
+from spillway_cli.local.batch import run_local
 from tests.fakes import eventually
 from tests.integration.test_jobs_support import (
     committed,

@@ -18,7 +18,7 @@ from batch_job.settings import JobsSettings
 from spillway.aws.clients import aws_client
 from spillway.models.engine import EngineOptions, OnnxModel
 from spillway.models.repository import LocalRepository
-from spillway_cli.local_batch import configure_moto, create_resources
+from spillway_cli.local.batch import configure_moto, create_resources
 
 CPU_ONLY = ("CPUExecutionProvider",)
 EXAMPLE_API_KEY_ID = "abcde12345"

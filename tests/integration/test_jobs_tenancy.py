@@ -248,8 +248,8 @@ def test_the_local_jobs_server_maps_api_keys_as_api_gateway_does(
     # GIVEN the jobs API behind the local HTTP server (as `spillway serve jobs` serves it),
     # which passes a request's x-api-key as API Gateway passes the key's id
     from batch_job import api
-    from spillway_cli.lambda_http import wsgi_app
-    from spillway_cli.wsgi_server import running
+    from spillway_cli.local.lambda_http import wsgi_app
+    from spillway_cli.local.wsgi_server import running
 
     a = deployment.area("tenant-a")
     body = json.dumps(_job(f"{a}in/", f"{a}out/")).encode()

@@ -1,4 +1,4 @@
-"""The local REST door and Lambda invoke API (``spillway_cli.lambda_http``) refuse what
+"""The local REST door and Lambda invoke API (``spillway_cli.local.lambda_http``) refuse what
 API Gateway and Lambda refuse, with their answers.
 
 API Gateway (REST): a body over 10 MB is its own 413 before any function runs; an event
@@ -27,8 +27,8 @@ from spillway.aws.limits import (
     REST_PAYLOAD_BYTES,
 )
 from spillway.protocol.wire import SYNC_BODY_BYTES
-from spillway_cli.lambda_http import wsgi_app
-from spillway_cli.wsgi_server import running
+from spillway_cli.local.lambda_http import wsgi_app
+from spillway_cli.local.wsgi_server import running
 
 FUNCTION = "spillway-local-echo"
 

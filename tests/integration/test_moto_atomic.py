@@ -1,5 +1,5 @@
 """The local stack's moto server answers each DynamoDB write with that write's own result,
-as DynamoDB does, while other threads write the same item (``spillway_cli.moto_atomic``)."""
+as DynamoDB does, while other threads write the same item (``spillway_cli.local.moto_atomic``)."""
 
 from __future__ import annotations
 

@@ -34,8 +34,9 @@ from spillway.pipelines.graph import read_pipeline
 from spillway.protocol.codec import decode_response, encode_request
 from spillway.protocol.errors import SpillwayError
 from spillway.protocol.messages import read_staged_request, stage_request
-from spillway.protocol.wire import ANONYMOUS_SCOPE, parse_s3_url
-from spillway_cli.local_states import Execution, LocalStateMachine, substituted
+from spillway.protocol.s3urls import parse_s3_url
+from spillway.protocol.wire import ANONYMOUS_SCOPE
+from spillway_cli.local.states import Execution, LocalStateMachine, substituted
 from spillway_cli.modelbuild.build import build_repository
 from spillway_cli.modelbuild.ocr import render_lines
 from spillway_cli.statemachines import chain_definition, substitutions

@@ -36,11 +36,11 @@ from spillway.models.processing import Tensors
 from spillway.protocol.codec import decode_response, encode_request
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
-from spillway_cli.local_async import async_env, create_async_resources
+from spillway_cli.local.async_resources import async_env, create_async_resources
+from spillway_cli.local.wsgi_server import running
 from spillway_cli.modelbuild import minilm, topics
 from spillway_cli.modelbuild.build import build_repository
 from spillway_cli.modelbuild.ocr import render_lines
-from spillway_cli.wsgi_server import running
 from tests.fakes import eventually
 from tests.integration.test_ocr_pipelines import SENTENCES
 from tests.support import gpu_service, link_model

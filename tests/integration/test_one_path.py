@@ -30,8 +30,8 @@ from spillway.protocol.codec import decode_response, encode_request
 from spillway.protocol.errors import OverloadedError, UnavailableError
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
+from spillway_cli.local.wsgi_server import running
 from spillway_cli.modelbuild.build import build_repository
-from spillway_cli.wsgi_server import running
 from tests.integration.test_ocr_pipelines import _png_header
 from tests.support import Service, gpu_service, link_model
 

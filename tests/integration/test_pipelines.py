@@ -41,16 +41,16 @@ from spillway.pipelines.chain import ChainStore
 from spillway.pipelines.stepcache import CacheSettings, SharedCache
 from spillway.protocol.codec import decode_response, encode_request
 from spillway.protocol.messages import read_staged_request, stage_request
-from spillway.protocol.wire import parse_s3_url
+from spillway.protocol.s3urls import parse_s3_url
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from spillway.tenancy.proof import KeyRing, ScopeProofs, StaticKeys
-from spillway_cli.demo_pipelines import scenario_topics
-from spillway_cli.local_states import LocalStateMachine, substituted
+from spillway_cli.demo.pipelines import scenario_topics
+from spillway_cli.local.states import LocalStateMachine, substituted
+from spillway_cli.local.wsgi_server import running
 from spillway_cli.modelbuild.common import write_checksums
 from spillway_cli.modelbuild.topics import build_topics
 from spillway_cli.statemachines import definition_path, substitutions
-from spillway_cli.wsgi_server import running
 from tests.support import Service, gpu_service, link_model, scope_proof_key
 
 # Written by hand for this test; none of them is among the label descriptions the head

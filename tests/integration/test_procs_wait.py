@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from spillway_cli import procs
+from spillway_cli.local import procs
 
 FIRST_ANSWER_S = 3.0
 """A first answer slower than a short probe timeout (2 s): a worker started on demand."""

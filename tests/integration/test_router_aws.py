@@ -32,8 +32,8 @@ from spillway.protocol.messages import (
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import Overrides, create_app
 from spillway.state.table import scope
-from spillway_cli.procs import free_port
-from spillway_cli.wsgi_server import running
+from spillway_cli.local.procs import free_port
+from spillway_cli.local.wsgi_server import running
 from tests.support import load_engine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -313,7 +313,7 @@ def test_batch_mode_invokes_the_jobs_function_with_lambda_invoke(
     from batch_job.api import answer
     from batch_job.service import JobService
     from batch_job.settings import JobsSettings
-    from spillway_cli.lambda_http import wsgi_app
+    from spillway_cli.local.lambda_http import wsgi_app
     from tests.integration.test_jobs_support import jobs_settings, new_bucket
 
     jobs = jobs_settings(aws_env, models_dir)

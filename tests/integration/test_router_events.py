@@ -21,7 +21,7 @@ from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
-from spillway_cli.wsgi_server import running
+from spillway_cli.local.wsgi_server import running
 from tests.lambda_context import LambdaContext
 from tests.support import Service
 

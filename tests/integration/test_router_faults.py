@@ -31,8 +31,8 @@ from spillway.models.repository import LocalRepository
 from spillway.router.app import RouterApp
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import Overrides, create_app
-from spillway_cli import procs
-from spillway_cli.wsgi_server import running
+from spillway_cli.local import procs
+from spillway_cli.local.wsgi_server import running
 from tests.fakes import eventually
 from tests.support import Service, gpu_service, link_model, write_slow_model
 

@@ -21,8 +21,8 @@ from spillway.policy.backend import BackendRequest
 from spillway.router.backends import HttpBackend
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
-from spillway_cli import procs
-from spillway_cli.wsgi_server import running
+from spillway_cli.local import procs
+from spillway_cli.local.wsgi_server import running
 from tests.support import Service, load_engine
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "policies" / "example.yaml"

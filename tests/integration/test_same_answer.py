@@ -30,11 +30,11 @@ from spillway.fallback.direct import handle_direct
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
 from spillway.protocol.codec import encode_request
-from spillway.protocol.wire import HEADER_LENGTH
+from spillway.protocol.framing import HEADER_LENGTH
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
-from spillway_cli import procs
-from spillway_cli.wsgi_server import running
+from spillway_cli.local import procs
+from spillway_cli.local.wsgi_server import running
 from tests.support import Service, gpu_service, link_model
 
 IMAGE = {"name": "image", "shape": [1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}

@@ -50,9 +50,9 @@ from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from spillway.state.table import scope
 from spillway.tenancy.proof import KeyRing, ScopeProofs, StaticKeys
-from spillway_cli import procs
-from spillway_cli.local_scope_key import rotate_scope_key
-from spillway_cli.wsgi_server import running
+from spillway_cli.local import procs
+from spillway_cli.local.scope_key import rotate_scope_key
+from spillway_cli.local.wsgi_server import running
 from tests.support import Service, gpu_service, link_model, scope_proof_secret
 
 EVENT = Path(__file__).resolve().parents[2] / "events/router/infer-rest-v1.json"

@@ -21,7 +21,8 @@ from spillway.protocol.errors import StateUnavailableError
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from spillway.state.table import DynamoStateStore, create_table
-from spillway.streams.connections import Admission, DynamoConnections, held_key
+from spillway.streams.connections import Admission, held_key
+from spillway.streams.dynamo_connections import DynamoConnections
 from spillway.streams.gateway import StreamGateway
 from spillway.streams.settings import StreamSettings
 from spillway.tenancy.identity import Authenticator

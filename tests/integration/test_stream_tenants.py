@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from spillway.state.table import DynamoStateStore, create_table
-from spillway.streams.connections import DynamoConnections
+from spillway.streams.dynamo_connections import DynamoConnections
 from spillway.streams.tenants import (
     CONNECTION_LIFE_S,
     IN_FLIGHT,

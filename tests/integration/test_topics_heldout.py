@@ -23,7 +23,7 @@ from spillway.fallback.direct import handle_direct
 from spillway.fallback.service import CpuService
 from spillway.fallback.settings import CpuSettings
 from spillway.protocol.codec import encode_request
-from spillway_cli.demo_pipelines import SENTENCES
+from spillway_cli.demo.pipelines import SENTENCES
 from spillway_cli.modelbuild.common import BuildReport
 from spillway_cli.modelbuild.topics import build_topics, held_out_scores
 from spillway_cli.modelbuild.topics_data import (

@@ -22,8 +22,8 @@ import pytest
 from aiohttp import WSMsgType, web
 from botocore.exceptions import ClientError
 
-from spillway_cli import procs
-from spillway_cli.ws_gateway import WebSocketGateway
+from spillway_cli.local import procs
+from spillway_cli.local.websocket.gateway import WebSocketGateway
 from tests.fakes import eventually
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,8 +15,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from spillway_cli import procs
-from spillway_cli.ws_gateway import TokenBucket, WebSocketGateway
+from spillway_cli.local import procs
+from spillway_cli.local.websocket.gateway import WebSocketGateway
+from spillway_cli.local.websocket.throttle import TokenBucket
 
 
 class GatedHandler:

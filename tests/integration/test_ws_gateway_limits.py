@@ -21,9 +21,9 @@ import pytest
 from aiohttp import WSMsgType, web
 
 from spillway.aws.limits import WS_FRAME_BYTES, WS_MESSAGE_BYTES, WS_POST_BYTES
-from spillway_cli import procs
+from spillway_cli.local import procs
+from spillway_cli.local.websocket.gateway import WebSocketGateway
 from spillway_cli.stream_drivers import send_text
-from spillway_cli.ws_gateway import WebSocketGateway
 
 KiB = 1024
 

@@ -31,7 +31,7 @@ from spillway.async_inference.queue import message_of
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
 from spillway.protocol.errors import InferenceError
-from spillway.protocol.wire import error_reply, infer_reply
+from spillway.protocol.replies import error_reply, infer_reply
 from spillway.state.table import scope
 from tests.unit.stacks import Deployment, serverless_config
 

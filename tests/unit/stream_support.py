@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spillway.streams.connections import COUNTERS, HELD, Admission, Connection, connection_key
-from spillway.streams.gateway import ConnectionGone
+from spillway.streams.delivery import ConnectionGone
 
 ENDPOINT = "http://127.0.0.1:1"
 

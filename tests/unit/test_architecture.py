@@ -255,6 +255,31 @@ def test_only_the_cli_and_bench_import_the_cli() -> None:
     assert offenders == set()
 
 
+LOCAL_STAND_INS = "spillway_cli.local"
+"""The local stand-ins and the local stack, below the CLI's commands: the commands start
+them, they never reach up (a package of ``spillway_cli`` in the layers above)."""
+LOCAL_STAND_INS_MAY_IMPORT = frozenset({"spillway_cli.statemachines"})
+"""What the stand-ins may import of the CLI outside their package: the pipelines' Step
+Functions definitions, which the local Step Functions runs as the templates deploy them."""
+
+
+def _in_local(name: str) -> bool:
+    return name == LOCAL_STAND_INS or name.startswith(f"{LOCAL_STAND_INS}.")
+
+
+def test_the_local_stand_ins_never_import_the_commands() -> None:
+    assert "spillway_cli.local.layout" in GRAPH["spillway_cli.local.stack"]  # edges are seen
+    offenders = {
+        (name, target)
+        for name, targets in GRAPH.items()
+        if _in_local(name)
+        for target in targets
+        if target.startswith("spillway_cli") and not _in_local(target)
+        if target not in LOCAL_STAND_INS_MAY_IMPORT
+    }
+    assert offenders == set()
+
+
 def test_nothing_outside_functions_imports_a_lambda_package() -> None:
     offenders = {
         (name, target)

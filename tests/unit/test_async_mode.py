@@ -16,7 +16,7 @@ from gpu_service.async_consumer import as_background
 from spillway.async_inference.queue import Message, fair_order, message_of
 from spillway.async_inference.settings import AsyncSettings
 from spillway.policy.facts import read_hints
-from spillway.protocol.wire import read_json_header
+from spillway.protocol.framing import read_json_header
 from spillway.router.batch_mode import JobsApiSubmitter, staging_quota
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import Overrides, create_app

@@ -24,9 +24,10 @@ from spillway.async_inference.records import AsyncRecord
 from spillway.async_inference.settings import AsyncSettings
 from spillway.fallback.async_drain import DRAIN_CHECK
 from spillway.router.async_mode import RESULTS_PREFIX
-from spillway_cli.local_async import async_env
-from spillway_cli.sam_env import env_vars_document, load_template, local_values
-from spillway_cli.stack import LocalStack, Ports
+from spillway_cli.local.async_resources import async_env
+from spillway_cli.local.layout import Ports
+from spillway_cli.local.sam_env import env_vars_document, load_template, local_values
+from spillway_cli.local.stack import LocalStack
 from tests.unit.async_calls import (
     Call,
     applications,

@@ -26,8 +26,8 @@ from spillway.policy.rules import parse_policy
 from spillway.policy.store import FileSource, SsmSource
 from spillway.state.table import DynamoStateStore, create_table, scope
 from spillway_cli.dashboard.operator import Operator
-from spillway_cli.local_async import create_async_resources
-from spillway_cli.wsgi_server import running
+from spillway_cli.local.async_resources import create_async_resources
+from spillway_cli.local.wsgi_server import running
 from tests import graphs
 
 POLICY = Path(__file__).resolve().parents[2] / "policies" / "example.yaml"

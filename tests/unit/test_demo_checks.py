@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from spillway_cli.console import Checks
-from spillway_cli.demo import Record, apart, failed
-from spillway_cli.demo_canary import (
+from spillway_cli.demo.canary import (
     AFTER_ROLLBACK,
     SESSIONS,
     CanaryReport,
@@ -19,6 +18,8 @@ from spillway_cli.demo_canary import (
     until_rollback,
     wait_for_every_router,
 )
+from spillway_cli.demo.client import Record, failed
+from spillway_cli.demo.report import apart
 from spillway_cli.frame_streams import DoorRun, Scenario, StreamLog
 
 

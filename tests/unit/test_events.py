@@ -23,7 +23,7 @@ from batch_job.service import JOB_ID_NAMESPACE
 from spillway.state.table import scope
 from spillway.tenancy.areas import area
 from spillway.tenancy.identity import authenticated_identity
-from spillway_cli.sam_env import FUNCTION_TYPE, load_template
+from spillway_cli.local.sam_env import FUNCTION_TYPE, load_template
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = ROOT / "events"

@@ -18,7 +18,8 @@ from spillway.models.config import ModelConfig
 from spillway.models.engine import OnnxModel
 from spillway.models.pipeline_schema import DEFAULT_MAX_ROWS
 from spillway.models.processing import Prepared, Tensors
-from spillway.pipelines.graph import Pipeline, build_pipeline
+from spillway.pipelines.definition import Pipeline
+from spillway.pipelines.graph import build_pipeline
 from spillway.pipelines.runner import (
     CacheIO,
     Compute,

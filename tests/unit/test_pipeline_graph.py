@@ -17,7 +17,8 @@ from pydantic import ValidationError
 from spillway.models.config import ModelConfig
 from spillway.models.pipeline_schema import StepCondition
 from spillway.models.processing import Tensors
-from spillway.pipelines.graph import build_pipeline, check_inputs, condition_holds
+from spillway.pipelines.definition import check_inputs, condition_holds
+from spillway.pipelines.graph import build_pipeline
 from spillway.pipelines.runner import (
     CacheIO,
     Compute,

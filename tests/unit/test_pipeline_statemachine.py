@@ -14,7 +14,7 @@ import yaml
 
 from infra.checks.cfn_eval import load_cfn
 from spillway.pipelines.graph import build_pipeline
-from spillway_cli.local_states import DefinitionError, LocalStateMachine, substituted
+from spillway_cli.local.states import DefinitionError, LocalStateMachine, substituted
 from spillway_cli.modelbuild.minilm import minilm_config
 from spillway_cli.modelbuild.topics import head_config, topics_config
 from spillway_cli.statemachines import (

@@ -35,13 +35,14 @@ from spillway.protocol.errors import (
     SpillwayError,
     UnsupportedDatatypeError,
 )
+from spillway.protocol.framing import NOT_UTF8, load_json_object, parse_header_length
 from spillway.protocol.tensors import tensor_from_bytes, tensor_to_bytes
 from spillway.protocol.v2 import (
     InferenceRequest,
     MetadataModelResponse,
     MetadataServerResponse,
 )
-from spillway.protocol.wire import NOT_UTF8, InferParameters, load_json_object, parse_header_length
+from spillway.protocol.wire import InferParameters
 
 DATATYPES = list(NUMPY_DTYPES)
 PROPERTY = settings(max_examples=40, deadline=None)

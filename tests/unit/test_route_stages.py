@@ -26,7 +26,8 @@ from spillway.canary.records import CanaryStore
 from spillway.canary.stage import NO_CANARY, VERSION_NOT_SERVED
 from spillway.policy.backend import Backend, BackendResponse
 from spillway.policy.facts import Call, read_request
-from spillway.protocol.wire import Reply, Target
+from spillway.protocol.replies import Reply
+from spillway.protocol.wire import Target
 from spillway.router import dispatch
 from spillway.router.batch_mode import BatchBackend
 from spillway.router.dispatch import Attempt, Router

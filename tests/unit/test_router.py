@@ -787,7 +787,7 @@ def lambda_backend(client: FakeLambda) -> Any:
 
 def test_the_lambda_backend_speaks_the_shared_direct_invoke_schemas() -> None:
     from spillway.protocol.messages import DirectInvokeAnswer, DirectInvokeEvent, parse_message
-    from spillway.protocol.wire import infer_reply
+    from spillway.protocol.replies import infer_reply
 
     # GIVEN a CPU function that answers a binary infer result
     result = b'{"outputs":[]}' + b"\x00\x01"

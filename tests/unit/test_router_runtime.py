@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spillway_cli import stack
+from spillway_cli.local import serverless_offline, stack
 
 
 @pytest.fixture
@@ -14,28 +14,28 @@ def installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Node.js and the Serverless Framework present; the artefact not (yet)."""
     framework = tmp_path / "serverless"
     framework.write_text("")
-    monkeypatch.setattr(stack, "SERVERLESS", framework)
+    monkeypatch.setattr(serverless_offline, "SERVERLESS", framework)
     monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
     artefact = tmp_path / "build" / "lambda" / "app.zip"
-    monkeypatch.setattr(stack, "APP_ZIP", artefact)
-    monkeypatch.setattr(stack, "ROOT", tmp_path)
+    monkeypatch.setattr(serverless_offline, "APP_ZIP", artefact)
+    monkeypatch.setattr(serverless_offline, "ROOT", tmp_path)
     return artefact
 
 
 def test_auto_takes_the_wsgi_router_while_the_artefact_is_missing(installed: Path) -> None:
-    assert stack.offline_missing() == ["build/lambda/app.zip"]
-    assert stack.router_runtime("auto") == "wsgi"
+    assert serverless_offline.offline_missing() == ["build/lambda/app.zip"]
+    assert serverless_offline.router_runtime("auto") == "wsgi"
 
 
 def test_auto_takes_serverless_offline_once_everything_is_there(installed: Path) -> None:
     installed.parent.mkdir(parents=True)
     installed.write_bytes(b"PK")
-    assert stack.offline_missing() == []
-    assert stack.router_runtime("auto") == "serverless-offline"
+    assert serverless_offline.offline_missing() == []
+    assert serverless_offline.router_runtime("auto") == "serverless-offline"
 
 
 def test_an_explicit_choice_is_kept(installed: Path) -> None:
-    assert stack.router_runtime("serverless-offline") == "serverless-offline"
+    assert serverless_offline.router_runtime("serverless-offline") == "serverless-offline"
 
 
 def test_serverless_offline_without_its_artefact_fails_at_once(

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from infra.checks.cfn_eval import load_cfn
-from spillway_cli.sam_env import (
+from spillway_cli.local.layout import Ports
+from spillway_cli.local.sam_env import (
     TEMPLATE,
     env_vars_document,
     function_variables,
@@ -19,7 +20,7 @@ from spillway_cli.sam_env import (
     local_values,
     write_env_vars,
 )
-from spillway_cli.stack import LocalStack, Ports
+from spillway_cli.local.stack import LocalStack
 
 FUNCTIONS = {"RouterFunction", "CpuInferFunction", "JobsFunction", "WebSocketFunction"}
 

@@ -13,11 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from spillway.policy.accounting import EmfSink, RouteRecord
-from spillway_cli import stackenv
 from spillway_cli.dashboard.command import Sources, with_stack_defaults
-from spillway_cli.local_names import POLICY_PARAMETER, STATE_TABLE
+from spillway_cli.local import stackenv
+from spillway_cli.local.layout import Ports
+from spillway_cli.local.names import POLICY_PARAMETER, STATE_TABLE
+from spillway_cli.local.stack import LocalStack
 from spillway_cli.main import app
-from spillway_cli.stack import LocalStack, Ports
 
 runner = CliRunner()
 

@@ -12,8 +12,10 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from spillway_cli import procs
-from spillway_cli.stack import REGION, STATE_MACHINES, LocalStack, Ports
+from spillway_cli.local import procs
+from spillway_cli.local.layout import STATE_MACHINES, Ports
+from spillway_cli.local.names import REGION
+from spillway_cli.local.stack import LocalStack
 
 
 @pytest.fixture
@@ -69,7 +71,7 @@ def test_both_router_runtimes_get_the_endpoint_and_the_machines(
         started.update(argv=argv, env=env)
         raise RuntimeError("not started here")
 
-    monkeypatch.setattr("spillway_cli.stack.APP_ZIP", Path(__file__))
+    monkeypatch.setattr("spillway_cli.local.serverless_offline.APP_ZIP", Path(__file__))
     monkeypatch.setattr(procs, "start", start)
     with pytest.raises(RuntimeError, match="not started here"):
         stack._router_offline()

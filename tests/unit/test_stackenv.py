@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from spillway_cli import stackenv
-from spillway_cli.stack import REPOSITORY, STATE_TABLE, LocalStack, Ports
+from spillway_cli.local import stackenv
+from spillway_cli.local.layout import Ports
+from spillway_cli.local.names import REPOSITORY, STATE_TABLE
+from spillway_cli.local.stack import LocalStack
 
 
 def _ended_pid() -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from spillway.policy.facts import read_request
 from spillway.protocol.errors import InvalidInputError, InvalidModelNameError
-from spillway.protocol.wire import Reply, json_reply
+from spillway.protocol.replies import Reply, json_reply
 from spillway.streams.frames import (
     MAX_SEQ,
     Answer,

@@ -20,11 +20,14 @@ import pytest
 from spillway.policy.backend import BackendRequest, BackendResponse
 from spillway.policy.facts import Call
 from spillway.protocol.errors import InvalidInputError, StateUnavailableError
-from spillway.protocol.wire import HEADER_LENGTH, Reply, Target, json_reply
+from spillway.protocol.framing import HEADER_LENGTH
+from spillway.protocol.replies import Reply, json_reply
+from spillway.protocol.wire import Target
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from spillway.streams.connections import Admission, Connection
-from spillway.streams.gateway import ApiGatewayPoster, StreamGateway
+from spillway.streams.delivery import ApiGatewayPoster
+from spillway.streams.gateway import StreamGateway
 from spillway.streams.settings import StreamSettings
 from spillway.tenancy.identity import Authenticator
 from tests.unit.router_support import fake_overrides

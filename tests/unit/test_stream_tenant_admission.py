@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spillway.policy.facts import Call
-from spillway.protocol.wire import Reply, Target, json_reply
+from spillway.protocol.replies import Reply, json_reply
+from spillway.protocol.wire import Target
 from spillway.streams.gateway import StreamGateway
 from spillway.streams.settings import StreamSettings
 from spillway.streams.tenants import IN_FLIGHT, RATE, FrameAdmission

@@ -204,7 +204,7 @@ def test_function_parity(
 def test_the_functions_behind_api_gateway_time_out_with_it(
     sam: dict[str, Any], sls: dict[str, Any], sam_name: str
 ) -> None:
-    # the timeout spillway.powertools.remaining_ms puts in place of serverless-offline's 6 s
+    # the timeout spillway_cli.local.offline_handlers puts in place of serverless-offline's 6 s
     fn = sls["functions"][FUNCTIONS[sam_name]]
     timeout = int(sam_function(sam, sam_name)["Timeout"])
     assert timeout == int(fn["timeout"]) == API_GATEWAY_TIMEOUT_S

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from spillway.streams.settings import ENV_PREFIX, StreamSettings
-from spillway_cli.ws_gateway import THROTTLE_BURST, THROTTLE_RATE
+from spillway_cli.local.websocket.throttle import THROTTLE_BURST, THROTTLE_RATE
 from tests.unit.stacks import ROOT, deploy, serverless_config
 
 TENANT_FIELDS = (

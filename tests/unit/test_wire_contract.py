@@ -1,4 +1,5 @@
-"""What every transport reads off the wire (``spillway.protocol.wire``), value by value.
+"""What every transport reads off the wire (``spillway.protocol.wire``, ``framing``,
+``replies`` and ``s3urls``), value by value.
 
 Each server calls these helpers, so a value one of them accepts or refuses is accepted or
 refused by all: here each rule is pinned at its edges (the last value taken, the first
@@ -18,34 +19,31 @@ from spillway.protocol.errors import (
     PayloadTooLargeError,
     RouteNotFoundError,
 )
-from spillway.protocol.wire import (
+from spillway.protocol.framing import (
     NOT_UTF8,
+    has_surrogate_escape,
+    load_json_object,
+    parse_header_length,
+    read_json_header,
+    split_body,
+    utf8_text,
+)
+from spillway.protocol.replies import Reply, infer_reply, json_bytes, json_reply
+from spillway.protocol.s3urls import S3Location, is_s3_url, parse_s3_url
+from spillway.protocol.wire import (
     InferParameters,
-    Reply,
-    S3Location,
     Target,
     allow,
     body_over_limit,
-    has_surrogate_escape,
-    infer_reply,
     int_parameter,
-    is_s3_url,
-    json_bytes,
-    json_reply,
     latency_budget_ms,
-    load_json_object,
     model_target,
-    parse_header_length,
-    parse_s3_url,
     priority_hint,
-    read_json_header,
     read_tenant_scope,
     require_model_target,
     routing_mode,
-    split_body,
     strip_stage,
     tenant_hint,
-    utf8_text,
 )
 
 

@@ -3,8 +3,8 @@
 The router's circuit breakers and the canary's rollback count a 5xx against a backend
 only when the answer carries ``x-spillway-fault: server``; a 504 (deadline passed in a
 busy queue) and every 4xx must never carry it. Checked on the one mapping
-(``spillway.protocol.wire.error_reply``), on the GPU service's encoding of a refusal, on the CPU
-fallback's WSGI and direct-invoke answers, and on the router's reading of it."""
+(``spillway.protocol.replies.error_reply``), on the GPU service's encoding of a refusal, on
+the CPU fallback's WSGI and direct-invoke answers, and on the router's reading of it."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ from spillway.protocol.errors import (
     SpillwayError,
     UnavailableError,
 )
-from spillway.protocol.wire import FAULT_HEADER, INTERNAL_ERROR, error_reply, read_wsgi_body
+from spillway.protocol.replies import FAULT_HEADER, INTERNAL_ERROR, error_reply
+from spillway.protocol.wire import read_wsgi_body
 from tests.unit.test_router import SERVER_FAULT, make_stack, ok
 
 SERVER_ERRORS: list[SpillwayError] = [

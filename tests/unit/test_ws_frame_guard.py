@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from aiohttp import WebSocketError
 
+from spillway_cli.local.websocket.frames import FrameGuard
 from spillway_cli.stream_drivers import _client_frame
-from spillway_cli.ws_gateway import FrameGuard
 
 LIMIT = 1024
 TEXT, CONTINUATION, BINARY, PING = 0x1, 0x0, 0x2, 0x9

@@ -30,7 +30,6 @@ def connection_id() -> str:
     return base64.urlsafe_b64encode(secrets.token_bytes(11)).decode()
 
 
-
 @dataclass
 class Connection:
     """One open WebSocket connection."""
@@ -139,11 +138,9 @@ def disconnect_event(connection: Connection, code: int, reason: str) -> dict[str
     return {"headers": {"Host": DOMAIN}, "requestContext": context, "isBase64Encoded": False}
 
 
-
 def _short_id() -> str:
     return base64.b64encode(secrets.token_bytes(6)).decode()
 
 
 def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
-

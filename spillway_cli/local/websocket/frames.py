@@ -123,4 +123,3 @@ class GuardedResponse(web.WebSocketResponse):
             self._reader,
             self.frame_limit,
         )
-

@@ -112,7 +112,6 @@ def _log_overrun(
     )
 
 
-
 class WebSocketGateway:
     """The WebSocket API and its management API for one handler, on one port."""
 
@@ -360,7 +359,6 @@ class WebSocketGateway:
             await connection.socket.close(code=WSCloseCode.GOING_AWAY, message=b"Going away")
 
 
-
 def serve(
     handler: str,
     host: str,
@@ -379,4 +377,3 @@ def serve(
     finally:
         gateway.pool.shutdown(wait=False, cancel_futures=True)
         gateway.route_pool.shutdown(wait=False, cancel_futures=True)
-

@@ -44,7 +44,6 @@ class TokenBucket:
         return True
 
 
-
 def stage_throttle() -> TokenBucket:
     """The stage's throttle: every message and ``$connect`` takes a token."""
     return TokenBucket(THROTTLE_RATE, THROTTLE_BURST)
