@@ -91,3 +91,27 @@ sam-local: setup models $(SAM_STAMP)
 	bash scripts/dockerd.sh start
 	SAM_VENV=$(SAM_VENV) bash infra/local-images/build.sh
 	SAM_VENV=$(SAM_VENV) $(BIN)/pytest -p no:cacheprovider tests/e2e/test_sam_local.py
+
+# --- mutation testing (docs/mutation.md); not part of `make test` ---------------------
+# mutmut in its own environment (it brings its own pytest); the project's packages are
+# reached through a .pth naming .venv's site-packages. Every mutant of each module of
+# scripts/mutation.toml runs against that module's unit tests, then docs/mutation.md is
+# written from the results. MUTATE='health decision' runs some modules (the others keep
+# their last result); MUTATION_JOBS workers per module.
+MUT_VENV       := .venv-mutation
+MUTMUT_VERSION := 3.8.1
+MUT_STAMP      := $(MUT_VENV)/.mutmut-$(MUTMUT_VERSION)
+MUTATE         ?=
+MUTATION_JOBS  ?= 1
+
+$(MUT_STAMP): $(STAMP)
+	test -x $(MUT_VENV)/bin/python || $(PYTHON) -m venv $(MUT_VENV)
+	$(MUT_VENV)/bin/pip install -q "mutmut==$(MUTMUT_VERSION)"
+	$(BIN)/python -c "import sysconfig; print(sysconfig.get_path('purelib'))" \
+	  > "$$($(MUT_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))")/zz_project.pth"
+	touch $@
+
+.PHONY: mutation
+mutation: setup $(MUT_STAMP)
+	MUTATION_JOBS=$(MUTATION_JOBS) $(MUT_VENV)/bin/python scripts/mutation.py run $(MUTATE)
+	$(MUT_VENV)/bin/python scripts/mutation.py report
