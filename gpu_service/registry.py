@@ -16,6 +16,12 @@ worker threads. Loads are serialised (one at a time) so memory growth is attribu
 * A pipeline is an entry like a model's: ``sync`` checks it instead of loading
   versions, and ``find`` answers its name, as a model's, with something behind one
   interface (``gpu_service.served.Served``).
+* A request for a name the registry does not know lists the repository again in the
+  background (one listing at a time, at most one per ``MISS_LIST_S`` whatever names are
+  asked; nothing a request names is kept): a model published since the last listing is
+  registered, and its next request loads it as for a model scaled to zero, without the
+  poll or a load request. The request that missed is answered 404: names are looked up
+  synchronously, on the event loop, which never waits on the repository.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -51,25 +58,38 @@ log = logging.getLogger("spillway.registry")
 # Creates and warms a session; returns it with its measured footprint and the method used.
 Loader = Callable[[ModelConfig, int, Path, GpuSettings], tuple[OnnxModel, int, str]]
 
+MISS_LIST_S = 1.0
+"""The repository is listed again for an unknown name at most this often."""
+
 
 class ModelRegistry:
     """Loads, swaps, evicts and finds model versions; checks and finds pipelines."""
 
     def __init__(
-        self, repository: ModelRepository, settings: GpuSettings, *, loader: Loader = load_version
+        self,
+        repository: ModelRepository,
+        settings: GpuSettings,
+        *,
+        loader: Loader = load_version,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.repository = repository
         self.settings = settings
         self._loader = loader
+        self.clock = clock
         self.models: dict[str, ModelEntry] = {}
         self.pipelines = Pipelines.from_env(self)
         self._load_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
+        self.listing: asyncio.Task[None] | None = None
+        """The listing a miss started (the last one), for a test to await."""
+        self._listed_at = -math.inf
 
     # -- start and stop --------------------------------------------------------------------
 
     async def start(self) -> None:
         """Register the repository's models, load the start-up set, start background tasks."""
+        self._listed_at = self.clock()
         names = await asyncio.to_thread(self.repository.list_models)
         wanted = self.settings.startup_models
         for name in names:
@@ -86,7 +106,7 @@ class ModelRegistry:
 
     async def stop(self, drain_timeout_s: float) -> None:
         """Stop background work and drain every version."""
-        for task in self._tasks:
+        for task in [*self._tasks, *([self.listing] if self.listing else [])]:
             task.cancel()
         served = [v for e in self.models.values() for v in e.versions.values()]
         await asyncio.gather(*(v.drain(drain_timeout_s) for v in served))
@@ -98,8 +118,42 @@ class ModelRegistry:
         # Only validated names are ever keys: a hit needs no check (every request asks).
         entry = self.models.get(name) or self.models.get(validate_model_name(name))
         if entry is None:
+            self._list_again()
             raise ModelNotFoundError.unknown(name, self.models)
         return entry
+
+    def _list_again(self) -> None:
+        """Start a listing of the repository for models published since the last one,
+        unless one runs or ran less than ``MISS_LIST_S`` ago (or no loop runs here)."""
+        now = self.clock()
+        if now - self._listed_at < MISS_LIST_S or (self.listing and not self.listing.done()):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside the service's loop: nothing to start
+            return
+        self._listed_at = now
+        self.listing = loop.create_task(self._register_new(), name="repository-miss")
+
+    async def _register_new(self) -> None:
+        """Register the repository's models the registry does not know: their
+        configuration read, their versions loaded by their first request."""
+        try:
+            names = await asyncio.to_thread(self.repository.list_models)
+        except SpillwayError as error:
+            log.warning("listing the repository after a miss failed: %s", error.message)
+            return
+        for name in names:
+            if name in self.models:
+                continue
+            try:
+                config = await asyncio.to_thread(self.repository.read_config, name)
+            except SpillwayError as error:
+                log.warning("model %s: %s", name, error.message)
+                continue
+            entry = self.models.setdefault(name, ModelEntry(name))
+            entry.config = entry.config or config
+            log.info("model %s found in the repository; its first request loads it", name)
 
     def find(self, name: str) -> Served:
         """What serves ``name``: a model's versions or a pipeline, behind one interface

@@ -4,10 +4,12 @@ Every version each model's ``version_policy`` serves is loaded through the core 
 (downloaded from S3 into the cache, verified, warmed) at init, so a provisioned instance
 answers its first request without a load. The fallback serves the same versions as the
 GPU service later too: the repository's index is read again (``CPU_INDEX_REFRESH_S``, and
-at once when a request names a version it did not list), and a version published after
-init is loaded by the first request for it (``spillway.models.loader.OnDemandVersions``: one
-load however many requests wait, checksums verified, within ``CPU_MEMORY_BUDGET_MB``).
-So a canary the router sends here is served, not refused. A request runs alone,
+at once when a request names a model or a version the last read lacked, at most once per
+``CPU_INDEX_MISS_REFRESH_S``, concurrent requests sharing one read), and a model or
+version published after init is loaded by the first request for it
+(``spillway.models.loader.OnDemandVersions``: one load however many requests wait,
+checksums verified, within ``CPU_MEMORY_BUDGET_MB``). So a model ``spillway models add``
+published, or a canary the router sends here, is served, not refused. A request runs alone,
 unbatched, through the core request path with the engine run directly; a ``timeout``
 (microseconds, set by the router) that has passed by the time the request would run
 fails it with 504 instead of computing it. Pipelines are checked at init and run their
@@ -224,6 +226,8 @@ class CpuModel:
         return document
 
     def config(self, version: str | None) -> dict[str, Any]:
+        if version is None:  # the configuration as read: nothing loads to answer it
+            return self.service.versions.index(validate_model_name(self.name)).config.to_json_dict()
         return self.service.get(self.name, version).config.to_json_dict()
 
     def infer(self, version: str | None, call: CpuCall) -> inference.Encoded:

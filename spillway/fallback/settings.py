@@ -30,8 +30,10 @@ class CpuSettings(BaseSettings):
     repository again: a version published (and served by the model's ``version_policy``)
     after start-up is loaded when a request first asks for it."""
     index_miss_refresh_s: float = Field(default=1.0, ge=0)
-    """A request for a version the last read did not list reads the repository again, at
-    most this often per model (a version published a moment ago is found at once)."""
+    """A request for a model or a version the last read did not list reads the repository
+    again: its model list at most this often in all, a model's versions at most this often
+    per model, concurrent requests sharing one read (a model or version published a moment
+    ago is found at once; a client inventing names costs one listing per this time)."""
     memory_budget_mb: float | None = Field(default=None, gt=0)
     """Memory for loaded versions (their files' size x 1.5 each); a load that does not fit
     evicts the least recently used versions first, and one larger than the budget fails

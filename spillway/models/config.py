@@ -17,6 +17,7 @@ from spillway.models.canary_spec import CanarySpec
 from spillway.models.pipeline_schema import PipelineScheduling
 from spillway.protocol.datatypes import from_triton_type
 from spillway.protocol.names import MODEL_NAME_PATTERN
+from spillway.protocol.wire import MAX_BUDGET_MS, MIN_BUDGET_MS
 
 CHECKSUM_FILE = "SHA256SUMS"
 CONFIG_FILE = "config.json"
@@ -223,6 +224,11 @@ class SpillwayBlock(_Strict):
     """The model's initial canary (``version``, ``stable``, ``percent``, ``bounds``): routers
     start it once per version; afterwards ``spillway models canary`` and the automatic
     rollback change it. Requests that pin no version and bypass the router get ``stable``."""
+    latency_budget_ms: float | None = Field(default=None, ge=MIN_BUDGET_MS, le=MAX_BUDGET_MS)
+    """How long the router waits for a request of this model that states no latency budget
+    of its own (``x-spillway-latency-budget-ms`` still wins), in milliseconds, within the
+    bounds a request's own budget has (100 ms to 1 h); unset: the router's default
+    (``ROUTER_DEFAULT_DEADLINE_MS``, 5 s). A pipeline's is at most its ``timeout_s``."""
 
     @property
     def batch_buckets(self) -> tuple[int, ...]:
@@ -290,6 +296,19 @@ class ModelConfig(_Strict):
         wrong = sorted(set(self.spillway.non_finite_inputs) - floats)
         if wrong:
             raise ValueError(f"non_finite_inputs names no floating-point input: {wrong}")
+        return self
+
+    @model_validator(mode="after")
+    def _budget_within_pipeline_timeout(self) -> ModelConfig:
+        """A pipeline stops a request at its ``timeout_s``: a longer budget is never used."""
+        budget, scheduling = self.spillway.latency_budget_ms, self.ensemble_scheduling
+        if budget is not None and scheduling is not None:
+            timeout_ms = scheduling.spillway.timeout_s * 1000
+            if budget > timeout_ms:
+                raise ValueError(
+                    f"spillway.latency_budget_ms ({budget:g}) exceeds the pipeline's "
+                    f"timeout_s ({timeout_ms:g} ms)"
+                )
         return self
 
     @property

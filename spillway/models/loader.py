@@ -4,13 +4,15 @@ The GPU service, the CPU fallback and the batch job all load through here: the m
 ``version_policy`` picks the versions, the repository fetches and verifies every file
 against its ``SHA256SUMS``, and each session is warmed before it takes a request.
 
-``OnDemandVersions`` is the synchronous form the CPU fallback serves from: the versions
-each model's policy serves are read from the repository again once per ``refresh_s``
-(and, at most once per ``miss_refresh_s``, when a request names a version the last read
-did not have), and a served version that is not loaded yet is loaded by the request that
-first asks for it: one load per version however many requests wait for it (single
-flight), loads one at a time, every file verified, and within a memory budget that
-evicts the least recently used versions first.
+``OnDemandVersions`` is the synchronous form the CPU fallback serves from: the models of
+the repository and the versions each one's policy serves are read again once per
+``refresh_s``, and sooner when a request names what the last read lacked (a model: the
+repository is listed again; a version: the model's versions are read again), at most
+once per ``miss_refresh_s``, with concurrent requests sharing one read; a served version
+that is not loaded yet is loaded by the request that first asks for it: one load per
+version however many requests wait for it (single flight), loads one at a time, every
+file verified, and within a memory budget that evicts the least recently used versions
+first.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeVar, cast
 
 from spillway.models.config import ModelConfig, VersionPolicy
 from spillway.models.engine import CPU, EngineOptions, OnnxModel
 from spillway.models.repository import ModelRepository
-from spillway.protocol.errors import InsufficientMemoryError, ModelNotFoundError
+from spillway.protocol.errors import InsufficientMemoryError, ModelNotFoundError, SpillwayError
 from spillway.protocol.names import validate_model_name
 
 log = logging.getLogger("spillway.loader")
@@ -155,16 +158,83 @@ class VersionIndex:
         return self.config.default_version(self.versions) or max(self.versions)
 
 
+@dataclass(frozen=True)
+class _Listing:
+    """The repository's models, as last listed."""
+
+    names: frozenset[str]
+    read_at: float
+
+
 @dataclass
 class _Loaded:
     model: OnnxModel
     footprint: int
 
 
+T = TypeVar("T")
+
+
+@dataclass
+class _Flight:
+    """One read under way; its result (or error) is every waiting caller's."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    result: object = None
+    error: BaseException | None = None
+
+
+class SingleFlight:
+    """One call per key at a time: a caller that finds a call under way for its key waits
+    for it and takes its result (or its error) instead of making its own."""
+
+    def __init__(self) -> None:
+        self._calls: dict[str, _Flight] = {}
+        self._lock = threading.Lock()
+
+    def run(self, key: str, call: Callable[[], T]) -> T:
+        """``call()``'s result, or that of the call for ``key`` already under way."""
+        with self._lock:
+            flight = self._calls.get(key)
+            leader = flight is None
+            if flight is None:
+                flight = self._calls[key] = _Flight()
+        if not leader:
+            flight.done.wait()  # the leader's read is bounded by the repository's timeouts
+            if flight.error is not None:
+                raise flight.error
+            return cast(T, flight.result)
+        try:
+            result = flight.result = call()
+        except BaseException as error:
+            flight.error = error
+            raise
+        else:
+            return result
+        finally:
+            with self._lock:
+                del self._calls[key]
+            flight.done.set()
+
+
+_LISTING = ""
+"""The single-flight key of a repository listing (no model name is empty)."""
+
+
 class OnDemandVersions:
     """The versions of ``names`` (``None``: every model of the repository) that their
     policies serve, each loaded on first use and kept within ``memory_budget_bytes``
-    (``None``: unbounded). Without a repository it serves the ``preloaded`` versions."""
+    (``None``: unbounded). Without a repository it serves the ``preloaded`` versions.
+
+    What a request may make it read: a name the last listing lacks lists the repository
+    again, at most once per ``miss_refresh_s`` whatever names are asked (one listing
+    answers for every name, and no name a request invents is kept, so a client asking
+    for names that do not exist costs at most that); a listed model's versions are read
+    again, when a request names one the last read lacked or the model had none served,
+    at most once per ``miss_refresh_s`` per model. Concurrent requests that need the same
+    read share it. Nothing read depends on who asked: the repository is one for every
+    tenant, so no tenant's requests can hide a model from another for longer than
+    ``miss_refresh_s``."""
 
     def __init__(
         self,
@@ -189,7 +259,9 @@ class OnDemandVersions:
         self.memory_budget_bytes = memory_budget_bytes
         self.clock = clock
         self._indexes: dict[str, VersionIndex] = {}
-        self._listing: tuple[frozenset[str], float] | None = None
+        self._unserved: dict[str, tuple[float, ModelNotFoundError]] = {}
+        self._listing: _Listing | None = None
+        self._reads = SingleFlight()
         self._loaded: OrderedDict[tuple[str, int], _Loaded] = OrderedDict()
         self._flights: dict[tuple[str, int], threading.Lock] = {}
         self._lock = threading.Lock()
@@ -204,27 +276,47 @@ class OnDemandVersions:
 
     # -- the index -----------------------------------------------------------------------
 
-    def _served_names(self, now: float) -> frozenset[str]:
-        """The models served here: those named, else the repository's (listed again once
-        per ``refresh_s``), so an invented name costs no repository read."""
+    def _served_names(self, now: float, wanted: str | None = None) -> frozenset[str]:
+        """The models served here: those named, else the repository's, listed again once
+        per ``refresh_s``, or once ``miss_refresh_s`` has passed when ``wanted`` is not
+        among them; concurrent requests share one listing."""
         if self.names is not None:
             return self.names
         if self.repository is None:
             return frozenset(self._indexes)
         listing = self._listing
-        if listing is None or now - listing[1] >= self.refresh_s:
-            listing = (frozenset(self.repository.list_models()), now)
-            self._listing = listing
-        return listing[0]
+        if listing is not None:
+            age = now - listing.read_at
+            missed = wanted is not None and wanted not in listing.names
+            if age < self.refresh_s and not (missed and age >= self.miss_refresh_s):
+                return listing.names
+        repository = self.repository
+        return self._reads.run(_LISTING, lambda: self._list(repository, listing, now)).names
+
+    def _list(self, repository: ModelRepository, previous: _Listing | None, now: float) -> _Listing:
+        """The repository listed now; when that fails, the last listing stands (for
+        another ``refresh_s``, so a failing repository is not asked on every request)."""
+        try:
+            listing = _Listing(frozenset(repository.list_models()), now)
+        except SpillwayError as error:
+            if previous is None:
+                raise
+            log.warning("listing the repository failed, keeping the last listing: %s", error)
+            listing = replace(previous, read_at=now)
+        if previous is not None and listing.names - previous.names:
+            log.info("models %s found in the repository", sorted(listing.names - previous.names))
+        self._listing = listing
+        return listing
 
     def index(self, name: str, *, missing: int | None = None) -> VersionIndex:
         """The model's index, read again when older than ``refresh_s`` (or than
         ``miss_refresh_s`` when it lacks the version ``missing``)."""
         now = self.clock()
-        if name not in (served := self._served_names(now)):
+        if name not in (served := self._served_names(now, name)):
             raise ModelNotFoundError.unknown(name, served)
         with self._lock:
             index = self._indexes.get(name)
+            unserved = self._unserved.get(name)
         if index is not None:
             age = now - index.read_at
             stale = age >= self.refresh_s
@@ -232,20 +324,32 @@ class OnDemandVersions:
                 stale = stale or age >= self.miss_refresh_s
             if not stale or self.repository is None:
                 return index
-        if self.repository is None:
+        repository = self.repository
+        if repository is None:
             raise ModelNotFoundError.unknown(name, served)
+        if index is None and unserved is not None and now - unserved[0] < self.miss_refresh_s:
+            raise unserved[1]  # read less than miss_refresh_s ago: nothing was served
+        return self._reads.run(name, lambda: self._read_index(repository, name, index, now))
+
+    def _read_index(
+        self, repository: ModelRepository, name: str, index: VersionIndex | None, now: float
+    ) -> VersionIndex:
         try:
-            config, versions = served_versions(self.repository, name)
-        except ModelNotFoundError:
+            config, versions = served_versions(repository, name)
+        except ModelNotFoundError as error:
             if index is None:
+                with self._lock:
+                    self._unserved[name] = (now, error)
                 raise
             log.warning("model %s: no version is served any more; keeping the last index", name)
-            return index
-        fresh = VersionIndex(config, tuple(versions), now)
+            fresh = replace(index, read_at=now)
+        else:
+            fresh = VersionIndex(config, tuple(versions), now)
         with self._lock:
             self._indexes[name] = fresh
+            self._unserved.pop(name, None)
         if index is not None and index.versions != fresh.versions:
-            log.info("model %s: versions %s served (were %s)", name, versions, index.versions)
+            log.info("model %s: versions %s served (were %s)", name, fresh.versions, index.versions)
         return fresh
 
     def models(self) -> list[str]:

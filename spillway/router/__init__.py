@@ -7,8 +7,10 @@ canary's, or its stand-in where there are no canaries); decide with
 ``spillway.policy.decision``; walk the fallback chain with the arm over ``backends`` and
 ``lambda_backend`` behind ``spillway.policy.health``'s circuit breakers (walking again on
 the stable version when the arm says so); account with ``spillway.policy.accounting``;
-the arm settles the answer → a reply. ``async_mode``, ``batch_mode`` and ``sessions``
-are the other modes; ``wiring`` builds it all from ``settings``. The Lambda
+the arm settles the answer → a reply. ``deadlines`` says how long a request may take
+(its own latency budget, its model's, or the default) and what its 504 says.
+``async_mode``, ``batch_mode`` and ``sessions`` are the other modes; ``wiring`` builds
+it all from ``settings``. The Lambda
 (``functions.router.handler``) and ``spillway serve router`` are two transports over the
 same application.
 """

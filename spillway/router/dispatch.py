@@ -1,7 +1,8 @@
 """One routing step, request in and reply out: decide, walk the fallback chain, account.
 
 ``Router.route`` reads the request (``facts``), lets the policy pick a chain of backends
-(``decide``) and tries them in order within the request's deadline. A backend is skipped
+(``decide``) and tries them in order within the request's deadline (its own latency
+budget, else its model's, else the router's default: ``deadlines``). A backend is skipped
 while its circuit is open. An attempt that finds a backend unreachable, overloaded (429),
 unavailable (502/503), late (504) or silent moves on to the next backend; anything else
 the backend says (a result, or a 4xx caused by the request) is the answer. Only connect
@@ -60,17 +61,13 @@ from spillway.policy.facts import Call, Request, read_request, with_timeout
 from spillway.policy.health import CircuitBreaker, LoadTracker, RetryBudget, parse_load_headers
 from spillway.policy.rules import Policy
 from spillway.policy.store import PolicyStore
-from spillway.protocol.errors import (
-    DeadlineExceededError,
-    ModeUnavailableError,
-    SpillwayError,
-    UnavailableError,
-)
+from spillway.protocol.errors import ModeUnavailableError, SpillwayError, UnavailableError
 from spillway.protocol.framing import BINARY_CONTENT_TYPE, HEADER_LENGTH, JSON_CONTENT_TYPE
 from spillway.protocol.replies import FAULT_HEADER, Reply, error_reply
 from spillway.protocol.wire import Target
 from spillway.router.async_mode import AsyncFront
 from spillway.router.backends import RESPONSE_HEADERS
+from spillway.router.deadlines import Deadline, ModelBudgets, deadline_for
 from spillway.router.settings import RouterSettings
 
 log = logging.getLogger("spillway.router")
@@ -129,8 +126,11 @@ class Router:
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         versions: VersionStage = NO_CANARY,
         async_front: AsyncFront | None = None,
+        budgets: ModelBudgets | None = None,
     ) -> None:
         self.backends = dict(backends)
+        self.budgets = budgets
+        """The models' declared latency budgets (``None``: the default serves them all)."""
         self.async_front = async_front
         self.versions = versions
         self.policies = policies
@@ -166,7 +166,7 @@ class Router:
         if request.facts.mode == "async":
             return self._queue(arm.request)
         decision = decide(policy, request.facts, self.wall(), self.load, self.spills)
-        deadline = self._deadline(started, request.facts.latency_budget_ms, call.remaining_ms)
+        deadline = self._deadline(started, request)
         outcome, arm = self._walk(decision, arm, deadline)
         cost = self._account(outcome, arm.request, started)
         reply = _reply(outcome, target, cost)
@@ -199,20 +199,14 @@ class Router:
             name in self.backends and self.breakers[name].state != "open" for name in ("gpu", "cpu")
         )
 
-    def _deadline(
-        self, started: float, budget_ms: float | None, remaining_ms: float | None
-    ) -> float:
-        """The request's deadline: its latency budget (else the default), capped by what
-        is left of the Lambda invocation minus the margin."""
-        settings = self.config
-        limit_s = budget_ms / 1000 if budget_ms is not None else settings.default_deadline_ms / 1000
-        if remaining_ms is not None:
-            limit_s = min(limit_s, remaining_ms / 1000 - settings.deadline_margin_ms / 1000)
-        return started + max(limit_s, 0.0)
+    def _deadline(self, started: float, request: Request) -> Deadline:
+        """The request's deadline: its own latency budget, else its model's, else the
+        default, capped by what is left of the Lambda invocation minus the margin."""
+        return deadline_for(request, started, self.config, self.budgets)
 
     # --- the walk ----------------------------------------------------------------------
 
-    def _walk(self, decision: Decision, arm: Arm, deadline: float) -> tuple[Outcome, Arm]:
+    def _walk(self, decision: Decision, arm: Arm, deadline: Deadline) -> tuple[Outcome, Arm]:
         """Walk the chain with the request's arm; when nothing served and the arm hands
         over another (the stable version for a chosen one no backend serves), walk it
         again with that one. The outcome lists the attempts of both walks."""
@@ -225,11 +219,12 @@ class Router:
         outcome.attempts[:0] = tried
         return outcome, again
 
-    def _chain(self, decision: Decision, arm: Arm, deadline: float) -> Outcome:
+    def _chain(self, decision: Decision, arm: Arm, deadline: Deadline) -> Outcome:
         """Try the chain's backends in order until one answers for good; a backend the
         arm ``skips`` is not sent the request, and one whose answer the arm calls
         ``unserved`` did not answer for good."""
         self.budget.deposit()
+        at = deadline.at
         outcome = Outcome(decision)
         chain = [name for name in decision.chain if name in self.backends]
         last_failover: tuple[str, BackendResponse] | None = None
@@ -237,17 +232,17 @@ class Router:
             if arm.skips(name):
                 outcome.attempts.append(Attempt(name, VERSION_NOT_SERVED))
                 continue
-            blocked = self._blocked(name, deadline)
+            blocked = self._blocked(name, at)
             if blocked is not None:
                 outcome.attempts.append(Attempt(name, blocked))
                 if blocked == "deadline":
                     break
                 continue
-            remaining = deadline - self.clock()
+            remaining = at - self.clock()
             later = any(self.breakers[n].state != "open" for n in chain[index + 1 :])
             timeout = remaining * (1 - self.config.fallback_reserve) if later else remaining
             try:
-                attempt, response = self._attempt(name, arm.request, timeout, deadline)
+                attempt, response = self._attempt(name, arm.request, timeout, at)
             except SpillwayError as exc:  # e.g. batch mode without a jobs API
                 outcome.attempts.append(Attempt(name, exc.code))
                 outcome.error = exc
@@ -263,7 +258,7 @@ class Router:
                 return outcome
             if response is not None:
                 last_failover = (name, response)
-        return self._unserved(outcome, last_failover)
+        return self._unserved(outcome, last_failover, deadline)
 
     def _blocked(self, name: str, deadline: float) -> str | None:
         """The one rule for whether another attempt may go to ``name`` now, the chain's
@@ -332,7 +327,10 @@ class Router:
         return Attempt(name, f"status_{status}", billed, served=True)
 
     def _unserved(
-        self, outcome: Outcome, last_failover: tuple[str, BackendResponse] | None
+        self,
+        outcome: Outcome,
+        last_failover: tuple[str, BackendResponse] | None,
+        deadline: Deadline,
     ) -> Outcome:
         if last_failover is not None:
             outcome.backend, outcome.response = last_failover
@@ -342,9 +340,7 @@ class Router:
             return outcome
         kinds = ", ".join(f"{a.backend}: {a.outcome}" for a in outcome.attempts) or "none"
         if any(a.outcome in ("timeout", "deadline") for a in outcome.attempts):
-            outcome.error = DeadlineExceededError(
-                f"the deadline passed before a backend answered ({kinds})"
-            )
+            outcome.error = deadline.passed(kinds)
         else:
             waits = [
                 self.breakers[a.backend].retry_after_s()

@@ -70,7 +70,12 @@ class RouterSettings(BaseModel):
     """Largest request body accepted: API Gateway hands the body to the router base64 in a
     6 MB Lambda event, so about 4.4 MiB is all that can arrive (docs/deploy.md)."""
     default_deadline_ms: float = Field(default=5000.0, gt=0)
-    """Deadline of a request that sets no latency budget (interactive calls fail fast)."""
+    """Deadline of a request that sets no latency budget and whose model declares none
+    (``spillway.latency_budget_ms`` in its ``config.json``): interactive calls fail fast."""
+    latency_budget_ttl_s: float = Field(default=60.0, ge=0, le=3600)
+    """How long a model's declared latency budget (its ``config.json`` as a backend serves
+    it: the GPU service, else the CPU fallback) is used before it is asked again; a
+    request that states its own budget asks nothing."""
     deadline_margin_ms: float = Field(default=150.0, ge=0)
     """Kept back from the Lambda's remaining time to answer before the function times out."""
     fallback_reserve: float = Field(default=0.3, ge=0, lt=1)

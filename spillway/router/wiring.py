@@ -29,6 +29,7 @@ from spillway.router.app import RouterApp
 from spillway.router.async_mode import AsyncFront, inflight_ledger
 from spillway.router.backends import HttpBackend, TenantScopes, signed_scopes
 from spillway.router.batch_mode import BatchBackend, BatchSubmitter, JobsApiSubmitter, staging_quota
+from spillway.router.deadlines import ModelBudgets, backend_lookup
 from spillway.router.dispatch import Router
 from spillway.router.lambda_backend import LambdaBackend, Payload, cpu_payload, jobs_payload
 from spillway.router.openapi import document_bytes
@@ -62,6 +63,9 @@ class Overrides:
     async_store: AsyncStore | None = None
     proofs: ScopeProofs | None = None
     live: LiveConfigCache | None = None
+    budgets: ModelBudgets | None = None
+    """The models' latency budgets; ``None``: asked from the real backends, and none at
+    all with ``backends`` replaced (a test that wants them passes its own)."""
 
 
 def make_backends(
@@ -151,6 +155,15 @@ def canary_router(
     )
 
 
+def model_budgets(
+    settings: RouterSettings, backends: Mapping[str, Backend], clock: Callable[[], float]
+) -> ModelBudgets:
+    """The models' declared latency budgets, asked from the backends (within the connect
+    timeout each) once per ``latency_budget_ttl_s``."""
+    lookup = backend_lookup(backends, settings.connect_timeout_ms / 1000)
+    return ModelBudgets(lookup, ttl_s=settings.latency_budget_ttl_s, clock=clock)
+
+
 def async_front(store: AsyncStore | None, state: StateStore | None = None) -> AsyncFront | None:
     """Async mode over the given store, else over the one ``ASYNC_*`` names (if any); its
     per-tenant quota counted in the state table ``state``."""
@@ -173,6 +186,7 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
     sink = o.sink or EmfSink(settings.metrics_log)
     store = o.state if o.state is not None else state_store(settings)
     backends: Mapping[str, Backend]
+    budgets = o.budgets
     if o.backends is not None:
         backends = o.backends
     else:
@@ -185,6 +199,8 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
             proofs = ScopeProofs.from_env(wait=False)
             proofs.prime()
         backends = make_backends(settings, o.submitter, store, signed_scopes(proofs))
+        if budgets is None:
+            budgets = model_budgets(settings, backends, clock)
     spills = SpillState(rng)
     epoch = o.epoch or time.time
     # Canaries live in the state table: without one, the stand-in stage sends every
@@ -213,6 +229,7 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
         wall=o.wall or (lambda: datetime.now(UTC)),
         versions=versions,
         async_front=async_front(o.async_store, store),
+        budgets=budgets,
     )
     log.info(
         "router up: backends %s, policy from %s, state table %s",

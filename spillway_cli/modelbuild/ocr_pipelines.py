@@ -62,6 +62,14 @@ A4 page has 60-100, a two-column one about 200 (docs/ocr.md); a page of thousand
 tiny marks is refused (413 ``fanout_too_large``) before its crops are read."""
 PAGE_TIMEOUT_S = 60.0
 """The longest one page may take through a reading pipeline (a request may ask less)."""
+PAGE_BUDGET_MS = 28_000.0
+"""The latency budget the reading pipelines declare: how long the router waits for a
+page whose request states none (its default, 5 s, is an interactive call's). Measured on
+the CPU fallback on a 2-core machine busy with other work (load average 11): a page of 8
+lines took 3.6-5.0 s, of 30 lines 16-18 s, where 8 lines take 0.7-0.8 s on an idle one
+(docs/ocr.md). 28 s is what the router function can give: its 29 s (API Gateway's limit)
+less the 150 ms it keeps to answer, so the budget, not the invocation, is what a 504
+names; a page that needs longer goes async or to a batch job."""
 
 
 def _tensor(name: str, data_type: str, *dims: int) -> TensorConfig:
@@ -159,7 +167,8 @@ def ocr_config() -> ModelConfig:
         ),
         spillway=SpillwayBlock(
             description="PP-OCR on one JPEG/PNG: text lines with word spaces in reading "
-            "order, their boxes and recognition scores"
+            "order, their boxes and recognition scores",
+            latency_budget_ms=PAGE_BUDGET_MS,
         ),
     )
 
@@ -195,7 +204,8 @@ def ocr_topics_config() -> ModelConfig:
         ),
         spillway=SpillwayBlock(
             description="the text of one JPEG/PNG (PP-OCR, word spaces, lines joined) "
-            "classified by topics: label, scores and the text read"
+            "classified by topics: label, scores and the text read",
+            latency_budget_ms=PAGE_BUDGET_MS,
         ),
     )
 

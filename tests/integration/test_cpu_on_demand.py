@@ -1,11 +1,14 @@
-"""The CPU fallback serves versions published after it started: its repository index is
-read again, and a served version is loaded on demand, once however many requests wait
-for it, verified against its checksums, within a memory budget. Real ONNX Runtime on
-the digits model in a local repository."""
+"""The CPU fallback serves models and versions published after it started: its repository
+index is read again (for a name or version the last read lacked, at once, at most once
+per miss window, concurrent requests sharing one read), and a served version is loaded
+on demand, once however many requests wait for it, verified against its checksums,
+within a memory budget. Real ONNX Runtime on the digits model in a local repository."""
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,7 @@ from spillway.protocol.errors import (
     InsufficientMemoryError,
     ModelNotFoundError,
 )
+from tests.fakes import eventually
 from tests.support import link_model
 
 IMAGE = {"name": "image", "shape": [1, 8, 8], "datatype": "FP32", "data": [0.5] * 64}
@@ -55,20 +59,6 @@ def publish(repo: LocalRepository, *, serve: list[int] | None) -> int:
         config = ModelConfig.model_validate(document)
     # Written by an atomic rename: the hard-linked built model is never written through.
     return repo.publish_version("digits", files, config)
-
-
-class CountingRepository(LocalRepository):
-    """A local repository that counts configuration reads and listings."""
-
-    reads = 0
-
-    def read_config(self, model: str) -> ModelConfig:
-        self.reads += 1
-        return super().read_config(model)
-
-    def list_models(self) -> list[str]:
-        self.reads += 1
-        return super().list_models()
 
 
 def test_a_version_published_after_start_is_served_by_the_cpu_fallback(
@@ -105,10 +95,16 @@ def counting_opener(calls: list[int], gate: threading.Event | None = None) -> ob
     return opener
 
 
-def on_demand(repo: LocalRepository, tmp_path: Path, **options: object) -> OnDemandVersions:
+def on_demand(
+    repo: LocalRepository,
+    tmp_path: Path,
+    names: tuple[str, ...] | None = ("digits",),
+    **options: object,
+) -> OnDemandVersions:
+    """The versions of ``names`` (``None``: every model of the repository)."""
     return OnDemandVersions(
         repo,
-        ["digits"],
+        names,
         cache_dir=tmp_path / "cache",
         options=EngineOptions(),
         **options,  # type: ignore[arg-type]
@@ -203,17 +199,159 @@ def test_the_index_is_read_again_when_a_version_is_missing_and_when_it_is_old(
         versions.get("digits", 1)
 
 
-def test_an_unknown_model_costs_no_repository_read(repo: LocalRepository, tmp_path: Path) -> None:
-    # GIVEN a CPU fallback serving every model of its repository, index read
-    counting = CountingRepository(repo.root)
+class TallyClock(Clock):
+    """A clock that counts its reads: each look-up of a name reads it once, first."""
+
+    reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+
+class WatchedRepository(LocalRepository):
+    """A local repository that counts its listings and each model's version reads (what
+    reading a model's index costs, besides its configuration); with ``hold``, either
+    answers only once ``hold`` holds."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.listings = 0
+        self.reads: dict[str, int] = {}
+        self.hold: Callable[[], bool] | None = None
+
+    def list_models(self) -> list[str]:
+        self.listings += 1
+        self._wait()
+        return super().list_models()
+
+    def list_versions(self, model: str) -> list[int]:
+        self.reads[model] = self.reads.get(model, 0) + 1
+        self._wait()
+        return super().list_versions(model)
+
+    def _wait(self) -> None:
+        if self.hold is not None:
+            eventually(self.hold, "every request asked", timeout_s=30)
+
+
+def publish_model(repo: LocalRepository, name: str) -> None:
+    """A new model ``name``: digits' configuration and files under another name."""
+    folder = repo.root / "digits" / "1"
+    files = {p.name: p for p in folder.iterdir() if p.name != CHECKSUM_FILE}
+    document = repo.read_config("digits").model_dump(mode="json")
+    repo.publish_version(name, files, ModelConfig.model_validate({**document, "name": name}))
+
+
+def serving_all(repo: LocalRepository, tmp_path: Path, clock: Clock) -> CpuService:
+    """A CPU fallback serving every model of ``repo`` (the default), started now."""
+    settings = CpuSettings(repository=repo.location, cache_dir=tmp_path / "cache")
     versions = OnDemandVersions(
-        counting, None, cache_dir=tmp_path / "cache", options=EngineOptions()
+        repo, None, cache_dir=settings.cache_dir, options=settings.engine_options(), clock=clock
     )
+    versions.preload()
+    return CpuService(versions, settings)
+
+
+def test_a_model_published_after_start_is_served_by_its_first_request(
+    repo: LocalRepository, tmp_path: Path
+) -> None:
+    # GIVEN a CPU fallback serving its whole repository, started while it held digits only
+    clock = Clock()
+    service = serving_all(repo, tmp_path, clock)
+    assert sorted(service.models) == ["digits"]
+    # WHEN, a few seconds later (what `spillway models add` takes), a model is published
+    # and its first request arrives
+    clock.now += 3
+    publish_model(repo, "scribe")
+    answer = handle_direct(service, {"model": "scribe", "body": {"inputs": [IMAGE]}})
+    # THEN that request is served (no 404 until the next periodic read, 60 s away)
+    assert answer["statusCode"] == 200, answer["body"]
+    assert answer["headers"]["x-spillway-model-version"] == "1"
+    assert sorted(service.models) == ["digits", "scribe"]
+
+
+def ask_at_once(count: int, ask: Callable[[], object]) -> list[object]:
+    """``count`` threads calling ``ask`` together; what each got (an error as itself)."""
+    results: list[object] = []
+
+    def one() -> None:
+        try:
+            results.append(ask())
+        except ModelNotFoundError as error:
+            results.append(error)
+
+    threads = [threading.Thread(target=one) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
+def test_concurrent_misses_share_one_lookup(repo: LocalRepository, tmp_path: Path) -> None:
+    # GIVEN a fallback serving its whole repository over a repository that counts reads,
+    # and later a new model and a new digits version published
+    clock = TallyClock()
+    watched = WatchedRepository(repo.root)
+    versions = on_demand(watched, tmp_path, names=None, clock=clock)
+    versions.preload()
+    clock.now += 3
+    publish_model(repo, "scribe")
+    assert publish(repo, serve=[1, 2]) == 2
+    listings, reads = watched.listings, dict(watched.reads)
+    # WHEN 8 requests name the new model at once (the listing answers once all have asked)
+    asked = clock.reads
+    watched.hold = lambda: clock.reads >= asked + 8
+    models = ask_at_once(8, lambda: versions.get("scribe", None))
+    # THEN one listing and one read of its versions served them all
+    assert {getattr(m, "name", m) for m in models} == {"scribe"}
+    assert watched.listings == listings + 1
+    assert watched.reads.get("scribe") == 1
+    # AND 8 requests for the new digits version at once read digits' versions once
+    clock.now += 3
+    asked = clock.reads
+    watched.hold = lambda: clock.reads >= asked + 8
+    pinned = ask_at_once(8, lambda: versions.get("digits", 2))
+    assert {getattr(m, "version", m) for m in pinned} == {2}
+    assert watched.reads["digits"] == reads["digits"] + 1
+    assert watched.listings == listings + 1
+
+
+def test_names_that_do_not_exist_cost_one_listing_per_miss_window(
+    repo: LocalRepository, tmp_path: Path
+) -> None:
+    # GIVEN a fallback serving every model of its repository (listed at start), its
+    # misses read again at most once per second
+    clock = Clock()
+    watched = WatchedRepository(repo.root)
+    versions = on_demand(watched, tmp_path, names=None, clock=clock, miss_refresh_s=1.0)
     assert versions.models() == ["digits"]
-    reads = counting.reads
-    # WHEN 50 requests name models that do not exist
+    listings = watched.listings
+    # WHEN 50 requests name models that do not exist within that second
     for i in range(50):
         with pytest.raises(ModelNotFoundError):
             versions.get(f"invented-{i}", None)
     # THEN the repository was not read for them
-    assert counting.reads == reads
+    assert watched.listings == listings
+    # WHEN a second later 50 more do
+    clock.now += 1
+    for i in range(50, 100):
+        with pytest.raises(ModelNotFoundError):
+            versions.get(f"invented-{i}", None)
+    # THEN one listing answered for all 50 (whatever the names, whoever asks)
+    assert watched.listings == listings + 1
+    # AND a listed model that serves no version yet is read once per second, not per request
+    empty = repo.root / "empty"
+    empty.mkdir()
+    document = repo.read_config("digits").model_dump(mode="json")
+    (empty / "config.json").write_text(json.dumps({**document, "name": "empty"}))
+    clock.now += 1
+    for _ in range(20):
+        with pytest.raises(ModelNotFoundError, match="no version its version_policy serves"):
+            versions.get("empty", None)
+    assert watched.reads["empty"] == 1
+    clock.now += 1
+    with pytest.raises(ModelNotFoundError):
+        versions.get("empty", None)
+    assert watched.reads["empty"] == 2

@@ -81,10 +81,23 @@ def test_tritonclient_metadata_and_health_through_the_router(router_url: str) ->
 
 
 class _Recorder(http.server.BaseHTTPRequestHandler):
-    """A backend that records what reaches it and answers a fixed result."""
+    """A backend that records what reaches it and answers a fixed result; a model's
+    configuration declares ``budget_ms`` as its latency budget (``None``: none)."""
 
     protocol_version = "HTTP/1.1"
     seen: ClassVar[list[dict[str, Any]]] = []
+    configs: ClassVar[list[str]] = []
+    budget_ms: ClassVar[float | None] = None
+
+    def do_GET(self) -> None:
+        self.configs.append(self.path)
+        block = {} if self.budget_ms is None else {"latency_budget_ms": self.budget_ms}
+        answer = json.dumps({"name": "digits", "spillway": block}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
@@ -104,7 +117,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def recorder() -> Iterator[str]:
-    _Recorder.seen = []
+    _Recorder.seen, _Recorder.configs, _Recorder.budget_ms = [], [], None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -161,6 +174,32 @@ def test_no_auth_cookie_or_hop_by_hop_header_reaches_the_backend(recorder: str) 
     # AND the backend's own cookies and internal headers do not reach the client
     assert "set-cookie" not in client_headers
     assert "x-internal" not in client_headers
+
+
+def test_a_model_s_latency_budget_travels_down_as_the_timeout(recorder: str) -> None:
+    # GIVEN a backend whose digits declares a 25 s latency budget, behind a router
+    _Recorder.budget_ms = 25_000
+    settings = RouterSettings(gpu_url=recorder, metrics_log=Path("/dev/null"))
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1]}]})
+    with running(create_app(settings)) as url:
+        # WHEN two requests state no budget and a third states 2 s
+        for headers in ({}, {}, {"x-spillway-latency-budget-ms": "2000"}):
+            request = urllib.request.Request(
+                f"{url}/v2/models/digits/infer",
+                data=body.encode(),
+                headers={"Content-Type": "application/json", **headers},
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert response.status == 200
+    # THEN the router asked digits' configuration once, and each request carried its
+    # deadline down as the V2 timeout (90 % of it): 25 s twice, then the client's 2 s
+    assert _Recorder.configs == ["/v2/models/digits/config"]
+    timeouts = [json.loads(seen["body"])["parameters"]["timeout"] for seen in _Recorder.seen]
+    assert timeouts == [
+        pytest.approx(22_500_000, rel=0.01),
+        pytest.approx(22_500_000, rel=0.01),
+        pytest.approx(1_800_000, rel=0.01),
+    ]
 
 
 def test_spillway_serve_router_and_cpu_as_processes(models_dir: Path, tmp_path: Path) -> None:

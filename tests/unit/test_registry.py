@@ -267,3 +267,62 @@ def test_loading_an_unknown_model_leaves_no_trace(tmp_path: Path) -> None:
         assert "ghost" not in {r["name"] for r in await registry.index()}
 
     run(repo, FakeLoader(), scenario)
+
+
+class ListingRepository(FakeRepository):
+    """Counts its listings."""
+
+    listings = 0
+
+    def list_models(self) -> list[str]:
+        self.listings += 1
+        return super().list_models()
+
+
+class StepClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_model_published_after_start_is_found_after_a_miss(tmp_path: Path) -> None:
+    repo = ListingRepository(tmp_path)
+    repo.add("m", 1)
+    clock = StepClock()
+
+    async def main() -> None:
+        registry = ModelRegistry(repo, GpuSettings(), loader=FakeLoader(), clock=clock)
+        await registry.start()
+        try:
+            # GIVEN a registry started while the repository held m alone; a second later
+            # a model is published, nobody asking the service to load it
+            clock.now += 1
+            repo.add("new", 1)
+            listings = repo.listings
+            # WHEN a request names it
+            with pytest.raises(ModelNotFoundError):
+                registry.entry("new")
+            # THEN that request is 404 (looked up on the loop), and the listing it started
+            # registers the model, which the next request loads and is served by
+            assert registry.listing is not None
+            await asyncio.wait_for(registry.listing, WAIT_S)
+            assert await infer(registry, "new") == 1
+            # AND 50 requests for names that do not exist, within the second, list nothing
+            for i in range(50):
+                with pytest.raises(ModelNotFoundError):
+                    registry.entry(f"invented-{i}")
+            assert repo.listings == listings + 1
+            # AND a second later 50 more start one listing between them
+            clock.now += 1
+            for i in range(50, 100):
+                with pytest.raises(ModelNotFoundError):
+                    registry.entry(f"invented-{i}")
+            await asyncio.wait_for(registry.listing, WAIT_S)
+            assert repo.listings == listings + 2
+            assert not any(name.startswith("invented") for name in registry.models)
+        finally:
+            await registry.stop(5)
+
+    asyncio.run(main())
