@@ -14,13 +14,23 @@ import typer
 from spillway_cli.canary_cli import models_canary, models_status
 from spillway_cli.jobs_cli import jobs_app
 from spillway_cli.models_add import models_add
+from spillway_cli.models_cli import (
+    models_list,
+    models_promote,
+    models_publish,
+    models_remove,
+    models_rollback,
+    models_show,
+)
 from spillway_cli.ops_cli import dashboard, plan, policy_apply, tune
 from spillway_cli.router_cli import cost_app, policy_app, serve_cpu, serve_router
 from spillway_cli.tenants_cli import config_app, tenants_app
 from spillway_cli.up_cli import RUNTIME_HELP, up
 
 app = typer.Typer(help="Spillway: AI inference as a service.", no_args_is_help=True)
-models_app = typer.Typer(help="Build, publish and canary models.", no_args_is_help=True)
+models_app = typer.Typer(
+    help="Build, add, list, roll back, remove, publish and canary models.", no_args_is_help=True
+)
 serve_app = typer.Typer(help="Start a service in the foreground.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(serve_app, name="serve")
@@ -31,7 +41,13 @@ app.add_typer(tenants_app, name="tenants")
 app.add_typer(config_app, name="config")
 serve_app.command("router")(serve_router)
 models_app.command("add")(models_add)
+models_app.command("list")(models_list)
+models_app.command("show")(models_show)
+models_app.command("rollback")(models_rollback)
+models_app.command("remove")(models_remove)
+models_app.command("publish")(models_publish)
 models_app.command("canary")(models_canary)
+models_app.command("promote")(models_promote)
 models_app.command("status")(models_status)
 serve_app.command("cpu")(serve_cpu)
 app.command("dashboard")(dashboard)
@@ -62,31 +78,6 @@ def models_build(
     for report in reports.values():
         metrics = ", ".join(f"{k}={v:.6g}" for k, v in report.metrics.items())
         typer.echo(f"{report.model:<10} {report.size_bytes / 1e6:8.2f} MB  {metrics}")
-
-
-@models_app.command("publish")
-def models_publish(
-    repository: Annotated[str, typer.Option(help="Folder or s3://bucket/prefix.")],
-    model: Annotated[str, typer.Option(help="Model name.")],
-    file: Annotated[Path, typer.Option(help="The ONNX file of the new version.")],
-    config: Annotated[
-        Path | None, typer.Option(help="config.json (required for a new model).")
-    ] = None,
-    extra: Annotated[
-        list[Path] | None, typer.Option(help="More files for the version (tokenizer.json).")
-    ] = None,
-) -> None:
-    """Add the next version of a model, with its checksums; a serving GPU service swaps it
-    in on its next poll or load request."""
-    from spillway.models.config import ModelConfig
-    from spillway.models.repository import open_repository
-
-    repo = open_repository(repository)
-    parsed = ModelConfig.model_validate_json(config.read_bytes()) if config else None
-    onnx_name = parsed.spillway.onnx_file if parsed else repo.read_config(model).spillway.onnx_file
-    files = {onnx_name: file, **{p.name: p for p in extra or []}}
-    version = repo.publish_version(model, files, parsed)
-    typer.echo(f"published {model} v{version} to {repo.location}")
 
 
 @app.command("demo")

@@ -3,12 +3,16 @@
 The configuration comes from the graph, the batching from a proof and a profile
 (``spillway.models.onboarding``); this module parses the options, prints the evidence and,
 with ``--load``, asks the running GPU service to load the model. Defaults come from the
-running stack's env file (``spillway_cli.local.stackenv``): its repository and GPU service.
+running stack's env file (``spillway_cli.models_where``): its repository and GPU service.
+
+A new version of an existing name keeps the name's served configuration (kind, processing,
+batching) when the file keeps its signature; a file with another signature is refused in
+one line listing the differences, exit status 2, nothing written, unless
+``--replace-signature`` (then the differences are printed first).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import urllib.error
 import urllib.request
@@ -17,12 +21,22 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from spillway_cli.models_where import (
+    error_message,
+    fail,
+    failures,
+    gpu_url,
+    repository_location,
+)
+
 if TYPE_CHECKING:
-    from spillway.models.onboarding import Added, ProfileRow
+    from spillway.models.new_version import Added, VersionPlan
+    from spillway.models.onboarding import ProfileRow
     from spillway.models.signature import ImageOptions
 
-LOCAL_REPOSITORY = "models"
 LOAD_TIMEOUT_S = 300.0
+EXIT_SIGNATURE = 2
+"""``models add``'s exit status when a file would change a served signature."""
 
 
 def models_add(
@@ -66,48 +80,75 @@ def models_add(
     resize: Annotated[
         str | None, typer.Option(help="stretch (default) or letterbox to the size.")
     ] = None,
+    replace_signature: Annotated[
+        bool,
+        typer.Option(
+            "--replace-signature",
+            help="Publish a file whose signature differs from the name's served one "
+            "(the differences are printed first).",
+        ),
+    ] = False,
     load: Annotated[bool, typer.Option(help="Ask the running GPU service to load it.")] = False,
-    gpu_url: Annotated[
-        str | None, typer.Option(help="GPU service URL for --load (default: the stack's).")
+    gpu_url_option: Annotated[
+        str | None,
+        typer.Option("--gpu-url", help="GPU service URL for --load (default: the stack's)."),
     ] = None,
 ) -> None:
-    """Add an ONNX model: config from its graph, proven batch-safe, profiled, published."""
-    from spillway.models.onboarding import add_model
+    """Add an ONNX model: config from its graph, proven batch-safe, profiled, published;
+    a new version of a name keeps its served signature and configuration."""
+    from spillway.models.new_version import add_model, plan_version
     from spillway.models.repository import open_repository
-    from spillway.protocol.errors import SpillwayError
-    from spillway_cli.local.stackenv import aws_errors, use_stack_env
 
     images = image_options(image, image_size, mean, std, scale, color, resize)
-    use_stack_env()
-    location = repository or os.environ.get("SPILLWAY_REPOSITORY") or LOCAL_REPOSITORY
-    if not location.startswith("s3://"):
-        Path(location).mkdir(parents=True, exist_ok=True)
-    try:
-        with aws_errors():
-            added = add_model(
-                open_repository(location),
-                name,
-                file,
-                version=version,
-                p99_ms=p99_ms,
-                tokenizer=tokenizer,
-                max_sequence_length=max_sequence_length,
-                image=images,
-            )
-    except SpillwayError as error:
-        typer.echo(f"error: {error.message}", err=True)
-        raise typer.Exit(1) from None
+    location = repository_location(repository)
+    url = gpu_url(gpu_url_option)
+    if load and not url:  # before anything is written
+        fail(f"--load needs the GPU service: pass --gpu-url; {_no_stack()}")
+    with failures():
+        if not location.startswith("s3://"):
+            Path(location).mkdir(parents=True, exist_ok=True)
+        repo = open_repository(location)
+        plan = plan_version(
+            repo,
+            name,
+            file,
+            tokenizer=tokenizer,
+            max_sequence_length=max_sequence_length,
+            image=images,
+        )
+        if plan.differences and not replace_signature:
+            typer.echo(f"error: {plan.refusal()}", err=True)
+            raise typer.Exit(EXIT_SIGNATURE)
+        for line in replacing(plan):
+            typer.echo(line)
+        added = add_model(
+            repo, plan, version=version, p99_ms=p99_ms, replace_signature=replace_signature
+        )
     for line in report(added, p99_ms):
         typer.echo(line)
-    if load:
-        url = gpu_url or os.environ.get("SPILLWAY_GPU_URL")
-        if not url:
-            typer.echo("error: --load needs --gpu-url (no running stack found)", err=True)
-            raise typer.Exit(1)
+    if load and url:
         ready, line = load_model(url, name, os.environ.get("SPILLWAY_ADMIN_TOKEN"))
         typer.echo(line)
         if not ready:
             raise typer.Exit(1)
+
+
+def _no_stack() -> str:
+    from spillway_cli.local.stackenv import stack_env_path
+
+    return (
+        f"no running stack was found through {stack_env_path()} (run this where `spillway "
+        "up` runs, or set SPILLWAY_STACK_ENV to its env.json); nothing was written"
+    )
+
+
+def replacing(plan: VersionPlan) -> list[str]:
+    """What ``--replace-signature`` changes, printed before it is published."""
+    if not plan.differences:
+        return []
+    served = ", ".join(f"v{v}" for v in plan.served_versions) or "no version"
+    head = f"{plan.name}: replacing the signature served ({served}) with {plan.source.name}'s:"
+    return [head, *(f"  {difference}" for difference in plan.differences)]
 
 
 def image_options(
@@ -194,13 +235,9 @@ def load_model(base_url: str, name: str, admin_token: str | None) -> tuple[bool,
         with urllib.request.urlopen(ready, timeout=30) as answer:  # noqa: S310
             return answer.status == 200, f"{name}: ready on {base}"
     except urllib.error.HTTPError as error:
-        return False, f"{name}: not ready on {base} (HTTP {error.code}: {_message(error.read())})"
+        return (
+            False,
+            f"{name}: not ready on {base} (HTTP {error.code}: {error_message(error.read())})",
+        )
     except OSError as error:
         return False, f"{name}: the GPU service at {base} did not answer ({error})"
-
-
-def _message(body: bytes) -> str:
-    try:
-        return str(json.loads(body).get("error", body.decode(errors="replace")))
-    except (ValueError, AttributeError):
-        return body.decode(errors="replace")[:200]

@@ -1,8 +1,9 @@
 """Adding a model from its ONNX file: configuration, batch-safety proof, profile, proposal.
 
-``add_model`` writes nothing to the target repository until the model has been proven:
-the version is first published to a scratch repository and loaded from there by the
-servers' own loader (``spillway.models.loader``), so the proof runs what serving runs.
+``spillway.models.new_version.add_model`` writes nothing to the target repository until
+the model has been proven: the version is first published to a scratch repository and
+loaded from there by the servers' own loader (``spillway.models.loader``), so the proof
+runs what serving runs.
 
 The proof: generated inputs (a fixed seed) for ``PROOF_ROWS`` rows, run once as one batch
 and once row by row; a model whose batched answers differ from its single-row ones mixes
@@ -22,10 +23,9 @@ from __future__ import annotations
 import io
 import json
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -38,16 +38,10 @@ from spillway.models.config import (
     SpillwayBlock,
     TensorConfig,
 )
-from spillway.models.engine import EngineOptions, OnnxModel
-from spillway.models.loader import load_version
+from spillway.models.engine import OnnxModel
 from spillway.models.processing import Tensors
-from spillway.models.repository import LocalRepository, ModelRepository
 from spillway.models.signature import (
     GraphSignature,
-    ImageOptions,
-    config_from_signature,
-    image_config,
-    read_signature,
     tensor_config,
 )
 from spillway.protocol.datatypes import numpy_dtype
@@ -112,20 +106,6 @@ class Proposal:
             preferred_batch_size=self.preferred_batch_size,
             max_queue_delay_microseconds=self.max_queue_delay_microseconds,
         )
-
-
-@dataclass(frozen=True)
-class Added:
-    """What ``add_model`` wrote, and the evidence it chose the configuration from."""
-
-    config: ModelConfig
-    version: int
-    location: str
-    proof: BatchProof | None
-    """``None`` where the graph has no dynamic batch dimension (nothing to prove)."""
-    profile: tuple[ProfileRow, ...] = ()
-    proposal: Proposal | None = None
-    notes: tuple[str, ...] = field(default=())
 
 
 # -- the configuration -------------------------------------------------------------------
@@ -364,63 +344,3 @@ def propose(table: Sequence[ProfileRow], p99_ms: float) -> Proposal:
         f"batch {chosen.batch} (p99 {chosen.p99_ms:.1f} ms) runs twice within the "
         f"target with {delay_ms:.1f} ms of queue delay; {why}",
     )
-
-
-# -- adding a model ----------------------------------------------------------------------
-
-
-def add_model(
-    repository: ModelRepository,
-    name: str,
-    onnx_file: Path,
-    *,
-    version: int | None = None,
-    p99_ms: float = 50.0,
-    tokenizer: Path | None = None,
-    max_sequence_length: int | None = None,
-    image: ImageOptions | None = None,
-    options: EngineOptions | None = None,
-) -> Added:
-    """Configure ``onnx_file`` from its graph (a text model with ``tokenizer``, an image
-    model with ``image``), prove and profile it, then publish it with the configuration
-    chosen as ``name``'s version ``version`` (default: the next)."""
-    signature = read_signature(onnx_file)
-    files = {ONNX_FILE: onnx_file, **({TOKENIZER_FILE: tokenizer} if tokenizer else {})}
-    limit = max(PROFILE_BATCHES)
-    if tokenizer is not None and image is not None:
-        raise ModelLoadError("a model is a text model (a tokenizer) or an image model, not both")
-    if tokenizer is not None:
-        length = max_sequence_length or tokenizer_max_length(tokenizer) or DEFAULT_SEQUENCE_LENGTH
-        draft = text_config(name, signature, length, limit)
-    elif image is not None:
-        draft = image_config(name, signature, image, max_batch_size=limit)
-    else:
-        draft = config_from_signature(name, signature, max_batch_size=limit)
-    proof: BatchProof | None = None
-    table: tuple[ProfileRow, ...] = ()
-    proposal: Proposal | None = None
-    notes: list[str] = []
-    if draft.max_batch_size == 0:
-        notes.append("the graph has no dynamic batch dimension: one request per run")
-    with tempfile.TemporaryDirectory(prefix="spillway-add-") as scratch:
-        model = _load_scratch(Path(scratch), draft, files, options or EngineOptions())
-        if draft.max_batch_size > 0:
-            proof = prove_batching(model)
-            if proof.safe:
-                table = profile(model)
-                proposal = propose(table, p99_ms)
-            else:
-                notes.append(f"not batch-safe, served without dynamic batching: {proof.detail}")
-    config = configure(draft, proof, proposal)
-    published = repository.publish_version(name, files, config, version=version)
-    return Added(config, published, repository.location, proof, table, proposal, tuple(notes))
-
-
-def _load_scratch(
-    root: Path, config: ModelConfig, files: dict[str, Path], options: EngineOptions
-) -> OnnxModel:
-    """The version published to a scratch repository and loaded as the servers load it."""
-    (root / "repository").mkdir()
-    scratch = LocalRepository(root / "repository")
-    number = scratch.publish_version(config.name, files, config)
-    return load_version(scratch, config, number, root / "cache", options)

@@ -1,21 +1,21 @@
 """Model repository access: a local folder or an S3 prefix, ``<model>/<version>/…``.
 
 Names and versions are validated before any path or key is formed, and every file of a
-version is checked against its ``SHA256SUMS`` before it is used. A local folder may also
-hold a model the way Triton takes one, ``<model>/<version>/model.onnx`` and nothing else:
-its configuration is completed from the newest version's graph
-(``spillway.models.signature``) and a version without ``SHA256SUMS`` is served as found.
-AWS clients honour boto3's standard ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_<SERVICE>``
-variables, so the same code talks to a local moto server and to AWS.
+version is checked against its ``SHA256SUMS`` before it is used
+(``spillway.models.version_files``: a version's files, checksums, number and tombstone). A
+local folder may also hold a model the way Triton takes one,
+``<model>/<version>/model.onnx`` and nothing else: its configuration is completed from the
+newest version's graph (``spillway.models.signature``) and a version without
+``SHA256SUMS`` is served as found. The servers read (``ModelRepository``); ``spillway
+models`` also manages (``ManagedRepository``). The S3 store is
+``spillway.models.s3_repository``'s. AWS clients honour boto3's standard
+``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_<SERVICE>`` variables, so the same code talks to
+a local moto server and to AWS.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
 import logging
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -23,73 +23,47 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from spillway.aws.clients import aws_client
-from spillway.aws.objects import get_object_or_none
 from spillway.models.config import CHECKSUM_FILE, CONFIG_FILE, ModelConfig
-from spillway.protocol.errors import (
-    ChecksumMismatchError,
-    InvalidInputError,
-    InvalidModelNameError,
-    ModelLoadError,
-    ModelNotFoundError,
+from spillway.models.s3_repository import S3Repository
+from spillway.models.version_files import (
+    CONFIGS,
+    REMOVED_FILE,
+    VersionRecord,
+    checksums_text,
+    config_bytes,
+    is_version,
+    kept_config_name,
+    kept_version,
+    new_version,
+    parse_checksums,
+    parse_config,
+    required_files,
+    safe_file_name,
+    sha256_file,
+    tombstone,
+    verify_version_dir,
 )
+from spillway.protocol.errors import InvalidInputError, ModelLoadError, ModelNotFoundError
 from spillway.protocol.names import MODEL_NAME_PATTERN, validate_model_name, validate_version
 from spillway.protocol.s3urls import is_s3_url, parse_s3_url
 
+__all__ = [
+    "GRAPH_ONLY_FILE",
+    "LocalRepository",
+    "ManagedRepository",
+    "ModelRepository",
+    "S3Repository",
+    "checksums_text",
+    "open_repository",
+    "parse_checksums",
+    "sha256_file",
+    "verify_version_dir",
+]
+
 log = logging.getLogger("spillway.repository")
 
-_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_CHUNK = 1 << 20
 GRAPH_ONLY_FILE = "model.onnx"
 """The one file of a version in a folder without ``config.json`` (Triton's name)."""
-
-
-def sha256_file(path: Path) -> str:
-    """The hex sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def parse_checksums(text: str) -> dict[str, str]:
-    """``SHA256SUMS`` lines (``<hex>  <file>``) as a map; unsafe file names are refused."""
-    sums: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        digest, _, name = line.partition("  ")
-        name = name.lstrip("*")
-        if not re.fullmatch(r"[0-9a-f]{64}", digest) or not _FILE_NAME.fullmatch(name):
-            raise ModelLoadError(f"malformed {CHECKSUM_FILE} line {line[:100]!r}")
-        sums[name] = digest
-    return sums
-
-
-def verify_version_dir(version_dir: Path, required: tuple[str, ...]) -> None:
-    """Every file listed in ``SHA256SUMS`` matches; every required file is listed."""
-    sums_path = version_dir / CHECKSUM_FILE
-    if not sums_path.is_file():
-        raise ModelLoadError(f"{CHECKSUM_FILE} is missing in {version_dir.name}")
-    sums = parse_checksums(sums_path.read_text())
-    for name in required:
-        if name not in sums:
-            raise ModelLoadError(f"{name} is not listed in {CHECKSUM_FILE}")
-    for name, digest in sums.items():
-        path = version_dir / name
-        if not path.is_file():
-            raise ModelLoadError(f"{name} is missing from version {version_dir.name}")
-        if sha256_file(path) != digest:
-            raise ChecksumMismatchError(f"{name} does not match its sha256")
-
-
-def required_files(config: ModelConfig) -> tuple[str, ...]:
-    """Files a version of this model cannot serve without (a pipeline's version folder
-    holds no model of its own)."""
-    if config.is_pipeline:
-        return ()
-    block = config.spillway
-    return (block.onnx_file,) + ((block.tokenizer_file,) if block.tokenizer_file else ())
 
 
 class ModelRepository(Protocol):
@@ -121,6 +95,28 @@ class ModelRepository(Protocol):
         written last and commits it."""
 
 
+class ManagedRepository(ModelRepository, Protocol):
+    """A repository as ``spillway models`` manages it; versions stay immutable."""
+
+    def version_records(self, model: str) -> list[VersionRecord]:
+        """Every version number the model has had, committed or removed, ascending."""
+
+    def write_config(self, model: str, config: ModelConfig) -> None:
+        """Replace the model's ``config.json`` whole; no version changes."""
+
+    def keep_config(self, model: str, version: int, config: ModelConfig) -> None:
+        """Keep ``config`` as the one versions up to ``version`` were served under."""
+
+    def kept_configs(self, model: str) -> dict[int, ModelConfig]:
+        """The configurations kept, by the version each was kept for."""
+
+    def remove_version(self, model: str, version: int) -> None:
+        """Uncommit a version, then remove its files, leaving its tombstone."""
+
+    def remove_model(self, model: str) -> None:
+        """Remove the model: its configurations, its versions and their tombstones."""
+
+
 class LocalRepository:
     """A repository in a local folder; versions are verified in place."""
 
@@ -146,7 +142,7 @@ class LocalRepository:
     def list_versions(self, model: str) -> list[int]:
         model_dir = self._model_dir(model)
         names = [p.name for p in model_dir.iterdir() if (p / CHECKSUM_FILE).is_file()]
-        committed = {int(n) for n in names if _is_version(n)}
+        committed = {int(n) for n in names if is_version(n)}
         if not (model_dir / CONFIG_FILE).is_file():
             committed.update(_graph_only_versions(model_dir))
         return sorted(committed)
@@ -155,13 +151,16 @@ class LocalRepository:
         model_dir = self._model_dir(model)
         path = model_dir / CONFIG_FILE
         if not path.is_file() and (versions := _graph_only_versions(model_dir)):
-            return _completed_config(model, model_dir / str(versions[-1]) / GRAPH_ONLY_FILE)
-        return _parse_config(path.read_bytes() if path.is_file() else None, model)
+            # Imported here: reading a graph needs ONNX Runtime, which a router does not load.
+            from spillway.models.signature import completed_config
+
+            return completed_config(model, model_dir / str(versions[-1]) / GRAPH_ONLY_FILE)
+        return parse_config(path.read_bytes() if path.is_file() else None, model)
 
     def fetch_version(self, model: str, version: int, cache_dir: Path) -> Path:
         model_dir = self._model_dir(model)
         version_dir = model_dir / str(validate_version(version))
-        if not version_dir.is_dir():
+        if not version_dir.is_dir() or (version_dir / REMOVED_FILE).is_file():
             raise ModelNotFoundError(f"model {model!r} has no version {version}")
         graph_only = not (model_dir / CONFIG_FILE).is_file()
         if graph_only and not (version_dir / CHECKSUM_FILE).is_file():
@@ -182,158 +181,83 @@ class LocalRepository:
     ) -> int:
         model_dir = self.root / validate_model_name(model)
         _ensure(model_dir)
+        # Every numbered folder counts, a removed version's tombstone included; a number
+        # taken is refused before the configuration is written.
+        taken = [int(p.name) for p in model_dir.iterdir() if is_version(p.name)]
+        version = new_version(model, taken, version)
         if config is not None:
             _atomic_write(model_dir / CONFIG_FILE, config_bytes(config, model))
         self.read_config(model)
-        existing = [int(p.name) for p in model_dir.iterdir() if _is_version(p.name)]
-        version = _new_version(model, existing, version)
         # All or nothing: the version is assembled in a hidden folder and renamed into
         # place whole; a failure leaves no folder behind to use up the number.
         staging = Path(tempfile.mkdtemp(prefix=".publish-", dir=model_dir))
         try:
             for name, source in files.items():
-                shutil.copyfile(source, staging / _safe_file_name(name))
+                shutil.copyfile(source, staging / safe_file_name(name))
             (staging / CHECKSUM_FILE).write_text(checksums_text(files))
             staging.rename(model_dir / str(version))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return version
 
+    def version_records(self, model: str) -> list[VersionRecord]:
+        records = []
+        for path in self._model_dir(model).iterdir():
+            sums, graph = path / CHECKSUM_FILE, path / GRAPH_ONLY_FILE
+            if not is_version(path.name):
+                continue
+            if sums.is_file():
+                checksums = parse_checksums(sums.read_text())
+                records.append(VersionRecord(int(path.name), sums.stat().st_mtime, checksums))
+            elif (path / REMOVED_FILE).is_file():
+                removed = (path / REMOVED_FILE).stat().st_mtime
+                records.append(VersionRecord(int(path.name), None, removed=removed))
+            elif graph.is_file():  # a folder of graphs: served as found
+                records.append(VersionRecord(int(path.name), graph.stat().st_mtime))
+        return sorted(records, key=lambda record: record.version)
 
-class S3Repository:
-    """A repository under ``s3://bucket/prefix``; versions are downloaded, then verified."""
+    def write_config(self, model: str, config: ModelConfig) -> None:
+        _atomic_write(self._model_dir(model) / CONFIG_FILE, config_bytes(config, model))
 
-    def __init__(self, bucket: str, prefix: str, client: Any) -> None:
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
-        self.client = client
-        self.location = f"s3://{bucket}/{self.prefix}"
+    def keep_config(self, model: str, version: int, config: ModelConfig) -> None:
+        kept = _ensure(self._model_dir(model) / CONFIGS)
+        _atomic_write(kept / kept_config_name(version), config_bytes(config, model))
 
-    def _key(self, *parts: str) -> str:
-        return "/".join(p for p in (self.prefix, *parts) if p)
+    def kept_configs(self, model: str) -> dict[int, ModelConfig]:
+        kept = self._model_dir(model) / CONFIGS
+        files = sorted(kept.iterdir()) if kept.is_dir() else []
+        return {
+            version: parse_config(path.read_bytes(), model)
+            for path in files
+            if (version := kept_version(path.name)) is not None
+        }
 
-    def _children(self, prefix: str) -> list[str]:
-        names: list[str] = []
-        paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
-            names += [
-                c["Prefix"][len(prefix) :].rstrip("/") for c in page.get("CommonPrefixes", [])
-            ]
-        return names
-
-    def _get(self, key: str) -> bytes | None:
-        return get_object_or_none(self.client, self.bucket, key)
-
-    def list_models(self) -> list[str]:
-        root = self._key("") + "/" if self.prefix else ""
-        return sorted(n for n in self._children(root) if MODEL_NAME_PATTERN.fullmatch(n))
-
-    def list_versions(self, model: str) -> list[int]:
-        # A version exists once its SHA256SUMS (written last) does.
-        prefix = self._key(validate_model_name(model)) + "/"
-        versions = set()
-        paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
-            for item in page.get("Contents", []):
-                version, _, name = item["Key"][len(prefix) :].partition("/")
-                if name == CHECKSUM_FILE and _is_version(version):
-                    versions.add(int(version))
-        return sorted(versions)
-
-    def publish_version(
-        self,
-        model: str,
-        files: Mapping[str, Path],
-        config: ModelConfig | None = None,
-        *,
-        version: int | None = None,
-    ) -> int:
-        validate_model_name(model)
-        if config is not None:
-            key = self._key(model, CONFIG_FILE)
-            self.client.put_object(Bucket=self.bucket, Key=key, Body=config_bytes(config, model))
-        self.read_config(model)
-        # Numbered after the committed versions (SHA256SUMS, written last, commits one), so
-        # a failed publish never uses up a number; what it uploaded is removed.
-        version = _new_version(model, self.list_versions(model), version)
-        base = self._key(model, str(version))
-        body = checksums_text(files).encode()
-        uploaded: list[str] = []
-        try:
-            for name, source in files.items():
-                key = f"{base}/{_safe_file_name(name)}"
-                uploaded.append(key)
-                self.client.upload_file(str(source), self.bucket, key)
-            self.client.put_object(Bucket=self.bucket, Key=f"{base}/{CHECKSUM_FILE}", Body=body)
-        except BaseException:
-            for key in uploaded:
-                with contextlib.suppress(Exception):
-                    self.client.delete_object(Bucket=self.bucket, Key=key)
-            raise
-        return version
-
-    def read_config(self, model: str) -> ModelConfig:
-        return _parse_config(self._get(self._key(validate_model_name(model), CONFIG_FILE)), model)
-
-    def fetch_version(self, model: str, version: int, cache_dir: Path) -> Path:
-        config = self.read_config(model)
-        base = self._key(model, str(validate_version(version)))
-        sums_body = self._get(f"{base}/{CHECKSUM_FILE}")
-        if sums_body is None:
+    def remove_version(self, model: str, version: int) -> None:
+        if validate_version(version) not in self.list_versions(model):
             raise ModelNotFoundError(f"model {model!r} has no version {version}")
-        sums = parse_checksums(sums_body.decode())
-        target = cache_dir / model / str(version)
-        staging = Path(tempfile.mkdtemp(prefix=f".{model}-{version}-", dir=_ensure(cache_dir)))
-        try:
-            (staging / CHECKSUM_FILE).write_bytes(sums_body)
-            for name in sums:
-                self.client.download_file(self.bucket, f"{base}/{name}", str(staging / name))
-            verify_version_dir(staging, required_files(config))
-            shutil.rmtree(target, ignore_errors=True)
-            _ensure(target.parent)
-            staging.rename(target)
-        except self.client.exceptions.ClientError as exc:
-            raise ModelLoadError(f"download of {model} v{version} failed: {exc}") from exc
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        return target
+        version_dir = self._model_dir(model) / str(version)
+        # The tombstone first (the number stays taken), then SHA256SUMS (no reader lists
+        # the version any more), then the files.
+        (version_dir / REMOVED_FILE).write_text(tombstone())
+        (version_dir / CHECKSUM_FILE).unlink(missing_ok=True)
+        for path in version_dir.iterdir():
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.name != REMOVED_FILE:
+                path.unlink()
 
-
-def checksums_text(files: Mapping[str, Path]) -> str:
-    """``SHA256SUMS`` content for files (name -> path), sorted by name."""
-    return "".join(f"{sha256_file(files[n])}  {_safe_file_name(n)}\n" for n in sorted(files))
-
-
-def config_bytes(config: ModelConfig, model: str) -> bytes:
-    """A model's ``config.json`` content; the name inside must be the model's."""
-    if config.name != model:
-        raise ModelLoadError(f"config.json names {config.name!r}, expected {model!r}")
-    return (config.model_dump_json(indent=2, exclude_none=True) + "\n").encode()
-
-
-def _new_version(model: str, existing: list[int], wanted: int | None) -> int:
-    """The number of a version to publish: ``wanted`` if no version has it, else the next."""
-    if wanted is None:
-        return max(existing, default=0) + 1
-    if validate_version(wanted) in existing:
-        raise InvalidInputError(f"model {model!r} already has version {wanted}")
-    return wanted
-
-
-def _safe_file_name(name: str) -> str:
-    if not _FILE_NAME.fullmatch(name) or name == CHECKSUM_FILE:
-        raise InvalidModelNameError(f"invalid model file name {name[:80]!r}")
-    return name
+    def remove_model(self, model: str) -> None:
+        model_dir = self._model_dir(model)
+        # One rename takes it out of every listing at once; the files go after.
+        graveyard = Path(tempfile.mkdtemp(prefix=f".removed-{model}-", dir=self.root))
+        model_dir.rename(graveyard / model)
+        shutil.rmtree(graveyard)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
     staging = path.with_name(f".{path.name}.tmp")
     staging.write_bytes(data)
     staging.replace(path)
-
-
-def _is_version(name: str) -> bool:
-    return name.isascii() and name.isdigit() and int(name) > 0
 
 
 def _ensure(path: Path) -> Path:
@@ -346,42 +270,11 @@ def _graph_only_versions(model_dir: Path) -> list[int]:
     return sorted(
         int(p.name)
         for p in model_dir.iterdir()
-        if _is_version(p.name) and (p / GRAPH_ONLY_FILE).is_file()
+        if is_version(p.name) and (p / GRAPH_ONLY_FILE).is_file()
     )
 
 
-def _completed_config(model: str, graph: Path) -> ModelConfig:
-    """The configuration completed from ``graph``, read again only when the file changes
-    (a poll asks every few seconds)."""
-    stat = graph.stat()
-    return _config_of_graph(model, str(graph), stat.st_mtime_ns, stat.st_size)
-
-
-@functools.lru_cache(maxsize=64)
-def _config_of_graph(model: str, graph: str, _mtime_ns: int, _size: int) -> ModelConfig:
-    # Imported here: reading a graph needs ONNX Runtime, which a router does not load.
-    from spillway.models.signature import config_from_signature, read_signature
-
-    config = config_from_signature(model, read_signature(Path(graph)))
-    log.info(
-        "config of %s completed from its graph: max_batch_size %d", model, config.max_batch_size
-    )
-    return config
-
-
-def _parse_config(raw: bytes | None, model: str) -> ModelConfig:
-    if raw is None:
-        raise ModelNotFoundError(f"model {model!r} is not in the repository")
-    try:
-        config = ModelConfig.model_validate_json(raw)
-    except ValueError as exc:
-        raise ModelLoadError(f"config.json of {model!r} is invalid: {exc}") from exc
-    if config.name != model:
-        raise ModelLoadError(f"config.json names {config.name!r}, expected {model!r}")
-    return config
-
-
-def open_repository(location: str, *, client: Any | None = None) -> ModelRepository:
+def open_repository(location: str, *, client: Any | None = None) -> ManagedRepository:
     """A repository for ``DIR`` or ``s3://bucket/prefix``."""
     if is_s3_url(location):
         try:

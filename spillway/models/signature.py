@@ -10,10 +10,18 @@ package is a build-time tool and is not in the service images).
 An image model (``image_config``) serves its graph's float image input as a BYTES input of
 encoded images instead: the layout comes from where the graph has 1 or 3 channels, the size
 from its fixed height and width (or the caller's, where they are dynamic).
+
+What callers see of a configuration is its signature: the served inputs and outputs, each
+a name, a datatype and a shape with the batch (``served_shape``), and the kind.
+``signature_differences`` lists what changes between two; ``refit`` applies a served
+configuration to another graph, so that a new version can be checked against it.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +32,8 @@ from spillway.models.config import ImageSpec, ModelConfig, SpillwayBlock, Tensor
 from spillway.models.processing import GraphTensor
 from spillway.protocol.datatypes import from_onnx_type
 from spillway.protocol.errors import ModelLoadError, SpillwayError
+
+log = logging.getLogger("spillway.repository")  # the repository completes configurations
 
 FLOAT_TYPES = ("FP16", "FP32", "FP64")
 CHANNELS = (1, 3)
@@ -225,3 +235,119 @@ def _image_size(
             f"{list(tensor.shape)}"
         )
     return given
+
+
+def completed_config(model: str, graph: Path) -> ModelConfig:
+    """The configuration of a folder's ``graph`` nobody configured
+    (``config_from_signature``), read again only when the file changes (a poll asks every
+    few seconds)."""
+    stat = graph.stat()
+    return _config_of_graph(model, str(graph), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _config_of_graph(model: str, graph: str, _mtime_ns: int, _size: int) -> ModelConfig:
+    config = config_from_signature(model, read_signature(Path(graph)))
+    log.info(
+        "config of %s completed from its graph: max_batch_size %d", model, config.max_batch_size
+    )
+    return config
+
+
+# -- the signature callers see ------------------------------------------------------------
+
+
+def served_shape(config: ModelConfig, tensor: TensorConfig) -> tuple[int, ...]:
+    """The shape a caller sends or gets: ``-1`` (any batch) ahead of ``dims`` when the
+    model batches."""
+    return (-1, *tensor.dims) if config.max_batch_size > 0 else tensor.dims
+
+
+def describe_tensor(config: ModelConfig, tensor: TensorConfig) -> str:
+    """``name DATATYPE [shape]``, as a caller sees the tensor."""
+    return f"{tensor.name} {tensor.datatype} {list(served_shape(config, tensor))}"
+
+
+def signature_differences(before: ModelConfig, after: ModelConfig) -> list[str]:
+    """What a caller of ``before`` finds changed in ``after``, one phrase each: the kind,
+    then each input and output gone, new, or of another datatype or shape."""
+    kinds = (before.spillway.kind, after.spillway.kind)
+    found = [] if kinds[0] == kinds[1] else [f"kind {kinds[0]} -> {kinds[1]}"]
+    for role, old, new in (
+        ("input", before.input, after.input),
+        ("output", before.output, after.output),
+    ):
+        kept = {t.name: t for t in new}
+        for tensor in old:
+            match = kept.pop(tensor.name, None)
+            if match is None:
+                found.append(f"{role} {_quoted(before, tensor)} is gone")
+                continue
+            if tensor.datatype != match.datatype:
+                found.append(
+                    f"{role} {tensor.name!r} datatype {tensor.datatype} -> {match.datatype}"
+                )
+            was, now = list(served_shape(before, tensor)), list(served_shape(after, match))
+            if was != now:
+                found.append(f"{role} {tensor.name!r} shape {was} -> {now}")
+        found += [f"new {role} {_quoted(after, t)}" for t in kept.values()]
+    return found
+
+
+def _quoted(config: ModelConfig, tensor: TensorConfig) -> str:
+    return f"{tensor.name!r} {tensor.datatype} {list(served_shape(config, tensor))}"
+
+
+def refit(config: ModelConfig, signature: GraphSignature) -> ModelConfig:
+    """``config``'s kind, processing and batching applied to another graph: the
+    configuration with the tensors callers would see if ``signature``'s graph were served
+    under it. ModelLoadError in one line where the kind cannot take the graph."""
+    kind, batch = config.spillway.kind, config.max_batch_size
+    if config.is_pipeline:
+        raise ModelLoadError(f"{config.name} is a pipeline: its versions hold no graph")
+    if kind == "tensor":
+        tensors = config_from_signature(config.name, signature, max_batch_size=batch)
+        return config.model_copy(update={"input": tensors.input, "output": tensors.output})
+    outputs = config_from_signature(config.name, signature, max_batch_size=batch).output
+    if kind == "image_classifier":
+        _flattened_images(config, signature)
+        return config.model_copy(update={"output": outputs})
+    if kind == "image" and config.spillway.image is not None and config.spillway.image.size:
+        spec = config.spillway.image
+        made = image_config(
+            config.name,
+            signature,
+            ImageOptions(size=spec.size, color=spec.color),
+            max_batch_size=batch,
+        )
+        made_spec = made.spillway.image
+        if made_spec is not None and made_spec.layout != spec.layout:
+            raise ModelLoadError(
+                f"the graph takes images {made_spec.layout}, the served model {spec.layout}"
+            )
+        return config.model_copy(update={"input": made.input, "output": made.output})
+    if kind == "text_embedding":
+        raise ModelLoadError("a text model's new version needs its tokenizer (--tokenizer)")
+    raise ModelLoadError(
+        f"a new {kind} version is published with `spillway models publish`, not made here"
+    )
+
+
+def _flattened_images(config: ModelConfig, signature: GraphSignature) -> None:
+    """An image classifier's graph takes its served images flattened: one float input
+    ``[batch, H*W]``."""
+    served = config.input[0]
+    size = math.prod(served.dims)
+    graph = signature.inputs[0]
+    fits = (
+        len(signature.inputs) == 1
+        and graph.datatype in FLOAT_TYPES
+        and len(graph.shape) == 2
+        and (size < 0 or not isinstance(graph.shape[1], int) or graph.shape[1] == size)
+    )
+    if not fits:
+        found = ", ".join(f"{t.name} {t.datatype} {list(t.shape)}" for t in signature.inputs)
+        raise ModelLoadError(
+            f"an image classifier's graph takes its {served.name!r} images flattened, one "
+            f"float input [batch, {size}]; this one takes {found}"
+        )
