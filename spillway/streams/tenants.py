@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -174,22 +175,29 @@ class DynamoTenantBudgets:
     ) -> FrameAdmission:
         key = tenant_key(tenant, "frames")
         interval, tolerance = 1.0 / rate, (burst - 1) / rate
+        started = time.monotonic()
         busy = self._ahead.get(tenant, 0.0) > now
         for _ in range(_TRIES):
+            # The rate is judged at each write's own time (``at``): a frame whose write
+            # waited on the table (seconds, under load) while newer frames moved ``tat``
+            # on is not over the rate for having read the clock early. Its slot keeps the
+            # time it was read.
+            at = now + (time.monotonic() - started)
             written, old = self._write_or_old(
                 Key=_key(key),
                 UpdateExpression="SET #slots.#t = :now, "
                 + ("tat = tat + :step" if busy else "tat = :next"),
                 ConditionExpression="attribute_exists(#slots) AND size(#slots) < :limit AND "
-                + ("tat > :now AND tat <= :edge" if busy else "tat <= :now"),
+                + ("tat > :at AND tat <= :edge" if busy else "tat <= :at"),
                 ExpressionAttributeNames={"#slots": "slots", "#t": token},
                 ExpressionAttributeValues=_values(
                     now=now,
+                    at=at,
                     limit=limit,
                     **(
-                        {"step": interval, "edge": now + tolerance}
+                        {"step": interval, "edge": at + tolerance}
                         if busy
-                        else {"next": now + interval}
+                        else {"next": at + interval}
                     ),
                 ),
                 ReturnValues="ALL_NEW",
@@ -200,19 +208,19 @@ class DynamoTenantBudgets:
                 return FrameAdmission(None, len(after.get("slots") or {}))
             slots = _map(old, "slots")
             if slots is None:
-                self._create(key, {"slots": {token: now}, "tat": now + interval})
-                self._remember(tenant, now + interval)
+                self._create(key, {"slots": {token: now}, "tat": at + interval})
+                self._remember(tenant, at + interval)
                 return FrameAdmission(None, 1)
             tat = float(plain_item(old or {}).get("tat", 0))
             self._remember(tenant, tat)
             if len(slots) >= limit:
-                stale = [t for t, at in slots.items() if at <= now - SLOT_STALE_S]
+                stale = [t for t, admitted in slots.items() if admitted <= now - SLOT_STALE_S]
                 if not stale:
                     return FrameAdmission(IN_FLIGHT, len(slots))
                 self._remove(key, "slots", stale)
-            elif tat > now + tolerance:
-                return FrameAdmission(RATE, len(slots), retry_after_s=tat - tolerance - now)
-            busy = tat > now
+            elif tat > at + tolerance:
+                return FrameAdmission(RATE, len(slots), retry_after_s=tat - tolerance - at)
+            busy = tat > at
         raise StateUnavailableError("the tenant's frame could not be counted", retry_after_s=1.0)
 
     def release(self, tenant: str | None, token: str) -> None:

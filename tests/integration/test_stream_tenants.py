@@ -124,6 +124,20 @@ def test_frames_over_a_tenants_rate_are_refused_until_it_refills(
     assert [admit("acme", f"u{i}", NOW + 2)[0] for i in range(4)] == [None, None, None, RATE]
 
 
+def test_a_frame_whose_write_waited_is_judged_at_the_time_it_was_written(
+    budgets: DynamoTenantBudgets, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN 200 frames/s with bursts of 400, and a frame admitted at NOW + 2.1
+    assert budgets.admit("acme", "a", NOW + 2.1, 128, 200.0, 400).refusal is None
+    # WHEN a frame whose clock was read at NOW is written 2.1 s later (it waited on the
+    # table while the other frame went in)
+    ticks = iter([0.0, 2.1, 2.1, 2.1])
+    monkeypatch.setattr("spillway.streams.tenants.time.monotonic", lambda: next(ticks))
+    late = budgets.admit("acme", "b", NOW, 128, 200.0, 400)
+    # THEN it is admitted: two frames are far under the rate (it was refused tenant_rate)
+    assert (late.refusal, late.in_flight) == (None, 2)
+
+
 def test_a_withdrawn_frame_leaves_its_seq_open_and_counts_refused(
     state: DynamoStateStore,
 ) -> None:
