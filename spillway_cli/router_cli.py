@@ -169,6 +169,14 @@ def serve_router(
     policy: Annotated[Path | None, typer.Option(help="Policy file (YAML or JSON).")] = None,
     gpu_url: Annotated[str | None, typer.Option(help="GPU service base URL.")] = None,
     cpu_url: Annotated[str | None, typer.Option(help="CPU fallback base URL.")] = None,
+    api_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--api-key",
+            help="As API Gateway's usage plan: 403 unless x-api-key is one of these "
+            "(repeatable; the key is its own id for the tenant map).",
+        ),
+    ] = None,
 ) -> None:
     """The router on a local HTTP server; ROUTER_* variables apply, flags win."""
     from aws_lambda_powertools.logging import Logger
@@ -186,7 +194,12 @@ def serve_router(
         app = create_app(settings)
     except (ValueError, PolicyError) as exc:
         raise _fail(f"cannot start the router: {exc}") from None
-    serve_forever(app, settings.host, settings.port)
+    if api_key:
+        from spillway_cli.local.lambda_http import api_key_door
+
+        serve_forever(api_key_door(app, api_key), settings.host, settings.port)
+    else:
+        serve_forever(app, settings.host, settings.port)
 
 
 def serve_cpu(

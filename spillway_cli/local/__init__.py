@@ -9,12 +9,15 @@ commands at the top of ``spillway_cli`` use it, never the other way round.
 - the stack: ``stack`` (starting and stopping the parts), ``layout`` (their ports,
   URLs and variables), ``serverless_offline`` (the router under serverless-offline),
   ``procs`` (child processes), ``stackenv`` (the stack env file the commands read),
-  ``sam_env`` (``sam local invoke``'s env-vars file), ``names`` (the AWS resources' names);
+  ``running`` (one stack per folder, the stacks that run), ``keep`` (what a stack keeps
+  across restarts), ``summary`` (what a running stack prints), ``sam_env`` (``sam local
+  invoke``'s env-vars file), ``names`` (the AWS resources' names);
 - AWS on moto: ``moto_atomic`` (moto's server with DynamoDB's atomic item writes and
   AWS's key and message limits), ``async_resources``, ``batch`` (AWS Batch jobs run as
   local processes), ``scope_key`` (the Secrets Manager key);
 - API Gateway and Lambda: ``websocket`` (the WebSocket API and its ``@connections``
-  API), ``lambda_http`` (the REST proxy integration and Lambda's invoke API),
+  API), ``lambda_http`` (the REST proxy integration, the API key check, and Lambda's
+  invoke API),
   ``wsgi_server`` (a WSGI app on a local HTTP/1.1 server), ``lambda_runtime`` (a handler
   loaded by name, the context it is given), ``offline_handlers`` (the handlers
   serverless-offline runs, their context as Lambda's);

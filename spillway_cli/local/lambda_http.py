@@ -28,6 +28,9 @@ Both doors refuse what AWS refuses, with AWS's answer (``spillway.aws.limits``):
   function error (``X-Amz-Function-Error: Unhandled``, ``Function.ResponseSizeTooLarge``)
   (https://docs.aws.amazon.com/lambda/latest/api/API_Invoke.html). An ``Event``
   invocation runs before its 202 here: there is no queue in front of the function.
+
+``api_key_door`` puts a WSGI application (the router under the WSGI runtime) behind the
+REST API's API key check, as serverless-offline puts the router under the other runtime.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -48,6 +51,7 @@ from spillway.aws.limits import (
 )
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 Answer = tuple[str, list[tuple[str, str]], bytes]
 """A status line, headers and body."""
 _INVOKE_PATH = re.compile(r"^/2015-03-31/functions/(?P<name>[^/]+)/invocations$")
@@ -197,3 +201,45 @@ def wsgi_app(
         return [body]
 
     return app
+
+
+FORBIDDEN = b'{"message":"Forbidden"}'
+"""API Gateway's answer to a request without a valid API key."""
+
+
+def api_key_door(app: WsgiApp, keys: Collection[str]) -> WsgiApp:
+    """``app`` behind a REST API whose methods need an API key (serverless.yml's
+    ``private: true`` with a usage plan, the key ``keys`` names at stage ``local``).
+
+    A request whose ``x-api-key`` header is missing or names no key of ``keys`` is API
+    Gateway's 403 ``{"message":"Forbidden"}`` (``x-amzn-ErrorType: ForbiddenException``,
+    the answer serverless-offline gives too) and never reaches ``app``
+    (https://docs.aws.amazon.com/apigateway/latest/developerguide/api-gateway-api-usage-plans.html;
+    ``INVALID_API_KEY``, 403:
+    https://docs.aws.amazon.com/apigateway/latest/developerguide/supported-gateway-response-types.html).
+    A request with one reaches ``app`` as serverless-wsgi hands it an API Gateway event:
+    ``environ["serverless.event"]`` holding the key's id in
+    ``requestContext.identity.apiKeyId`` — here the key stands for its own id, as
+    serverless-offline is told it does (``SLS_API_KEY_ID``) — which the router maps to a
+    tenant (``spillway.tenancy.identity``, ``spillway tenants``). A client cannot write
+    ``environ`` keys: its headers arrive as ``HTTP_*``."""
+    allowed = frozenset(keys)
+    if not allowed:
+        raise ValueError("an API key door needs at least one key")
+
+    def door(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        key = environ.get("HTTP_X_API_KEY")
+        if not isinstance(key, str) or key not in allowed:
+            error = ("x-amzn-ErrorType", "ForbiddenException")
+            start_response("403 Forbidden", [("Content-Type", _JSON), error])
+            return [FORBIDDEN]
+        environ["serverless.event"] = {
+            "requestContext": {
+                "requestId": str(uuid.uuid4()),
+                "stage": "local",
+                "identity": {"apiKeyId": key, "sourceIp": environ.get("REMOTE_ADDR", "")},
+            }
+        }
+        return app(environ, start_response)
+
+    return door

@@ -89,6 +89,18 @@ class StackLayout:
     env_path: Path | None = None
     """Where the stack env file goes (``spillway_cli.local.stackenv``); default
     ``<log_dir>/env.json``."""
+    router_reason: str = ""
+    """Why the router runs under ``router_runtime`` (``spillway up`` prints it)."""
+    check_api_keys: bool = False
+    """The WSGI router behind the REST API's API key check, as serverless-offline puts the
+    other runtime's (``spillway up``: always): a request without the local stage's key is
+    403 and a caller's tenant is its key's (``lambda_http.api_key_door``). Off, the WSGI
+    router takes every caller as the anonymous tenant (the e2e stack's callers)."""
+    state_dir: Path | None = None
+    """Where the stack keeps what it was given across restarts (``spillway_cli.local.keep``;
+    ``spillway up``: ``<log_dir>/state``); ``None``: it starts clean and keeps nothing."""
+    fresh: bool = False
+    """Start clean: set the kept state aside (``<state_dir>.previous``) first."""
 
     def url(self, part: str) -> str:
         return f"http://127.0.0.1:{getattr(self.ports, part)}"
@@ -177,11 +189,17 @@ class StackLayout:
         ``spillway policy apply`` changes this stack's policy, not the checked-in one."""
         return self.log_dir / "policy.yaml"
 
+    def urls(self) -> dict[str, str]:
+        """Each part's URL (another ``spillway up`` shows them)."""
+        parts = ("router", "gpu", "cpu", "jobs", "moto", "dashboard")
+        return {**{part: self.url(part) for part in parts}, "websocket": self.websocket_url}
+
     def jobs_env(self) -> dict[str, str]:
         """The jobs API's settings: tenants' areas under ``tenants/`` and the router's
-        staging, the local API key mapped to the ``local`` tenant; the WSGI router
-        authenticates nobody, so its anonymous callers' jobs are the anonymous tenant's
-        (``JOBS_TRUST_TENANT_HINTS``, a local-only setting)."""
+        staging, the local API key mapped to the ``local`` tenant; a router that checks no
+        API key (``check_api_keys`` off) vouches for nobody, so its anonymous callers'
+        jobs are the anonymous tenant's (``JOBS_TRUST_TENANT_HINTS``, a local-only
+        setting)."""
         return {
             "JOBS_REPOSITORY": REPOSITORY,
             "JOBS_CACHE_DIR": str(self.log_dir / "jobs-cache"),

@@ -20,6 +20,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (somebody else's included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # somebody else's process, but it exists
+        return True
+    return True
+
+
 def wait_http(
     url: str,
     timeout_s: float,
@@ -48,6 +59,20 @@ def wait_http(
             pass
         time.sleep(0.1)
     raise TimeoutError(f"{url} was not healthy within {timeout_s:.0f} s")
+
+
+def wait_accepting(port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+    """Wait until ``127.0.0.1:port`` accepts connections (a WebSocket API has no health
+    route); fail early if ``proc`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before port {port} was up")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"port {port} did not accept connections within {timeout_s:.0f} s")
 
 
 @dataclass
@@ -82,12 +107,25 @@ class Child:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def start(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Child:
-    """Start a process with output to ``log_dir/<name>.log``."""
+def start(
+    name: str,
+    argv: list[str],
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    *,
+    own_session: bool = False,
+) -> Child:
+    """Start a process with output to ``log_dir/<name>.log``; ``own_session``: in a
+    session of its own, so that the terminal's Ctrl-C reaches only us (it is stopped by
+    PID when we are done with it)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(  # noqa: S603 - argv built by the caller, no shell
-            argv, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=own_session,
         )
     return Child(name, proc, log_path)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from spillway_cli.local import procs
 from spillway_cli.local.layout import STATE_MACHINES, StackLayout
+from spillway_cli.local.names import LOCAL_API_KEY
 
 log = logging.getLogger("spillway.stack")
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,13 +31,25 @@ def router_runtime(choice: str) -> str:
     (``make check-infra`` installs both) and the artefact serverless.yml runs
     (``build/lambda/app.zip``, built by ``make -f infra/lambda/Makefile serverless``) —
     else the WSGI router, saying what was missing."""
+    runtime, why = runtime_choice(choice)
+    log.info("router runtime: %s (%s)", runtime, why)
+    return runtime
+
+
+def runtime_choice(choice: str) -> tuple[str, str]:
+    """The runtime ``choice`` (``wsgi``, ``serverless-offline``, ``auto``) gives, and why,
+    in the words ``spillway up`` prints."""
     if choice != "auto":
-        return choice
+        return choice, f"--router-runtime {choice}"
     missing = offline_missing()
     if missing:
-        log.info("router runtime: wsgi (serverless-offline needs %s)", ", ".join(missing))
-        return "wsgi"
-    return "serverless-offline"
+        return "wsgi", f"auto: serverless-offline needs {', '.join(missing)}"
+    zip_path = APP_ZIP.relative_to(ROOT)
+    return "serverless-offline", f"auto: Node.js, the Serverless Framework and {zip_path} found"
+
+
+RUNTIME_NAMES = {"wsgi": "WSGI", "serverless-offline": "serverless-offline"}
+"""How ``spillway up`` names each runtime."""
 
 
 def offline_missing() -> list[str]:
@@ -90,6 +103,11 @@ def command(stack: StackLayout) -> tuple[list[str], dict[str, str]]:
         "AWS_ENDPOINT_URL_LAMBDA": stack.url("cpu"),
         # serverless-offline hands every AWS_* variable of its own to the handler.
         "AWS_ENDPOINT_URL_SFN": stack.url("states"),
+        # serverless-offline puts this in requestContext.identity.apiKeyId (its default,
+        # "offlineContext_apiKeyId", would make every caller one tenant of that name): the
+        # local key stands for its own id, as on the WSGI runtime (lambda_http.api_key_door),
+        # so `spillway tenants add spillway-local-key T` maps it on both.
+        "SLS_API_KEY_ID": LOCAL_API_KEY,
         "SLS_TELEMETRY_DISABLED": "1",
         "SLS_NOTIFICATIONS_MODE": "off",
         "SLS_DEPRECATION_DISABLE": "*",

@@ -9,6 +9,11 @@ jobs API and the router. Every child is a process of ours, stopped by PID; the S
 Functions endpoint stops with the stack. What each part is told (ports, URLs, variables)
 is ``spillway_cli.local.layout``'s; the router under serverless-offline is
 ``spillway_cli.local.serverless_offline``'s.
+
+One stack per folder: the stack holds its log folder (``spillway_cli.local.running``)
+from before it starts anything until everything has stopped. With a ``state_dir`` it
+keeps what it was given across restarts (``spillway_cli.local.keep``): restored before
+the services start, saved when it stops, before moto stops.
 """
 
 from __future__ import annotations
@@ -16,19 +21,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import shutil
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spillway.aws.clients import aws_client, client
-from spillway_cli.local import procs, serverless_offline, stackenv
+from spillway_cli.local import keep, procs, running, serverless_offline, stackenv, summary
 from spillway_cli.local.layout import SCOPE_PROOF_ENV, STATE_MACHINES, StackLayout
 from spillway_cli.local.names import (
     DATA_BUCKET,
@@ -42,8 +45,6 @@ from spillway_cli.local.names import (
 )
 
 if TYPE_CHECKING:
-    import subprocess
-
     from spillway_cli.local.step_functions import LocalStepFunctions
 
 log = logging.getLogger("spillway.stack")
@@ -74,28 +75,40 @@ class LocalStack(StackLayout):
     in this process while the stack runs."""
     progress: Callable[[str], None] | None = None
     """Told one line per part as it comes up, with the seconds it took (``spillway up``
-    prints them)."""
+    prints them), and the state kept when it stops."""
+    kept: keep.Kept | None = field(default=None, init=False)
+    """What the stack kept when it stopped (``None``: nothing saved; ``state_dir``)."""
     _states_server: Any = field(default=None, init=False, repr=False)
+    _claim: running.Claim | None = field(default=None, init=False, repr=False)
+    _keeper: keep.StateKeeper | None = field(default=None, init=False, repr=False)
 
     def start(self) -> None:
-        """Bring every part up, in dependency order; the stack env file last."""
+        """Bring every part up, in dependency order; the stack env file last.
+        ``running.StackRunning`` (nothing started) when a stack holds this folder."""
+        claim = running.Claim(self.log_dir, self.stack_env_path)
+        claim.acquire()
+        self._claim = claim
         self.ports = self.ports.resolved()
+        claim.publish(ports=asdict(self.ports), urls=self.urls())
         # boto3's variables for this process's own clients. The scope proof key goes only
         # to the parts started: a process that goes on after the stack (a test session)
         # must not sign or verify scopes with a key whose server is gone.
         os.environ.update({k: v for k, v in self.aws_env().items() if k != SCOPE_PROOF_ENV})
         try:
             self._moto()
-            started = time.monotonic()
-            files = self._upload_models()
-            self._say("models", started, f"{files} files in {REPOSITORY}")
+            self._repository()
             started = time.monotonic()
             self._jobs_resources()
             self._state_table()
             self._async_resources()
-            self._policy_parameter()
             self._scope_key()
-            self._say("aws", started, "buckets, tables, queues, Batch, policy, key on moto")
+            self._say("aws", started, "buckets, tables, queues, Batch, key on moto")
+            started = time.monotonic()
+            restored = self._keeper.put_back() if self._keeper is not None else ""
+            self._policy_parameter()
+            if self._keeper is not None:
+                self._keeper.started()
+                self._say("state", started, restored)
             self.start_gpu()
             self._start(
                 "cpu",
@@ -121,19 +134,29 @@ class LocalStack(StackLayout):
             if self.router_runtime == "serverless-offline" and not self._offline_router():
                 self.router_runtime, self.router_headers = "wsgi", {}
             if self.router_runtime != "serverless-offline":
-                self._start(
-                    "router",
-                    [*_spillway(), "serve", "router", "--port", str(self.ports.router)],
-                    self.router_env(),
-                    "/v2/health/live",
-                )
+                self._router_wsgi()
             self._websocket()
             self._dashboard()
             self.write_sam_env()
             stackenv.write_stack_env(self.stack_env_path, self.stack_env())
+            claim.publish(state="up", urls=self.urls())
         except BaseException:
             self.stop()
             raise
+
+    @property
+    def states_served(self) -> bool:
+        """Whether the local Step Functions endpoint is served."""
+        return self._states_server is not None
+
+    def _router_wsgi(self) -> None:
+        """The router as a WSGI app (``spillway serve router``), behind the REST API's API
+        key check when ``check_api_keys`` (``lambda_http.api_key_door``)."""
+        argv = [*_spillway(), "serve", "router", "--port", str(self.ports.router)]
+        if self.check_api_keys:
+            argv += ["--api-key", LOCAL_API_KEY]
+            self.router_headers = {"x-api-key": LOCAL_API_KEY}
+        self._start("router", argv, self.router_env(), "/v2/health/live", self.router_headers)
 
     def write_sam_env(self) -> Path:
         """Write the env-vars file pointing template.yaml's functions at this stack."""
@@ -157,35 +180,52 @@ class LocalStack(StackLayout):
         }
         self._start("gpu", [sys.executable, "-m", "gpu_service"], env, "/v2/health/ready")
 
-    def _start(self, name: str, argv: list[str], env: dict[str, str], health: str) -> None:
+    def _start(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        health: str,
+        headers: dict[str, str] | None = None,
+        *,
+        own_session: bool = False,
+    ) -> None:
         started = time.monotonic()
-        child = procs.start(name, argv, self.log_dir, {**self.aws_env(), **env})
+        env = {**self.aws_env(), **env}
+        child = procs.start(name, argv, self.log_dir, env, own_session=own_session)
         self.children[name] = child
         try:
-            procs.wait_http(f"{self.url(name)}{health}", 180, child.proc)
+            procs.wait_http(f"{self.url(name)}{health}", 180, child.proc, headers=headers)
         except (RuntimeError, TimeoutError) as exc:
             raise StackError(name, str(exc), child) from exc
         log.info("%s is up at %s (pid %d)", name, self.url(name), child.pid)
         self._say(name, started, self.url(name))
 
     def _moto(self) -> None:
-        # moto's server, its DynamoDB item writes atomic (spillway_cli.local.moto_atomic)
+        # moto's server, its DynamoDB item writes atomic (spillway_cli.local.moto_atomic).
+        # With a state to keep, in a session of its own: the terminal's Ctrl-C must not
+        # stop it before the state is saved.
         argv = [sys.executable, "-m", "spillway_cli.local.moto_atomic", "-H", "127.0.0.1"]
         argv += ["-p", str(self.ports.moto)]
-        self._start("moto", argv, {}, "/moto-api/")
+        self._start("moto", argv, {}, "/moto-api/", own_session=self.state_dir is not None)
 
-    def _upload_models(self) -> int:
-        """Upload the repository to S3; the number of files."""
+    def _repository(self) -> None:
+        """The buckets, and the models folder uploaded to the repository; with a state to
+        keep, the kept state read first (its removed files are left out)."""
+        started = time.monotonic()
         s3 = aws_client("s3", REGION)
         for bucket in (MODELS_BUCKET, DATA_BUCKET):
             s3.create_bucket(Bucket=bucket)
-        files = 0
-        for path in sorted(self.models.rglob("*")):
-            relative = path.relative_to(self.models).as_posix()
-            if path.is_file() and not relative.startswith(".") and "/samples/" not in relative:
-                s3.upload_file(str(path), MODELS_BUCKET, f"repository/{relative}")
-                files += 1
-        return files
+        if self.state_dir is None:
+            files, _ = keep.upload_folder(s3, self.models, (MODELS_BUCKET, "repository/"))
+            self._say("models", started, f"{len(files)} files in {REPOSITORY}")
+            return
+        keeper = keep.StateKeeper(self.state_dir, _kept_resources(), _clients)
+        keeper.begin(self.fresh)
+        self._keeper = keeper
+        uploaded, left_out = keeper.upload_folder(self.models)
+        removed = f" ({left_out} left out: removed from it since)" if left_out else ""
+        self._say("models", started, f"{uploaded} files in {REPOSITORY}{removed}")
 
     def _jobs_resources(self) -> None:
         from batch_job.settings import JobsSettings
@@ -273,7 +313,7 @@ class LocalStack(StackLayout):
         self.children["websocket"] = child
         how = f"pid {child.pid}"
         try:
-            _wait_accepting(self.ports.websocket, 180, child.proc)
+            procs.wait_accepting(self.ports.websocket, 180, child.proc)
         except (RuntimeError, TimeoutError) as exc:
             raise StackError("websocket", str(exc), child) from exc
         log.info("websocket is up at %s (%s)", self.websocket_url, how)
@@ -291,6 +331,7 @@ class LocalStack(StackLayout):
             if child is not None:
                 child.stop()
             log.warning("the router did not come up under serverless-offline (%s): wsgi", exc)
+            self.router_reason = f"serverless-offline did not come up: {exc}"
             return False
         return True
 
@@ -313,12 +354,26 @@ class LocalStack(StackLayout):
 
     def _policy_parameter(self) -> None:
         """The policy as the deployed router reads it: an SSM parameter (on moto); and
-        as the WSGI router reads it, a file."""
+        as the WSGI router reads it, a file. The kept one, when one was applied."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self.policy, self.policy_copy)
+        kept = self._keeper.policy if self._keeper is not None else None
+        text = kept if kept is not None else self.policy.read_text()
+        if kept is None:
+            shutil.copyfile(self.policy, self.policy_copy)
+        else:
+            self.policy_copy.write_text(kept, encoding="utf-8")
         aws_client("ssm", REGION).put_parameter(
-            Name=POLICY_PARAMETER, Value=self.policy.read_text(), Type="String", Overwrite=True
+            Name=POLICY_PARAMETER, Value=text, Type="String", Overwrite=True
         )
+
+    def _policy_in_force(self) -> str | None:
+        """The policy the router reads now when ``spillway policy apply`` changed it."""
+        if self.router_runtime == "serverless-offline":
+            answer = aws_client("ssm", REGION).get_parameter(Name=POLICY_PARAMETER)
+            text = str(answer["Parameter"]["Value"])
+        else:
+            text = self.policy_copy.read_text(encoding="utf-8")
+        return None if text == self.policy.read_text() else text
 
     def _scope_key(self) -> None:
         """The tenant scope proof key, a generated Secrets Manager secret on moto (as
@@ -349,94 +404,71 @@ class LocalStack(StackLayout):
 
     def stop(self) -> None:
         """Stop the Step Functions endpoint (its executions call the CPU fallback), then
-        every child we started, newest first, by PID; the stack env file goes first."""
+        every child we started, newest first, by PID; the stack env file goes first, and
+        the kept state is saved before moto stops. The folder is free once all is done."""
         stackenv.remove_stack_env(self.stack_env_path)
+        if self._claim is not None:
+            self._claim.publish(state="stopping")
         self._stop_step_functions()
+        moto = self.children.pop("moto", None)
         for name in reversed(list(self.children)):
-            child = self.children.pop(name)
-            code = child.stop()
-            log.info("%s stopped (pid %d, exit %s)", name, child.pid, code)
+            self._stop_child(name, self.children.pop(name))
+        if moto is not None:
+            self._save()
+            self._stop_child("moto", moto)
+        if self._claim is not None:
+            self._claim.release()
+            self._claim = None
+
+    def _stop_child(self, name: str, child: procs.Child) -> None:
+        code = child.stop()
+        log.info("%s stopped (pid %d, exit %s)", name, child.pid, code)
+
+    def _save(self) -> None:
+        """Save the kept state (every part but moto has stopped); a failure keeps the
+        state of the last clean stop, and says so."""
+        if self._keeper is None:
+            return
+        from spillway.aws.errors import aws_errors
+
+        started = time.monotonic()
+        failures: tuple[type[Exception], ...] = (*aws_errors(), OSError, RuntimeError, ValueError)
+        try:
+            self.kept = self._keeper.save(self._policy_in_force())
+        except failures as exc:
+            log.exception("the state was not saved")
+            self._say("state", started, f"NOT saved ({exc}): {self.state_dir} is unchanged")
+            return
+        if self.kept is not None:
+            self._say("state", started, f"kept {self.kept.describe()} in {self.state_dir}")
 
     def summary(self) -> str:
         """URLs and a first request to try."""
-        lines = [
-            f"  {name:<9} {self.url(name)}  (pid {c.pid}, log {c.log_path})"
-            for name, c in self.children.items()
-            if name != "websocket"
-        ]
-        if "websocket" in self.children:
-            child = self.children["websocket"]
-            lines.append(
-                f"  {'websocket':<9} {self.websocket_url}  (pid {child.pid}, log {child.log_path})"
-            )
-        if "gpu" in self.children:  # the GPU service's second door
-            lines.append(f"  {'gpu-grpc':<9} 127.0.0.1:{self.ports.gpu_grpc}  (KServe V2 gRPC)")
-        if self._states_server is not None:
-            lines.append(
-                f"  {'states':<9} {self.url('states')}  (Step Functions: StartExecution, "
-                f"DescribeExecution; in this process; async {', '.join(STATE_MACHINES)})"
-            )
-        body = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "text",
-                        "shape": [1, 1],
-                        "datatype": "BYTES",
-                        "data": ["hello from spillway"],
-                    }
-                ]
-            }
-        )
-        curl_headers = "".join(f" -H '{k}: {v}'" for k, v in self.router_headers.items())
-        lines += [
-            "",
-            "Try:",
-            f"  curl -s {self.url('router')}/v2/models/minilm/infer{curl_headers} "
-            f"-H 'content-type: application/json' -d '{body}' -D - | head -20",
-            f"  {self.tritonclient_line()}",
-            f"  sam local invoke <Function> -e events/... --env-vars {self.sam_env_path} "
-            '(README.md, "sam local invoke")',
-        ]
-        return "\n".join(lines)
+        return summary.summary(self, self.children, self.states_served)
 
     def tritonclient_line(self) -> str:
         """A shell line that infers one image on ``digits`` through the router with
         tritonclient, in this virtual environment's Python, and prints its label."""
-        headers = f", headers={self.router_headers!r}" if self.router_headers else ""
-        code = (
-            "import numpy as np, tritonclient.http as t; "
-            f"c = t.InferenceServerClient('127.0.0.1:{self.ports.router}'); "
-            "x = t.InferInput('image', [1, 8, 8], 'FP32'); "
-            "x.set_data_from_numpy(np.full((1, 8, 8), 8, np.float32)); "
-            f"print(c.infer('digits', [x]{headers}).as_numpy('label'))"
-        )
-        return f'{_python()} -c "{code}"'
+        return summary.tritonclient_line(self)
 
 
-def _wait_accepting(port: int, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
-    """Wait until ``127.0.0.1:port`` accepts connections (a WebSocket API has no health
-    route); fail early if ``proc`` exits."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before port {port} was up")
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"port {port} did not accept connections within {timeout_s:.0f} s")
+def _kept_resources() -> keep.Resources:
+    """The resources whose contents a stack keeps across restarts."""
+    from batch_job.settings import JobsSettings
+    from spillway_cli.local.async_resources import DEAD_LETTERS, QUEUE, TABLE
+
+    return keep.Resources(
+        buckets=(MODELS_BUCKET, DATA_BUCKET),
+        repository=(MODELS_BUCKET, "repository/"),
+        state_table=STATE_TABLE,
+        async_table=TABLE,
+        jobs_table=JobsSettings().table,
+        queues=(QUEUE, DEAD_LETTERS),
+    )
 
 
-def _python() -> str:
-    """This Python as a shell word: relative to the working folder when inside it
-    (``.venv/bin/python``), absolute otherwise."""
-    executable = Path(sys.executable)
-    try:
-        shown = executable.relative_to(Path.cwd()).as_posix()
-    except ValueError:
-        return shlex.quote(str(executable))
-    return shlex.quote(shown if "/" in shown else f"./{shown}")
+def _clients(service: str) -> Any:
+    return aws_client(service, REGION)
 
 
 def _spillway() -> list[str]:

@@ -1,7 +1,9 @@
 """The stack env file: where a running ``spillway up`` stack can be reached.
 
 ``spillway up`` writes it (``out/stack/env.json`` by default; ``SPILLWAY_STACK_ENV`` names
-another) once every part is up, and removes it when the stack stops. It holds the
+another) once every part is up, and removes it when the stack stops: only its own file
+(the pid in it is the stack's), and it never writes over the file of another stack that
+runs. It holds the
 variables a command needs to talk to that stack: boto3's endpoint, region and the dummy
 credentials moto accepts, the tables, buckets and model repository, the services' URLs,
 the router's policy, metrics log and log.
@@ -22,6 +24,8 @@ from pathlib import Path
 
 import typer
 
+from spillway_cli.local.procs import alive
+
 STACK_ENV = Path("out/stack/env.json")
 PATH_VARIABLE = "SPILLWAY_STACK_ENV"
 NO_AWS = (
@@ -35,10 +39,19 @@ def stack_env_path() -> Path:
     return Path(os.environ.get(PATH_VARIABLE) or STACK_ENV)
 
 
+class StackEnvTaken(RuntimeError):
+    """The stack env file is another running stack's."""
+
+
 def write_stack_env(path: Path, values: Mapping[str, str], pid: int | None = None) -> Path:
     """Write the file for the stack run by process ``pid`` (this one by default),
-    atomically: a reader never sees half of it."""
-    document = {"pid": os.getpid() if pid is None else pid, "env": dict(values)}
+    atomically: a reader never sees half of it. ``StackEnvTaken`` when the file is
+    another running stack's."""
+    owner = os.getpid() if pid is None else pid
+    holder = stack_pid(path)
+    if holder is not None and holder != owner and alive(holder):
+        raise StackEnvTaken(f"{path} is the stack env file of another stack (pid {holder})")
+    document = {"pid": owner, "env": dict(values)}
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -54,9 +67,18 @@ def read_stack_env(path: Path | None = None) -> dict[str, str]:
         pid, values = int(document["pid"]), document["env"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
-    if not _alive(pid) or not isinstance(values, dict):
+    if not alive(pid) or not isinstance(values, dict):
         return {}
     return {str(name): str(value) for name, value in values.items()}
+
+
+def stack_pid(path: Path) -> int | None:
+    """The pid a stack env file names (``None``: no file, or none readable)."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        return int(document["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def remove_stack_env(path: Path, pid: int | None = None) -> None:
@@ -78,16 +100,6 @@ def use_stack_env(path: Path | None = None) -> dict[str, str]:
     }
     os.environ.update(added)
     return added
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # somebody else's process, but it exists
-        return True
-    return True
 
 
 def require_aws() -> None:
