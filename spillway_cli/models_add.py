@@ -134,11 +134,12 @@ def models_add(
 
 
 def _no_stack() -> str:
-    from spillway_cli.local.stackenv import stack_env_path
+    from spillway_cli.local.stackenv import find_stack_env
 
     return (
-        f"no running stack was found through {stack_env_path()} (run this where `spillway "
-        "up` runs, or set SPILLWAY_STACK_ENV to its env.json); nothing was written"
+        f"no running stack was found through {find_stack_env()} (start one with `spillway "
+        "up`: a single running stack is found from any folder; with several, run this where "
+        "yours runs or set SPILLWAY_STACK_ENV to its env.json); nothing was written"
     )
 
 

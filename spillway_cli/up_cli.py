@@ -145,6 +145,7 @@ def _run(
         progress=typer.echo,
         env_path=stack_env_path(),
         check_api_keys=True,
+        findable=True,
         state_dir=log_dir / "state",
         fresh=fresh,
     )

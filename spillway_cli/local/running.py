@@ -21,7 +21,6 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import IO, Any
 
 from spillway_cli.local import procs, stackenv
 
-REGISTRY = Path(tempfile.gettempdir()) / f"spillway-stacks-{os.getuid()}"
+REGISTRY = stackenv.REGISTRY
 LOCK_NAME = "stack.lock"
 _SHOWN_URLS = {
     "router": "SPILLWAY_ROUTER_URL",
@@ -51,6 +50,9 @@ class StackRecord:
     """``starting``, ``up`` or ``stopping``."""
     ports: dict[str, int] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)
+    findable: bool = False
+    """A ``spillway`` command run in another folder may find this stack (``spillway up``'s
+    stacks are; a test's are not)."""
 
     @classmethod
     def parse(cls, text: str) -> StackRecord | None:
@@ -64,6 +66,7 @@ class StackRecord:
                 state=str(doc.get("state", "starting")),
                 ports={str(k): int(v) for k, v in dict(doc.get("ports") or {}).items()},
                 urls={str(k): str(v) for k, v in dict(doc.get("urls") or {}).items()},
+                findable=doc.get("findable") is True,
             )
         except (ValueError, KeyError, TypeError):
             return None
@@ -92,10 +95,19 @@ class Claim:
     """A stack's hold on its folder and its entry in the registry, from ``acquire`` (before
     anything starts) to ``release`` (once everything has stopped)."""
 
-    def __init__(self, log_dir: Path, env_path: Path, registry: Path | None = None) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        env_path: Path,
+        registry: Path | None = None,
+        *,
+        findable: bool = False,
+    ) -> None:
         self.paths = lock_paths(log_dir, env_path)
         self.registry = registry or REGISTRY
-        self.record = StackRecord(os.getpid(), str(log_dir.resolve()), str(env_path.resolve()))
+        self.record = StackRecord(
+            os.getpid(), str(log_dir.resolve()), str(env_path.resolve()), findable=findable
+        )
         self._held: list[IO[str]] = []
 
     def acquire(self) -> None:

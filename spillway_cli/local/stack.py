@@ -76,6 +76,9 @@ class LocalStack(StackLayout):
     progress: Callable[[str], None] | None = None
     """Told one line per part as it comes up, with the seconds it took (``spillway up``
     prints them), and the state kept when it stops."""
+    findable: bool = False
+    """Commands run in other folders may find this stack through this user's registry
+    (``stackenv.find_stack_env``): ``spillway up``'s stack is, a test's is not."""
     kept: keep.Kept | None = field(default=None, init=False)
     """What the stack kept when it stopped (``None``: nothing saved; ``state_dir``)."""
     _states_server: Any = field(default=None, init=False, repr=False)
@@ -85,7 +88,7 @@ class LocalStack(StackLayout):
     def start(self) -> None:
         """Bring every part up, in dependency order; the stack env file last.
         ``running.StackRunning`` (nothing started) when a stack holds this folder."""
-        claim = running.Claim(self.log_dir, self.stack_env_path)
+        claim = running.Claim(self.log_dir, self.stack_env_path, findable=self.findable)
         claim.acquire()
         self._claim = claim
         self.ports = self.ports.resolved()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,8 @@ from spillway_cli.local.procs import alive
 
 STACK_ENV = Path("out/stack/env.json")
 PATH_VARIABLE = "SPILLWAY_STACK_ENV"
+REGISTRY = Path(tempfile.gettempdir()) / f"spillway-stacks-{os.getuid()}"
+"""This user's running stacks, one record each (``spillway_cli.local.running``)."""
 NO_AWS = (
     "no local stack runs (no {path}) and no AWS configuration was found: "
     "start one with `spillway up`, or set AWS_REGION and credentials"
@@ -37,6 +40,32 @@ NO_AWS = (
 def stack_env_path() -> Path:
     """Where the running stack's env file is: ``SPILLWAY_STACK_ENV`` or the default."""
     return Path(os.environ.get(PATH_VARIABLE) or STACK_ENV)
+
+
+def find_stack_env(registry: Path | None = None) -> Path:
+    """Where a command finds the running stack's env file: ``SPILLWAY_STACK_ENV``, else
+    this folder's (``out/stack/env.json``) when it is there, else that of the one
+    ``spillway up`` stack of this user's that runs, wherever it was started (a command
+    run from another folder); the default path when none or several run."""
+    if os.environ.get(PATH_VARIABLE) or STACK_ENV.is_file():
+        return stack_env_path()
+    found = running_env_files(registry or REGISTRY)
+    return found[0] if len(found) == 1 else STACK_ENV
+
+
+def running_env_files(registry: Path) -> list[Path]:
+    """The env files of this user's findable stacks that are up."""
+    paths = []
+    for entry in sorted(registry.glob("*.json")) if registry.is_dir() else []:
+        try:
+            record = json.loads(entry.read_text(encoding="utf-8"))
+            pid, env_path = int(record["pid"]), Path(record["env_path"])
+            findable, up = record.get("findable") is True, record.get("state") == "up"
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if findable and up and alive(pid) and env_path.is_file():
+            paths.append(env_path)
+    return paths
 
 
 class StackEnvTaken(RuntimeError):
@@ -63,7 +92,7 @@ def read_stack_env(path: Path | None = None) -> dict[str, str]:
     """The running stack's variables; empty when there is no file, it cannot be read, or
     the process that wrote it has ended."""
     try:
-        document = json.loads((path or stack_env_path()).read_text(encoding="utf-8"))
+        document = json.loads((path or find_stack_env()).read_text(encoding="utf-8"))
         pid, values = int(document["pid"]), document["env"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
@@ -109,7 +138,7 @@ def require_aws() -> None:
     from spillway.aws.clients import has_region_and_credentials
 
     if not has_region_and_credentials():
-        typer.echo(f"error: {NO_AWS.format(path=stack_env_path())}", err=True)
+        typer.echo(f"error: {NO_AWS.format(path=find_stack_env())}", err=True)
         raise typer.Exit(1)
 
 
@@ -122,7 +151,7 @@ def aws_errors() -> Iterator[None]:
     try:
         yield
     except (NoRegionError, NoCredentialsError):
-        typer.echo(f"error: {NO_AWS.format(path=stack_env_path())}", err=True)
+        typer.echo(f"error: {NO_AWS.format(path=find_stack_env())}", err=True)
         raise typer.Exit(1) from None
     except EndpointConnectionError as exc:
         typer.echo(f"error: {exc} (is the stack still up?)", err=True)

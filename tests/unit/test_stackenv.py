@@ -93,3 +93,33 @@ def test_a_stack_names_what_the_commands_need(tmp_path: Path) -> None:
     assert env["SPILLWAY_POLICY_FILE"] == str(tmp_path / "logs" / "policy.yaml")
     assert local.router_env()["ROUTER_POLICY_FILE"] == env["SPILLWAY_POLICY_FILE"]
     assert local.stack_env_path == tmp_path / "logs" / "env.json"
+
+
+def _register(registry: Path, name: str, env_path: Path, *, findable: bool) -> None:
+    registry.mkdir(exist_ok=True)
+    env_path.parent.mkdir(parents=True, exist_ok=True)
+    env_path.write_text(json.dumps({"pid": os.getpid(), "env": {}}), encoding="utf-8")
+    record = {"pid": os.getpid(), "log_dir": str(env_path.parent), "env_path": str(env_path)}
+    record |= {"state": "up", "findable": findable}
+    (registry / f"{name}.json").write_text(json.dumps(record), encoding="utf-8")
+
+
+def test_a_command_in_another_folder_finds_the_one_spillway_up_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a command run in a folder with no stack of its own, and no SPILLWAY_STACK_ENV
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(stackenv.PATH_VARIABLE, raising=False)
+    registry = tmp_path / "registry"
+    # WHEN no stack runs THEN the default path is named
+    assert stackenv.find_stack_env(registry) == stackenv.STACK_ENV
+    # WHEN a test's stack (not findable) runs THEN it is not taken for the user's
+    _register(registry, "test", tmp_path / "test-stack" / "env.json", findable=False)
+    assert stackenv.find_stack_env(registry) == stackenv.STACK_ENV
+    # WHEN one spillway up stack runs in another folder THEN its env file is found
+    mine = tmp_path / "project" / "out" / "stack" / "env.json"
+    _register(registry, "mine", mine, findable=True)
+    assert stackenv.find_stack_env(registry) == mine
+    # WHEN a second one runs THEN neither is guessed
+    _register(registry, "other", tmp_path / "other" / "env.json", findable=True)
+    assert stackenv.find_stack_env(registry) == stackenv.STACK_ENV
