@@ -11,6 +11,17 @@ import pytest
 AWS_REGION = "us-east-1"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """No test finds a stack it did not start: the spillway commands a test runs read the
+    stack env file ``SPILLWAY_STACK_ENV`` names, a path no stack writes unless the test
+    names it (a developer's ``spillway up`` in this folder, or anywhere through the
+    registry of running stacks, would otherwise answer the commands a test runs)."""
+    import tempfile
+
+    nowhere = Path(tempfile.mkdtemp(prefix="spillway-tests-")) / "no-stack" / "env.json"
+    os.environ["SPILLWAY_STACK_ENV"] = str(nowhere)
+
+
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The repository `make models` built, or a fresh build when there is none."""
