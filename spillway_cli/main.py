@@ -27,7 +27,13 @@ from spillway_cli.router_cli import cost_app, policy_app, serve_cpu, serve_route
 from spillway_cli.tenants_cli import config_app, tenants_app
 from spillway_cli.up_cli import RUNTIME_HELP, up
 
-app = typer.Typer(help="Spillway: AI inference as a service.", no_args_is_help=True)
+# Help in click's plain layout, for every command (the root's mode reaches each group and
+# command): rich's option table shrinks its columns to the terminal and cuts long option
+# names (`--policy-parameter` became `--policy-paramet…` at 80 columns); click's layout
+# writes every name whole and wraps only the help text.
+app = typer.Typer(
+    help="Spillway: AI inference as a service.", no_args_is_help=True, rich_markup_mode=None
+)
 models_app = typer.Typer(
     help="Build, add, list, roll back, remove, publish and canary models.", no_args_is_help=True
 )

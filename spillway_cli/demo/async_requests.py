@@ -130,7 +130,7 @@ def scenario_async(
             report.accepted += 1
             ids.append((receipt["id"], got.get("location", "")))
     say(
-        f"\n8. async inference: {report.accepted}/{REQUESTS} requests accepted at once (202, "
+        f"   {report.accepted}/{REQUESTS} requests accepted at once (202, "
         f"Location {ids[0][1] if ids else '-'}; the last named as input_location in the "
         f"caller's area {area or '-'})"
     )

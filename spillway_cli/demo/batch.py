@@ -13,14 +13,18 @@ from pathlib import Path
 import numpy as np
 
 from spillway.protocol.messages import JobStatus
-from spillway_cli.console import Checks, at_least, equal
+from spillway_cli.console import Check, Checks, at_least, equal
 from spillway_cli.demo.report import say
 from spillway_cli.demo.serving import ACCURACY_BOUND
 from spillway_cli.local.names import DATA_BUCKET, REGION
 from spillway_cli.local.stack import LocalStack
 
 
-def scenario_batch(stack: LocalStack, models: Path, out: Path, checks: Checks) -> None:
+def scenario_batch(
+    stack: LocalStack, models: Path, out: Path, checks: Checks, section: str
+) -> list[Check]:
+    """Write 300 digits records to S3, run a job over them; the job must succeed for the
+    rest to be checked (``section``: the name its checks are recorded under)."""
     from spillway.aws.clients import aws_client
 
     images = np.load(models / "digits/samples/images.npy", allow_pickle=False)[:300]
@@ -35,13 +39,11 @@ def scenario_batch(stack: LocalStack, models: Path, out: Path, checks: Checks) -
             Key=f"inputs/digits/part-{shard}.jsonl",
             Body="\n".join(lines).encode(),
         )
-    say("\n4. an offline batch job over s3://spillway-data/inputs/digits/ (3 files, 300 records):")
     status = run_batch_job(stack, "digits", "inputs/digits/", "outputs/digits/", out / "jobs")
     say(
         f"   job {status.job_id[:8]} {status.state}: {status.shards_done}/{status.shards_total} "
         f"shards, {status.records} records, {status.errors} errors (logs: {out / 'jobs'})"
     )
-    section = "4. batch job"
     checks.require(section, equal("the job's state", status.state, "SUCCEEDED"))
     listing = s3.list_objects_v2(Bucket=DATA_BUCKET, Prefix="outputs/digits/")
     keys = [o["Key"] for o in listing.get("Contents", [])]
@@ -56,15 +58,12 @@ def scenario_batch(stack: LocalStack, models: Path, out: Path, checks: Checks) -
             total += 1
     accuracy = correct / total if total else 0.0
     say(f"   {total} output records in {len(outputs)} files; accuracy {accuracy:.4f}")
-    checks.record(
-        section,
-        [
-            equal("records the job counted", status.records, 300),
-            equal("records the job failed", status.errors, 0),
-            equal("output records", total, 300),
-            at_least("accuracy of the output records", round(accuracy, 4), ACCURACY_BOUND),
-        ],
-    )
+    return [
+        equal("records the job counted", status.records, 300),
+        equal("records the job failed", status.errors, 0),
+        equal("output records", total, 300),
+        at_least("accuracy of the output records", round(accuracy, 4), ACCURACY_BOUND),
+    ]
 
 
 def run_batch_job(

@@ -278,7 +278,7 @@ def scenario_canary(stack: LocalStack, models: Path, say: Callable[[str], None])
     store.start(MODEL, canary, 10, stable=stable, bounds=BOUNDS)
     started_at = time.monotonic()
     say(
-        f"\n7. canary: {MODEL} v{canary} (fails 20 % of inputs) published beside v{stable} and "
+        f"   {MODEL} v{canary} (fails 20 % of inputs) published beside v{stable} and "
         f"started at 10 %\n   (spillway models canary --model {MODEL} --version {canary} "
         f"--percent 10; config.json spillway.canary says the same)\n"
         "   This section fails requests on purpose: its failures on the canary are counted "

@@ -21,18 +21,19 @@ RECOVERY_LIMIT_S = 300.0
 breaker's longest wait (``ROUTER_BREAKER_MAX_RESET_S``, 120 s) plus a loaded start."""
 
 
-def scenario_kill_gpu(client: Client, stack: LocalStack, checks: Checks) -> None:
+def scenario_kill_gpu(
+    client: Client, stack: LocalStack, checks: Checks, section: str
+) -> list[Check]:
+    """SIGKILL the GPU service under load, restart it; the router must go back to it for
+    the rest of the demo to run (``section``: the name its checks are recorded under)."""
+
     def kill() -> None:
         stack.children["gpu"].signal(9)
 
     records = under_load(client, "gpu-killed", 600, 8, kill)
     failures = sum(r.status != 200 for r in records)
     fallback = sum(r.fallback is not None or r.backend == "cpu" for r in records)
-    say(
-        f"\n5. GPU service SIGKILLed under load: {len(records)} requests, {failures} failed, "
-        f"{fallback} answered by the CPU fallback"
-    )
-    section = "5. GPU service killed"
+    say(f"   {len(records)} requests, {failures} failed, {fallback} answered by the CPU fallback")
     checks.record(section, [failed(records)])
     stack.children.pop("gpu").proc.wait(10)
     stack.start_gpu()
@@ -50,6 +51,7 @@ def scenario_kill_gpu(client: Client, stack: LocalStack, checks: Checks) -> None
     )
     checks.require(section, back)
     say(f"   GPU service restarted; the router's breaker closed again ({back.figure} later)")
+    return []
 
 
 def scenario_hot_swap(client: Client, stack: LocalStack, models: Path) -> list[Check]:
@@ -72,10 +74,7 @@ def scenario_hot_swap(client: Client, stack: LocalStack, models: Path) -> list[C
     records = under_load(client, "hot-swap", 1500, 8, swap)
     failures = sum(r.status != 200 for r in records)
     on_gpu = sum(r.backend == "gpu" for r in records)
-    say(
-        f"\n6. hot swap of digits under load: {len(records)} requests ({on_gpu} on the GPU "
-        f"service), {failures} failed"
-    )
+    say(f"   {len(records)} requests ({on_gpu} on the GPU service), {failures} failed")
     return [
         equal("the load call was answered", loaded[0] if loaded else None, 200, "(HTTP status)"),
         failed(records),

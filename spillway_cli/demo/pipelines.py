@@ -77,7 +77,6 @@ def scenario_topics(
 ) -> TopicsReport:
     """Classify ``SENTENCES`` through the router, each twice; print what came back."""
     report = TopicsReport()
-    say("\n9. topics through the router (the topics pipeline: minilm -> topics-head)")
     for text, expected in SENTENCES:
         answers = []
         for _ in range(2):

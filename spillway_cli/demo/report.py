@@ -19,8 +19,8 @@ def say(text: str) -> None:
 
 
 def summary(client: Client) -> str:
-    """Requests per backend of sections 1 to 6 (the only ones the client records), with
-    their latencies, errors (non-200 answers) and cost."""
+    """Requests per backend of the sections that use the recording client (``Section.
+    recorded``), with their latencies, errors (non-200 answers) and cost."""
     rows = [
         "| backend | requests | p50 ms | p99 ms | errors | cost USD |",
         "|---|---|---|---|---|---|",
@@ -36,11 +36,13 @@ def summary(client: Client) -> str:
     return "\n".join(rows)
 
 
-def apart(canary: CanaryReport) -> str:
-    """The by-design failures of the canary section, reported apart from the errors."""
+def apart(canary: CanaryReport, section: int) -> str:
+    """The by-design failures of the canary section (number ``section``), reported apart
+    from the errors."""
     total = sum(canary.requests.values())
     return (
-        f"Intentional failures, apart from the error totals: section 7's canary v{canary.canary} "
+        f"Intentional failures, apart from the error totals: section {section}'s canary "
+        f"v{canary.canary} "
         f"fails 20 % of its inputs on purpose; it failed {canary.by_design_failures} of the "
         f"section's {total} requests before the router rolled it back. They are counted in "
         "no error total above, and the section's checks say what had to hold there."

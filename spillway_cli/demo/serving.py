@@ -36,7 +36,7 @@ def scenario_digits(client: Client, models: Path) -> list[Check]:
     accuracy = correct / len(labels)
     backends = {r.backend for r in client.records if r.scenario == "digits"}
     say(
-        f"1. digits via the router: accuracy {accuracy:.4f} on {len(labels)} held-out images "
+        f"   accuracy {accuracy:.4f} on {len(labels)} held-out images "
         f"(served by: {', '.join(sorted(backends))})"
     )
     return [
@@ -53,7 +53,7 @@ def scenario_minilm(client: Client) -> list[Check]:
         return answered
     emb = np.asarray(out["embedding"], dtype=np.float32)
     sims = emb @ emb.T
-    say(f"\n2. minilm via the router ({headers.get('x-spillway-backend')}): cosine similarity")
+    say(f"   served by {headers.get('x-spillway-backend')}; cosine similarity:")
     say("      " + "".join(f"     s{i}" for i in range(len(SENTENCES))))
     for i, row in enumerate(sims):
         say(f"  s{i}  " + "".join(f"{v:7.3f}" for v in row) + f"   {SENTENCES[i]}")
@@ -71,7 +71,7 @@ def scenario_serverless(client: Client) -> list[Check]:
         "serverless", "digits", image, {"x-spillway-mode": "serverless", "x-spillway-priority": "3"}
     )
     say(
-        f"\n3. a serverless, low-priority request: {status}, served by "
+        f"   answered {status}, served by "
         f"{headers.get('x-spillway-backend')} (rule {headers.get('x-spillway-rule')}, "
         f"cost ${float(headers.get('x-spillway-cost-usd', 0)):.7f})"
     )

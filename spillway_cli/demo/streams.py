@@ -39,12 +39,12 @@ def scenario_frame_streams(stack: LocalStack, models: Path) -> list[Check]:
             else Scenario(streams=20, frames=2, window=1)
         )
         say(
-            f"\n10. frame streams: {scenario.streams} streams x {scenario.frames} "
+            f"   {scenario.streams} streams x {scenario.frames} "
             f"{frames.what}, {scenario.window} in flight a stream"
         )
         for door in ("websocket", "grpc"):
             run = run_door(door, Endpoints.of_stack(stack), scenario, frames)
-            say(f"   {run.line()}")
+            say(f"     {run.line()}")
             made += run.checks()
     if len(sets) == 1:
         say("   (no OCR detector in this repository: no OCR pages)")
