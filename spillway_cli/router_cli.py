@@ -174,18 +174,40 @@ def serve_router(
         typer.Option(
             "--api-key",
             help="As API Gateway's usage plan: 403 unless x-api-key is one of these "
-            "(repeatable; the key is its own id for the tenant map).",
+            "(repeatable; the key is its own id for the tenant map). Each request then "
+            "reaches the router as API Gateway's event (a body base64-encoded).",
         ),
     ] = None,
+    invoke: Annotated[
+        str | None,
+        typer.Option(
+            help="Run no router here: hand each request's API Gateway event to the "
+            "function at this Lambda invoke endpoint (serverless-offline's --lambdaPort).",
+        ),
+    ] = None,
+    function: Annotated[
+        str | None, typer.Option(help="The function --invoke invokes (default: the router's).")
+    ] = None,
 ) -> None:
-    """The router on a local HTTP server; ROUTER_* variables apply, flags win."""
+    """The router on a local HTTP server; ROUTER_* variables apply, flags win. With
+    --api-key, the REST API's door in front (``spillway_cli.local.lambda_http``)."""
     from aws_lambda_powertools.logging import Logger
 
     from spillway.policy.rules import PolicyError
     from spillway.router.settings import RouterSettings
     from spillway.router.wiring import create_app
+    from spillway_cli.local import lambda_http
+    from spillway_cli.local.names import ROUTER_FUNCTION
     from spillway_cli.local.wsgi_server import serve_forever
 
+    if invoke is not None:
+        if not api_key:
+            raise _fail("--invoke needs --api-key (the REST API's door)")
+        name = function or ROUTER_FUNCTION
+        door = lambda_http.rest_app(lambda_http.invoke_handler(invoke, name), name)
+        served = lambda_http.api_key_door(door, api_key)
+        serve_forever(served, host or "127.0.0.1", port if port is not None else 8080)
+        return
     try:
         settings = RouterSettings.from_env(
             host=host, port=port, policy_file=policy, gpu_url=gpu_url, cpu_url=cpu_url
@@ -195,9 +217,11 @@ def serve_router(
     except (ValueError, PolicyError) as exc:
         raise _fail(f"cannot start the router: {exc}") from None
     if api_key:
-        from spillway_cli.local.lambda_http import api_key_door
-
-        serve_forever(api_key_door(app, api_key), settings.host, settings.port)
+        # The router function's path as deployed: API Gateway's event, the body
+        # base64-encoded (binaryMediaTypes */*), decoded by serverless-wsgi.
+        handler = lambda_http.wsgi_handler(app, ROUTER_FUNCTION)
+        served = lambda_http.api_key_door(lambda_http.rest_app(handler), api_key)
+        serve_forever(served, settings.host, settings.port)
     else:
         serve_forever(app, settings.host, settings.port)
 

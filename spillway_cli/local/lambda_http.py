@@ -29,8 +29,15 @@ Both doors refuse what AWS refuses, with AWS's answer (``spillway.aws.limits``):
   (https://docs.aws.amazon.com/lambda/latest/api/API_Invoke.html). An ``Event``
   invocation runs before its 202 here: there is no queue in front of the function.
 
-``api_key_door`` puts a WSGI application (the router under the WSGI runtime) behind the
-REST API's API key check, as serverless-offline puts the router under the other runtime.
+``api_key_door`` puts a WSGI application behind the REST API's API key check. The local
+router, on every runtime, is ``rest_app`` behind it: each request becomes the event API
+Gateway would hand the router function — with serverless.yml's ``binaryMediaTypes: ["*/*"]``
+every body base64-encoded, ``isBase64Encoded: true`` — handed to the handler in this
+process (``wsgi_handler``: the WSGI runtime) or to serverless-offline's Lambda invoke API
+(``invoke_handler``), never to serverless-offline's own HTTP server, which decodes a body
+as UTF-8 text unless its type is ``application/octet-stream`` (serverless-offline issues
+1107 and 1775): a Triton binary-extension body or a page for OCR reaches the function
+whole, as on AWS.
 """
 
 from __future__ import annotations
@@ -39,8 +46,11 @@ import base64
 import json
 import logging
 import re
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Collection, Iterable
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -49,6 +59,8 @@ from spillway.aws.limits import (
     LAMBDA_SYNC_PAYLOAD_BYTES,
     REST_PAYLOAD_BYTES,
 )
+from spillway.powertools import API_GATEWAY_TIMEOUT_S
+from spillway_cli.local.lambda_runtime import LambdaContext
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -178,7 +190,14 @@ def _rest(handler: Handler, function_name: str, environ: dict[str, Any]) -> Answ
     body = base64.b64decode(raw) if result.get("isBase64Encoded") else raw.encode()
     status = int(result.get("statusCode", 200))
     headers = [(k, str(v)) for k, v in (result.get("headers") or {}).items()]
-    return f"{status} -", headers, body
+    return f"{status} {_phrase(status)}", headers, body
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "-"
 
 
 def wsgi_app(
@@ -243,3 +262,73 @@ def api_key_door(app: WsgiApp, keys: Collection[str]) -> WsgiApp:
         return app(environ, start_response)
 
     return door
+
+
+def rest_app(handler: Handler, function_name: str = "local") -> WsgiApp:
+    """Only the REST door: every request is an API Gateway proxy event for ``handler``,
+    API Gateway's limits first. No invoke API here (``wsgi_app`` has one): a caller of
+    the REST API must not write its own event, ``requestContext`` included."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        line, headers, body = _rest(handler, function_name, environ)
+        start_response(line, headers)
+        return [body]
+
+    return app
+
+
+def wsgi_handler(app: WsgiApp, function_name: str = "local") -> Handler:
+    """The router function's own conversion around ``app`` (``functions/router/handler.py``
+    calls serverless-wsgi: a base64 body decoded, a binary answer encoded; its Powertools
+    wrappers are left out, they run per process, not per thread), each event given a
+    Lambda context counting down from API Gateway's 29 s."""
+    import serverless_wsgi
+
+    def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        lambda_context = LambdaContext(function_name, API_GATEWAY_TIMEOUT_S)
+        response: dict[str, Any] = serverless_wsgi.handle_request(app, event, lambda_context)
+        return response
+
+    return handler
+
+
+def _gateway_error(status: int, message: str, error_type: str) -> dict[str, Any]:
+    """API Gateway's own answer when the integration fails (the function never answered
+    as a proxy integration must)."""
+    return {
+        "statusCode": status,
+        "headers": {"Content-Type": _JSON, "x-amzn-ErrorType": error_type},
+        "body": json.dumps({"message": message}),
+        "isBase64Encoded": False,
+    }
+
+
+def invoke_handler(
+    endpoint: str, function_name: str, timeout_s: float = API_GATEWAY_TIMEOUT_S
+) -> Handler:
+    """A handler that hands each event to ``function_name`` through Lambda's invoke API at
+    ``endpoint`` (serverless-offline's ``--lambdaPort``). As API Gateway answers for a
+    proxy integration: no answer within the 29 s integration timeout is 504 ``Endpoint
+    request timed out``; a function error or an answer without a ``statusCode`` is 502
+    ``Internal server error``
+    (https://docs.aws.amazon.com/apigateway/latest/developerguide/limits.html,
+    https://docs.aws.amazon.com/apigateway/latest/developerguide/set-up-lambda-proxy-integrations.html)."""
+    url = f"{endpoint.rstrip('/')}/2015-03-31/functions/{function_name}/invocations"
+
+    def handler(event: dict[str, Any], _context: Any) -> dict[str, Any]:
+        request = urllib.request.Request(url, data=json.dumps(event).encode(), method="POST")  # noqa: S310
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as answer:  # noqa: S310
+                failed = answer.headers.get("X-Amz-Function-Error")
+                result = json.loads(answer.read() or b"null")
+        except TimeoutError:
+            return _gateway_error(504, "Endpoint request timed out", "IntegrationTimeout")
+        except (urllib.error.URLError, ConnectionError, ValueError) as exc:
+            log.error("the function could not be invoked", extra={"error": str(exc)[:200]})
+            failed, result = "Unhandled", None
+        if failed or not isinstance(result, dict) or "statusCode" not in result:
+            log.error("the function failed", extra={"function": function_name})
+            return _gateway_error(502, "Internal server error", "InternalServerErrorException")
+        return result
+
+    return handler

@@ -1,7 +1,15 @@
 """The router under serverless-offline (``spillway up --router-runtime
 serverless-offline``, ``auto`` where it can start): whether it can run here, and its
 command line and environment for a stack. serverless.yml's ``local`` stage names the
-handlers it runs (``spillway_cli.local.offline_handlers``)."""
+handlers it runs (``spillway_cli.local.offline_handlers``).
+
+The router's port is not serverless-offline's HTTP server: that one decodes a body as
+UTF-8 text unless its type is ``application/octet-stream`` (its ``detectEncoding``;
+serverless-offline issues 1107 and 1775), where API Gateway, told ``binaryMediaTypes:
+["*/*"]``, hands the function every body base64-encoded. The REST API's door
+(``spillway serve router --invoke``, ``door_command``) serves the port and hands each
+event to the function through serverless-offline's Lambda invoke API (``--lambdaPort``);
+serverless-offline's own HTTP server listens on a port nobody is told of."""
 
 from __future__ import annotations
 
@@ -14,7 +22,7 @@ from pathlib import Path
 
 from spillway_cli.local import procs
 from spillway_cli.local.layout import STATE_MACHINES, StackLayout
-from spillway_cli.local.names import LOCAL_API_KEY
+from spillway_cli.local.names import LOCAL_API_KEY, ROUTER_FUNCTION
 
 log = logging.getLogger("spillway.stack")
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,6 +32,9 @@ APP_ZIP = ROOT / "build" / "lambda" / "app.zip"  # serverless.yml's package.arti
 # seconds on an idle machine, more than a minute on a loaded 2-core one (as long as the
 # other services are given), and `auto` must not pick the runtime by the machine's load.
 FALLBACK_WAIT_S = 180.0
+DOOR = "router-door"
+"""The stack's name for the REST API's door in front of serverless-offline (its log:
+``router-door.log``; ``router.log`` is serverless-offline's, the function's output)."""
 
 
 def router_runtime(choice: str) -> str:
@@ -62,9 +73,22 @@ def offline_missing() -> list[str]:
     return [what for what, present in needs.items() if not present]
 
 
-def command(stack: StackLayout) -> tuple[list[str], dict[str, str]]:
-    """serverless-offline's command line for ``stack``'s router (stage ``local``) and the
-    variables it adds to the stack's own; ``RuntimeError`` when its artefact is missing."""
+def door_command(stack: StackLayout, lambda_port: int) -> list[str]:
+    """The REST API's door on the router's port: the API key checked, each request made
+    API Gateway's event (``lambda_http.rest_app``) and handed to the router function
+    through serverless-offline's Lambda invoke API on ``lambda_port``."""
+    return [
+        *(sys.executable, "-m", "spillway_cli.main", "serve", "router"),
+        *("--host", "127.0.0.1", "--port", str(stack.ports.router)),
+        *("--invoke", f"http://127.0.0.1:{lambda_port}", "--function", ROUTER_FUNCTION),
+        *("--api-key", LOCAL_API_KEY),
+    ]
+
+
+def command(stack: StackLayout, lambda_port: int) -> tuple[list[str], dict[str, str]]:
+    """serverless-offline's command line for ``stack``'s router (stage ``local``), its
+    Lambda invoke API on ``lambda_port``, and the variables it adds to the stack's own;
+    ``RuntimeError`` when its artefact is missing."""
     if not APP_ZIP.is_file():
         raise RuntimeError(
             f"serverless-offline runs {APP_ZIP}, which is missing: build it with "
@@ -78,10 +102,11 @@ def command(stack: StackLayout) -> tuple[list[str], dict[str, str]]:
         "local",
         "--host",
         "127.0.0.1",
+        # Its HTTP server, on a port nobody is told of: the door serves the router's.
         "--httpPort",
-        str(stack.ports.router),
-        "--lambdaPort",
         str(procs.free_port()),
+        "--lambdaPort",
+        str(lambda_port),
         "--noPrependStageInUrl",
         f"--param=gpuUrl={stack.url('gpu')}",
         "--param=cpuFunction=spillway-cpu-infer",

@@ -330,9 +330,9 @@ class LocalStack(StackLayout):
         except (RuntimeError, TimeoutError) as exc:
             if not self.router_fallback:
                 raise
-            child = self.children.pop("router", None)
-            if child is not None:
-                child.stop()
+            for name in (serverless_offline.DOOR, "router"):
+                if (child := self.children.pop(name, None)) is not None:
+                    child.stop()
             log.warning("the router did not come up under serverless-offline (%s): wsgi", exc)
             self.router_reason = f"serverless-offline did not come up: {exc}"
             return False
@@ -389,17 +389,21 @@ class LocalStack(StackLayout):
         """The router as serverless.yml describes it, under serverless-offline (stage
         ``local``): its policy from an SSM parameter on moto, the CPU fallback through
         Lambda's invoke API served by ``spillway serve cpu``."""
-        argv, env = serverless_offline.command(self)
+        lambda_port = procs.free_port()
+        argv, env = serverless_offline.command(self, lambda_port)
         self.router_headers = {"x-api-key": LOCAL_API_KEY}
         started = time.monotonic()
+        wait_s = serverless_offline.FALLBACK_WAIT_S if self.router_fallback else 180
         child = procs.start("router", argv, self.log_dir, {**self.aws_env(), **env})
         self.children["router"] = child
-        procs.wait_http(
-            f"{self.url('router')}/v2/health/live",
-            serverless_offline.FALLBACK_WAIT_S if self.router_fallback else 180,
-            child.proc,
-            headers=self.router_headers,
-        )
+        procs.wait_accepting(lambda_port, wait_s, child.proc)
+        # The REST API's door on the router's port (binary bodies base64, as on AWS).
+        door_argv = serverless_offline.door_command(self, lambda_port)
+        door = procs.start(serverless_offline.DOOR, door_argv, self.log_dir, self.aws_env())
+        self.children[serverless_offline.DOOR] = door
+        procs.wait_accepting(self.ports.router, 60, door.proc)
+        health = f"{self.url('router')}/v2/health/live"
+        procs.wait_http(health, wait_s, child.proc, headers=self.router_headers)
         log.info(
             "router is up under serverless-offline at %s (pid %d)", self.url("router"), child.pid
         )

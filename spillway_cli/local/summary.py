@@ -12,16 +12,20 @@ from pathlib import Path
 from spillway_cli.local.layout import STATE_MACHINES, StackLayout
 from spillway_cli.local.names import LOCAL_API_KEY
 from spillway_cli.local.procs import Child
-from spillway_cli.local.serverless_offline import RUNTIME_NAMES
+from spillway_cli.local.serverless_offline import DOOR, RUNTIME_NAMES
 
 
 def summary(stack: StackLayout, children: Mapping[str, Child], states_served: bool) -> str:
     """URLs (each started child's, with its pid and log) and a first request to try."""
-    lines = [
-        f"  {name:<9} {stack.url(name)}  (pid {c.pid}, log {c.log_path})"
-        for name, c in children.items()
-        if name != "websocket"
-    ]
+    lines = []
+    for name, c in children.items():
+        if name == DOOR:  # under serverless-offline: the router's port is the door's
+            lines.append(
+                f"  {'':<9} (REST API door in front: pid {c.pid}, log {c.log_path}; the "
+                "function runs under serverless-offline)"
+            )
+        elif name != "websocket":
+            lines.append(f"  {name:<9} {stack.url(name)}  (pid {c.pid}, log {c.log_path})")
     if "websocket" in children:
         child = children["websocket"]
         lines.append(
