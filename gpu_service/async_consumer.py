@@ -182,6 +182,7 @@ class AsyncConsumer:
         record = job.record
         try:
             body, length = await self._call(self.store.read_input, job)
+            await self.plane.lookup(record.model)  # one published since: found, as infer finds it
             config = self.plane.registry.entry(record.model).config
             batching = config.dynamic_batching if config is not None else None
             levels = batching.priority_levels if batching is not None else 1

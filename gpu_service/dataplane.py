@@ -16,7 +16,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from gpu_service.registry import ModelRegistry
-from gpu_service.served import InferCall, InferResult
+from gpu_service.served import InferCall, InferResult, Served
 from gpu_service.settings import GpuSettings
 from spillway import inference
 from spillway.protocol.errors import ControlDisabledError, UnauthorizedError, UnavailableError
@@ -107,10 +107,18 @@ class DataPlane:
             )
         self.draining = True
 
-    def check_infer(self, name: str) -> None:
-        """Refuse an infer request before its body is read: draining, or an unknown model."""
+    def check_infer(self, name: str) -> bool:
+        """Refuse an infer request before its body is read: draining, or an invalid
+        model name. Whether the registry knows the model now: if not, ``lookup`` answers
+        once the repository has been listed again."""
         self._check_draining()
-        self.registry.entry(name)
+        return self.registry.known(name)
+
+    async def lookup(self, name: str, timeout_s: float | None = None) -> Served:
+        """What serves ``name`` (``ModelRegistry.lookup``): a model published since the
+        registry last listed the repository is found, a name it does not hold is a 404
+        within ``timeout_s`` (and ``registry.MISS_WAIT_S``)."""
+        return await self.registry.lookup(name, timeout_s)
 
     def _check_draining(self) -> None:
         if self.draining:
@@ -196,7 +204,8 @@ class DataPlane:
 
         Big bodies are decoded, prepared and encoded on the parse threads; text requests
         are tokenised there together with the others that arrived meanwhile. The name is
-        looked up once the body is decoded (the transport checked it before reading it).
+        looked up once the body is decoded (the transport checked it before reading it; a
+        model the registry did not know then is waited for: ``lookup``).
         ``tenant_scope`` is the ``x-spillway-tenant-scope`` value a door received: an
         pipeline's step cache entries are the tenant's whose scope it proves (signed by
         the router), and a request it proves nothing for uses no tenant's entries.
@@ -211,7 +220,8 @@ class DataPlane:
         else:
             decoded = inference.decode(body, header_length, self.settings.max_body_bytes)
         call = InferCall(decoded, arrived, self._offload, big, scope)
-        return await self.registry.find(name).infer(version, call)
+        served = await self.lookup(name, decoded.parameters.timeout_s)
+        return await served.infer(version, call)
 
     async def infer_decoded(
         self,
@@ -231,7 +241,8 @@ class DataPlane:
         scope = self.scopes.verify(tenant_scope)
         big = size > self.settings.inline_parse_bytes
         call = InferCall(decoded, arrived, self._offload, big, scope)
-        return await self.registry.find(name).infer(version, call)
+        served = await self.lookup(name, decoded.parameters.timeout_s)
+        return await served.infer(version, call)
 
     def _scope(self, claimed: str | None, stored: str | None) -> str | None:
         """The tenant scope a request's step cache entries are kept under (``None``:

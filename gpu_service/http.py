@@ -3,7 +3,8 @@
 A request is handled in three steps, so everything that can refuse it is checked before
 its body is read: ``begin`` routes it on its method, path and headers (an infer request
 is checked for its model, its declared length and the room left in the body budget
-here) and returns an ``Exchange``; ``took`` charges each piece of body as it arrives
+here; one the registry does not know yet is looked for while its body arrives:
+``settle``) and returns an ``Exchange``; ``took`` charges each piece of body as it arrives
 (past the request's limit a 413, past the body budget a 503); ``finish`` answers the
 exchange once its body has arrived. Two servers use the steps: the service's own
 HTTP/1.1 server (``gpu_service.transport``) and, through ``GpuServiceApp.__call__``, any
@@ -33,6 +34,7 @@ from urllib.parse import quote, unquote
 from gpu_service import metrics, openapi
 from gpu_service.async_consumer import AsyncConsumer, start_consumer
 from gpu_service.dataplane import DataPlane
+from gpu_service.served import Served
 from spillway.protocol.errors import (
     InvalidInputError,
     MethodNotAllowedError,
@@ -88,6 +90,10 @@ class Exchange:
     held: int = 0
     """Body bytes received and charged to the body budget; given back when the request
     is answered or abandoned."""
+    settling: asyncio.Future[Served] | None = None
+    """For an infer request whose model the registry did not know on its headers: its
+    look-up (``DataPlane.lookup``, a listing of the repository), begun then and awaited
+    by ``settle`` before the body is waited for, and before the request is answered."""
 
 
 class GpuServiceApp:
@@ -155,13 +161,22 @@ class GpuServiceApp:
         plane = self.plane
         header_length, content_length = _infer_headers(headers)
         length = parse_header_length(header_length)
-        plane.check_infer(target.model)  # type: ignore[arg-type]
+        known = plane.check_infer(target.model)  # type: ignore[arg-type]
         limit = plane.settings.max_body_bytes
         declared = self._declared_length(content_length, limit)
         # A declared size is checked against what the budget holds now, but reserves
         # nothing: a client that announces 32 MiB and sends nothing holds nothing.
         plane.bodies.admit(declared or 1)
-        return Exchange(method, path, headers, target, declared, declared or limit, length)
+        exchange = Exchange(method, path, headers, target, declared, declared or limit, length)
+        if not known:  # begun now: the listing it waits for is one that begins after this
+            exchange.settling = asyncio.ensure_future(plane.lookup(target.model))  # type: ignore[arg-type]
+        return exchange
+
+    async def settle(self, exchange: Exchange) -> None:
+        """Wait until an exchange's model is found (``Exchange.settling``; a 404 if the
+        repository does not hold it); at once for a model the registry knew."""
+        if exchange.settling is not None:
+            await exchange.settling
 
     def took(self, exchange: Exchange, size: int, received: int) -> None:
         """Charge ``size`` more body bytes (``received`` in all, them included) to the
@@ -227,6 +242,7 @@ class GpuServiceApp:
         try:
             path = route_path(scope.get("raw_path") or scope["path"].encode())
             exchange = self.begin(method, path, scope["headers"], scope["http_version"])
+            await self.settle(exchange)  # refused as on its headers: no body read
         except SpillwayError as error:
             status, body, headers = self.refusal(error, method, scope["path"])
         except Exception:  # noqa: BLE001 - logged with its traceback by failure()
@@ -290,6 +306,7 @@ class GpuServiceApp:
     async def _answer(self, exchange: Exchange, body: bytes) -> Response:
         path, target = exchange.path, exchange.target
         plane = self.plane
+        await self.settle(exchange)
         if target is not None:
             return await self._model_route(target, exchange, body)
         if path.startswith("/v2/repository/"):

@@ -250,7 +250,24 @@ class Connection(asyncio.Protocol):
             self.refused = encoded(unhandled(log, method=method[:16], path=url))
         if self.refused is not None:
             self._refuse_now(self.refused)
+        elif self.exchange is not None and self.exchange.settling is not None:
+            task = self.server.loop.create_task(self._settle(self.exchange))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
         elif self.transport is not None and expects_continue(self.headers):
+            self.transport.write(CONTINUE)
+
+    async def _settle(self, exchange: Exchange) -> None:
+        """A model unknown on the headers is looked for (``Exchange.settling``) while the
+        body arrives: a 404 before the body is in ends the connection at once (``100
+        Continue`` waits for the model to be found)."""
+        try:
+            await exchange.settling  # type: ignore[misc]
+        except SpillwayError as error:
+            if self.exchange is exchange:  # else its answer (``finish``) is the 404
+                self._fail(self.app.refusal(error, exchange.method, exchange.path))
+            return
+        if self.exchange is exchange and self.transport and expects_continue(self.headers):
             self.transport.write(CONTINUE)
 
     def _refuse_now(self, response: Response) -> None:

@@ -16,12 +16,16 @@ worker threads. Loads are serialised (one at a time) so memory growth is attribu
 * A pipeline is an entry like a model's: ``sync`` checks it instead of loading
   versions, and ``find`` answers its name, as a model's, with something behind one
   interface (``gpu_service.served.Served``).
-* A request for a name the registry does not know lists the repository again in the
-  background (one listing at a time, at most one per ``MISS_LIST_S`` whatever names are
-  asked; nothing a request names is kept): a model published since the last listing is
-  registered, and its next request loads it as for a model scaled to zero, without the
-  poll or a load request. The request that missed is answered 404: names are looked up
-  synchronously, on the event loop, which never waits on the repository.
+* A request for a name the registry does not know lists the repository again (one
+  listing at a time, at most one per ``MISS_LIST_S`` whatever names are asked, shared by
+  every miss that comes before it begins; nothing a request names is kept): a model
+  published since the last listing is registered, and loaded as a model scaled to zero
+  is, without the poll or a load request. An infer request that misses (``lookup``)
+  waits for a listing that begins after it asked, up to its deadline and
+  ``MISS_WAIT_S``, then is looked up again: the first request after a model is
+  published is served by it; a name the listing did not find (or a listing that failed
+  or took longer) is a 404. Other look-ups (``entry``, ``find``) answer at once: their
+  miss is a 404 and starts the listing in the background.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +64,9 @@ Loader = Callable[[ModelConfig, int, Path, GpuSettings], tuple[OnnxModel, int, s
 
 MISS_LIST_S = 1.0
 """The repository is listed again for an unknown name at most this often."""
+MISS_WAIT_S = 2.0
+"""The longest an infer request for an unknown name waits for that listing (a second
+until the next one may begin, and the listing itself) before its 404."""
 
 
 class ModelRegistry:
@@ -72,17 +79,21 @@ class ModelRegistry:
         *,
         loader: Loader = load_version,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.repository = repository
         self.settings = settings
         self._loader = loader
         self.clock = clock
+        self._sleep = sleep
         self.models: dict[str, ModelEntry] = {}
         self.pipelines = Pipelines.from_env(self)
         self._load_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self.listing: asyncio.Task[None] | None = None
-        """The listing a miss started (the last one), for a test to await."""
+        """The listing a miss asked for last (begun or waiting to begin)."""
+        self._listing_begun = False
+        self._listings: set[asyncio.Task[None]] = set()
         self._listed_at = -math.inf
 
     # -- start and stop --------------------------------------------------------------------
@@ -106,7 +117,7 @@ class ModelRegistry:
 
     async def stop(self, drain_timeout_s: float) -> None:
         """Stop background work and drain every version."""
-        for task in [*self._tasks, *([self.listing] if self.listing else [])]:
+        for task in [*self._tasks, *self._listings]:
             task.cancel()
         served = [v for e in self.models.values() for v in e.versions.values()]
         await asyncio.gather(*(v.drain(drain_timeout_s) for v in served))
@@ -122,22 +133,53 @@ class ModelRegistry:
             raise ModelNotFoundError.unknown(name, self.models)
         return entry
 
-    def _list_again(self) -> None:
-        """Start a listing of the repository for models published since the last one,
-        unless one runs or ran less than ``MISS_LIST_S`` ago (or no loop runs here)."""
-        now = self.clock()
-        if now - self._listed_at < MISS_LIST_S or (self.listing and not self.listing.done()):
-            return
+    def known(self, name: str) -> bool:
+        """Whether the registry knows ``name`` now (400 for an invalid name); one it does
+        not know is for ``lookup``."""
+        return name in self.models or validate_model_name(name) in self.models
+
+    async def lookup(self, name: str, timeout_s: float | None = None) -> Served:
+        """``find`` for an infer request: a name the registry does not know waits for a
+        listing of the repository that begins after it asked (at most ``timeout_s`` and
+        ``MISS_WAIT_S``), then is looked up again (404 if it is still unknown)."""
+        entry = self.models.get(name)
+        if entry is None:
+            key = validate_model_name(name)
+            if key not in self.models and (listing := self._list_again()) is not None:
+                wait_s = MISS_WAIT_S if timeout_s is None else min(timeout_s, MISS_WAIT_S)
+                # Not wait_for: a listing that takes longer goes on for the next miss.
+                await asyncio.wait({listing}, timeout=wait_s)
+            entry = self.models.get(key)
+            if entry is None:
+                raise ModelNotFoundError.unknown(name, self.models)
+        return self._served(entry)
+
+    def _list_again(self) -> asyncio.Task[None] | None:
+        """The listing that answers a miss now: the one waiting to begin (every miss
+        until it begins shares it), else a new one, which begins once the last one has
+        ended and ``MISS_LIST_S`` after it began (``None`` outside the service's loop)."""
+        if self.listing is not None and not self._listing_begun:
+            return self.listing
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # called outside the service's loop: nothing to start
-            return
-        self._listed_at = now
-        self.listing = loop.create_task(self._register_new(), name="repository-miss")
+            return None
+        self._listing_begun = False
+        self.listing = loop.create_task(self._register_new(self.listing), name="repository-miss")
+        self._listings.add(self.listing)
+        self.listing.add_done_callback(self._listings.discard)
+        return self.listing
 
-    async def _register_new(self) -> None:
-        """Register the repository's models the registry does not know: their
-        configuration read, their versions loaded by their first request."""
+    async def _register_new(self, previous: asyncio.Task[None] | None) -> None:
+        """Once its turn comes, register the repository's models the registry does not
+        know: their configuration read, their versions loaded by their first request."""
+        if previous is not None and not previous.done():
+            await asyncio.wait({previous})  # one at a time (its failure is its own)
+        delay_s = self._listed_at + MISS_LIST_S - self.clock()
+        if delay_s > 0:
+            await self._sleep(delay_s)
+        self._listed_at = self.clock()
+        self._listing_begun = True
         try:
             names = await asyncio.to_thread(self.repository.list_models)
         except SpillwayError as error:

@@ -307,6 +307,9 @@ class _Plane:
         self.until = until
         self.all_started = asyncio.Event()
 
+    async def lookup(self, model: str, timeout_s: float | None = None) -> Any:
+        return SimpleNamespace()  # the one model is known
+
     async def infer(
         self, model: str, version: str | None, body: bytes, length: Any, **_: Any
     ) -> Any:

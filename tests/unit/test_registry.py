@@ -286,6 +286,11 @@ class StepClock:
     def __call__(self) -> float:
         return self.now
 
+    async def sleep(self, seconds: float) -> None:
+        """The registry's sleep: the clock moves, no time passes."""
+        self.now += seconds
+        await asyncio.sleep(0)
+
 
 def test_a_model_published_after_start_is_found_after_a_miss(tmp_path: Path) -> None:
     repo = ListingRepository(tmp_path)
@@ -293,7 +298,9 @@ def test_a_model_published_after_start_is_found_after_a_miss(tmp_path: Path) -> 
     clock = StepClock()
 
     async def main() -> None:
-        registry = ModelRegistry(repo, GpuSettings(), loader=FakeLoader(), clock=clock)
+        registry = ModelRegistry(
+            repo, GpuSettings(), loader=FakeLoader(), clock=clock, sleep=clock.sleep
+        )
         await registry.start()
         try:
             # GIVEN a registry started while the repository held m alone; a second later
@@ -301,15 +308,15 @@ def test_a_model_published_after_start_is_found_after_a_miss(tmp_path: Path) -> 
             clock.now += 1
             repo.add("new", 1)
             listings = repo.listings
-            # WHEN a request names it
+            # WHEN a look-up that answers at once (not an infer request's) names it
             with pytest.raises(ModelNotFoundError):
                 registry.entry("new")
-            # THEN that request is 404 (looked up on the loop), and the listing it started
-            # registers the model, which the next request loads and is served by
+            # THEN it is 404, and the listing it started registers the model, which the
+            # next request loads and is served by
             assert registry.listing is not None
             await asyncio.wait_for(registry.listing, WAIT_S)
             assert await infer(registry, "new") == 1
-            # AND 50 requests for names that do not exist, within the second, list nothing
+            # AND 50 look-ups of names that do not exist, within the second, list nothing
             for i in range(50):
                 with pytest.raises(ModelNotFoundError):
                     registry.entry(f"invented-{i}")
