@@ -101,8 +101,13 @@ def frame_token() -> str:
 class DynamoTenantBudgets:
     """``TenantBudgets`` over the state table, through the router's ``DynamoStateStore``."""
 
-    def __init__(self, state: DynamoStateStore) -> None:
+    def __init__(
+        self, state: DynamoStateStore, elapsed: Callable[[], float] = time.monotonic
+    ) -> None:
         self.state = state
+        self.elapsed = elapsed
+        """A monotonic clock: how long an admission's writes have taken (tests pass one
+        that stands still, or moves as they say)."""
         self.table = state.table
         self._ahead: dict[str | None, float] = {}
         self._probed: dict[str, float] = {}
@@ -175,14 +180,14 @@ class DynamoTenantBudgets:
     ) -> FrameAdmission:
         key = tenant_key(tenant, "frames")
         interval, tolerance = 1.0 / rate, (burst - 1) / rate
-        started = time.monotonic()
-        busy = self._ahead.get(tenant, 0.0) > now
+        started, known = self.elapsed(), self._ahead.get(tenant, 0.0)
         for _ in range(_TRIES):
             # The rate is judged at each write's own time (``at``): a frame whose write
             # waited on the table (seconds, under load) while newer frames moved ``tat``
             # on is not over the rate for having read the clock early. Its slot keeps the
-            # time it was read.
-            at = now + (time.monotonic() - started)
+            # time it was read. Which write to try is decided against that same ``at``.
+            at = now + (self.elapsed() - started)
+            busy = known > at
             written, old = self._write_or_old(
                 Key=_key(key),
                 UpdateExpression="SET #slots.#t = :now, "
@@ -211,7 +216,7 @@ class DynamoTenantBudgets:
                 self._create(key, {"slots": {token: now}, "tat": at + interval})
                 self._remember(tenant, at + interval)
                 return FrameAdmission(None, 1)
-            tat = float(plain_item(old or {}).get("tat", 0))
+            tat = known = float(plain_item(old or {}).get("tat", 0))
             self._remember(tenant, tat)
             if len(slots) >= limit:
                 stale = [t for t, admitted in slots.items() if admitted <= now - SLOT_STALE_S]
@@ -220,7 +225,6 @@ class DynamoTenantBudgets:
                 self._remove(key, "slots", stale)
             elif tat > at + tolerance:
                 return FrameAdmission(RATE, len(slots), retry_after_s=tat - tolerance - at)
-            busy = tat > at
         raise StateUnavailableError("the tenant's frame could not be counted", retry_after_s=1.0)
 
     def release(self, tenant: str | None, token: str) -> None:
