@@ -180,29 +180,30 @@ class DynamoTenantBudgets:
     ) -> FrameAdmission:
         key = tenant_key(tenant, "frames")
         interval, tolerance = 1.0 / rate, (burst - 1) / rate
-        started, known = self.elapsed(), self._ahead.get(tenant, 0.0)
+        started = self.elapsed()
+        busy = self._ahead.get(tenant, 0.0) > now
         for _ in range(_TRIES):
-            # The rate is judged at each write's own time (``at``): a frame whose write
-            # waited on the table (seconds, under load) while newer frames moved ``tat``
-            # on is not over the rate for having read the clock early. Its slot keeps the
-            # time it was read. Which write to try is decided against that same ``at``.
+            # Over the rate is judged at each write's own time (``at``): a frame whose
+            # write waited on the table (seconds, under load) while newer frames moved
+            # ``tat`` on is not over the rate for having read the clock early. Which write
+            # to try is decided against the time it was read (``now``), so that while
+            # frames come faster than the rate every write moves ``tat`` on by one step
+            # and concurrent writes never undo each other's condition.
             at = now + (self.elapsed() - started)
-            busy = known > at
             written, old = self._write_or_old(
                 Key=_key(key),
                 UpdateExpression="SET #slots.#t = :now, "
                 + ("tat = tat + :step" if busy else "tat = :next"),
                 ConditionExpression="attribute_exists(#slots) AND size(#slots) < :limit AND "
-                + ("tat > :at AND tat <= :edge" if busy else "tat <= :at"),
+                + ("tat > :now AND tat <= :edge" if busy else "tat <= :now"),
                 ExpressionAttributeNames={"#slots": "slots", "#t": token},
                 ExpressionAttributeValues=_values(
                     now=now,
-                    at=at,
                     limit=limit,
                     **(
                         {"step": interval, "edge": at + tolerance}
                         if busy
-                        else {"next": at + interval}
+                        else {"next": now + interval}
                     ),
                 ),
                 ReturnValues="ALL_NEW",
@@ -213,10 +214,10 @@ class DynamoTenantBudgets:
                 return FrameAdmission(None, len(after.get("slots") or {}))
             slots = _map(old, "slots")
             if slots is None:
-                self._create(key, {"slots": {token: now}, "tat": at + interval})
-                self._remember(tenant, at + interval)
+                self._create(key, {"slots": {token: now}, "tat": now + interval})
+                self._remember(tenant, now + interval)
                 return FrameAdmission(None, 1)
-            tat = known = float(plain_item(old or {}).get("tat", 0))
+            tat = float(plain_item(old or {}).get("tat", 0))
             self._remember(tenant, tat)
             if len(slots) >= limit:
                 stale = [t for t, admitted in slots.items() if admitted <= now - SLOT_STALE_S]
@@ -225,6 +226,7 @@ class DynamoTenantBudgets:
                 self._remove(key, "slots", stale)
             elif tat > at + tolerance:
                 return FrameAdmission(RATE, len(slots), retry_after_s=tat - tolerance - at)
+            busy = tat > now
         raise StateUnavailableError("the tenant's frame could not be counted", retry_after_s=1.0)
 
     def release(self, tenant: str | None, token: str) -> None:
