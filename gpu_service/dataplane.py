@@ -120,6 +120,12 @@ class DataPlane:
         within ``timeout_s`` (and ``registry.MISS_WAIT_S``)."""
         return await self.registry.lookup(name, timeout_s)
 
+    async def found(self, name: str) -> None:
+        """Wait until ``name`` is known (``lookup``): metadata, ready, config and stats
+        find a model published since the last listing as an infer request does."""
+        if not self.registry.known(name):
+            await self.lookup(name)
+
     def _check_draining(self) -> None:
         if self.draining:
             raise UnavailableError(

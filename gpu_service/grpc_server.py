@@ -100,6 +100,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
     @unary_rpc
     async def ModelReady(self, request: Any, context: Any) -> Any:
+        await self.plane.found(request.name)
         ready = self.plane.model_ready(request.name, request.version or None)
         return service_pb2.ModelReadyResponse(ready=ready)
 
@@ -109,11 +110,13 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
     @unary_rpc
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        await self.plane.found(request.name)
         metadata = self.plane.model_metadata(request.name, request.version or None)
         return parsed(metadata, service_pb2.ModelMetadataResponse())
 
     @unary_rpc
     async def ModelConfig(self, request: Any, context: Any) -> Any:
+        await self.plane.found(request.name)
         config = self.plane.model_config(request.name, request.version or None)
         return service_pb2.ModelConfigResponse(
             config=parsed(config, model_config_pb2.ModelConfig())
@@ -121,6 +124,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
     @unary_rpc
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        if request.name:
+            await self.plane.found(request.name)
         stats = self.plane.model_stats(request.name or None, request.version or None)
         return parsed(stats, service_pb2.ModelStatisticsResponse())
 

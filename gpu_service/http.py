@@ -155,7 +155,19 @@ class GpuServiceApp:
             header_value(headers, b"content-length"), _OTHER_BODY_BYTES
         )
         limit = _OTHER_BODY_BYTES if declared is None else declared
-        return Exchange(method, path, headers, target, declared, limit)
+        exchange = Exchange(method, path, headers, target, declared, limit)
+        if target is not None and target.model is not None:
+            # Metadata, ready, config, stats: a model published since the last listing
+            # is found as an infer request finds it (a 404 only once it was looked for).
+            exchange.settling = self._settling(target.model)
+        return exchange
+
+    def _settling(self, model: str) -> asyncio.Future[Served] | None:
+        """The look-up of a model the registry does not know now, begun now (the listing
+        it waits for begins after this); ``None`` for a known one."""
+        if self.plane.registry.known(model):
+            return None
+        return asyncio.ensure_future(self.plane.lookup(model))
 
     def _begin_infer(self, method: str, path: str, headers: Headers, target: Target) -> Exchange:
         plane = self.plane
@@ -169,7 +181,7 @@ class GpuServiceApp:
         plane.bodies.admit(declared or 1)
         exchange = Exchange(method, path, headers, target, declared, declared or limit, length)
         if not known:  # begun now: the listing it waits for is one that begins after this
-            exchange.settling = asyncio.ensure_future(plane.lookup(target.model))  # type: ignore[arg-type]
+            exchange.settling = self._settling(target.model)  # type: ignore[arg-type]
         return exchange
 
     async def settle(self, exchange: Exchange) -> None:

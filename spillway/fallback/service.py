@@ -12,8 +12,12 @@ checksums verified, within ``CPU_MEMORY_BUDGET_MB``). So a model ``spillway mode
 published, or a canary the router sends here, is served, not refused. A request runs alone,
 unbatched, through the core request path with the engine run directly; a ``timeout``
 (microseconds, set by the router) that has passed by the time the request would run
-fails it with 504 instead of computing it. Pipelines are checked at init and run their
-steps over these models through the core step runner (``spillway.pipelines.serving``).
+fails it with 504 instead of computing it. A request that does not fit its model's
+default version reads the index again first (at most once per
+``CPU_INDEX_MISS_REFRESH_S``): after a signature replaced or rolled back, it is served by
+the version published since, as on the GPU service once it loads it. Pipelines are
+checked at init, or by the first request for one published since, and run their steps
+over these models through the core step runner (``spillway.pipelines.serving``).
 
 Each per-model operation looks the name up once (``CpuService.find``) and asks what
 serves it, behind one interface (``CpuServed``): ``CpuModel`` for a model's versions,
@@ -24,6 +28,7 @@ body is decoded.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,7 +42,7 @@ from spillway.models.repository import ModelRepository, open_repository
 from spillway.pipelines.runner import Resolver
 from spillway.pipelines.serving import Described, PipelineSet, ServedPipeline
 from spillway.pipelines.stepcache import CacheSettings, open_cache
-from spillway.protocol.errors import ModelNotFoundError
+from spillway.protocol.errors import InvalidInputError, ModelNotFoundError
 from spillway.protocol.names import validate_model_name, validate_version
 from spillway.protocol.v2 import server_metadata
 from spillway.protocol.wire import body_over_limit, read_tenant_scope
@@ -102,6 +107,7 @@ class CpuService:
         self.versions = models
         self.settings = settings
         self.pipelines = pipelines or PipelineSet()
+        self._pipelines_lock = threading.Lock()
         self.scopes = scopes or ScopeProofs.from_env()
         """Verifies the router's tenant scopes (keys from ``SCOPE_PROOF_*``, cached)."""
 
@@ -156,10 +162,34 @@ class CpuService:
     def find(self, name: str) -> CpuServed:
         """What serves ``name``: a pipeline (503 with the reason for one refused at
         load), else a model's versions (404, when asked, for an unknown one)."""
-        pipeline = self.pipelines.find(name, None)
+        pipeline = self.pipelines.find(name, None) or self._published_pipeline(name)
         if pipeline is not None:
             return CpuPipeline(self.pipelines, pipeline, self.get)
         return CpuModel(self, name)
+
+    def _published_pipeline(self, name: str) -> ServedPipeline | None:
+        """A pipeline published since init, checked and served from now on: the name's
+        index (read on a miss, as for a model) says it is one; ``None`` otherwise."""
+        repository = self.versions.repository
+        if repository is None:
+            return None
+        config = self.versions.index(validate_model_name(name)).config
+        if not config.is_pipeline:
+            return None
+        with self._pipelines_lock:  # concurrent first requests check it once
+            if self.pipelines.find(name, None) is None:
+                self.pipelines.add(repository, config)
+            return self.pipelines.find(name, None)
+
+    def newer(self, name: str, served: OnnxModel) -> OnnxModel | None:
+        """For a request that does not fit ``served`` (the default version): the
+        default version after the model's index is read again (a signature replaced or
+        rolled back since), ``None`` when it is still ``served`` or was read too
+        recently (``OnDemandVersions.reread``)."""
+        if not self.versions.reread(validate_model_name(name)):
+            return None
+        model = self.get(name, None)
+        return None if model is served else model
 
     def check_ready(self, name: str, version: str | None) -> None:
         """Raise unless the model (or pipeline) serves ``version`` (or its default one);
@@ -232,7 +262,17 @@ class CpuModel:
 
     def infer(self, version: str | None, call: CpuCall) -> inference.Encoded:
         model = self.service.get(self.name, version)
-        return inference.run(model, call.decode(), inference.direct(model, call.arrived))
+        decoded = call.decode()
+        try:
+            admitted = inference.admit(model, decoded)
+        except InvalidInputError:
+            # Versions never change, a model's default may have: a request that fits
+            # the one published since is served by it, on every backend at once.
+            newer = None if version is not None else self.service.newer(self.name, model)
+            if newer is None:
+                raise
+            model, admitted = newer, inference.admit(newer, decoded)
+        return inference.encode(model, admitted, inference.direct(model, call.arrived)(admitted))
 
 
 @dataclass(frozen=True, slots=True)

@@ -352,6 +352,19 @@ class OnDemandVersions:
             log.info("model %s: versions %s served (were %s)", name, fresh.versions, index.versions)
         return fresh
 
+    def reread(self, name: str) -> bool:
+        """Read a known model's index again now (a request that does not fit what it
+        serves may be for a signature published since, or a rollback), unless the last
+        read is less than ``miss_refresh_s`` old; whether it was read."""
+        now = self.clock()
+        with self._lock:
+            index = self._indexes.get(name)
+        repository = self.repository
+        if repository is None or index is None or now - index.read_at < self.miss_refresh_s:
+            return False
+        self._reads.run(name, lambda: self._read_index(repository, name, index, now))
+        return True
+
     def models(self) -> list[str]:
         """The models served here (pipelines left out), their indexes read."""
         names = sorted(self._served_names(self.clock()))

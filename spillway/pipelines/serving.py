@@ -273,15 +273,20 @@ class PipelineSet:
         found = cls(cache=cache)
         for name in repository.list_models() if names is None else names:
             config = repository.read_config(name)
-            if not config.is_pipeline:
-                continue
-            try:
-                versions = served_versions(repository, name)[1]
-                found.served[name] = ServedPipeline(read_pipeline(repository, config), versions)
-            except (ModelLoadError, ModelNotFoundError) as error:
-                log.error("pipeline %s refused: %s", name, error.message)
-                found.refused[name] = error.message
+            if config.is_pipeline:
+                found.add(repository, config)
         return found
+
+    def add(self, repository: ModelRepository, config: ModelConfig) -> None:
+        """Check and serve the pipeline ``config`` describes (refused, with the reason,
+        when it cannot be); blocking."""
+        name = config.name
+        try:
+            versions = served_versions(repository, name)[1]
+            self.served[name] = ServedPipeline(read_pipeline(repository, config), versions)
+        except (ModelLoadError, ModelNotFoundError) as error:
+            log.error("pipeline %s refused: %s", name, error.message)
+            self.refused[name] = error.message
 
     def models(self, names: list[str] | None) -> list[str] | None:
         """The models to load for ``names`` (``None``: all): those named and every step

@@ -248,3 +248,67 @@ def test_a_listing_that_hangs_or_fails_ends_in_404_not_a_hang(tmp_path: Path) ->
                 await asyncio.wait_for(plane.lookup("newer"), WAIT_S)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("path", "found"),
+    [
+        ("/v2/models/{m}", (200, "name", "new")),
+        ("/v2/models/{m}/config", (200, "name", "new")),
+        ("/v2/models/{m}/stats", (200, "model_stats", [])),
+        ("/v2/models/{m}/ready", (400, "code", "not_ready")),
+    ],
+    ids=["metadata", "config", "stats", "ready"],
+)
+def test_http_metadata_routes_find_a_newly_published_model(
+    tmp_path: Path, path: str, found: tuple[int, str, object]
+) -> None:
+    async def main() -> None:
+        async with started(tmp_path) as (repo, plane):
+            client = Harness(GpuServiceApp(plane)).connect()
+            # GIVEN a model published after start, and a name nobody published
+            repo.add("new", 1)
+            # WHEN a client asks about each before any infer request named it
+            client.send(request("GET", path.format(m="new"), b""))
+            client.send(request("GET", path.format(m="unpublished"), b""))
+            await client.settle()
+            # THEN the new model is found: about it (not ready, and no version's stats,
+            # until its first request loads it, as for a model scaled to zero); the
+            # other name is a 404
+            (status, _, body), (missing, _, _) = client.answers()
+            assert (status, json.loads(body)[found[1]]) == (found[0], found[2])
+            assert missing == 404
+
+    asyncio.run(main())
+
+
+def test_grpc_metadata_rpcs_find_a_newly_published_model(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with started(tmp_path) as (repo, plane):
+            service = InferenceService(plane)
+            context = _Context()
+            # GIVEN models published after start, one for each RPC
+            for name in ("a", "b", "c", "d"):
+                repo.add(name, 1)
+
+            async def one(message: Any) -> AsyncIterator[Any]:
+                yield message
+
+            # WHEN each RPC names one before any infer request did
+            ready = await service.ModelReady(one(service_pb2.ModelReadyRequest(name="a")), context)
+            metadata = await service.ModelMetadata(
+                one(service_pb2.ModelMetadataRequest(name="b")), context
+            )
+            config = await service.ModelConfig(
+                one(service_pb2.ModelConfigRequest(name="c")), context
+            )
+            stats = await service.ModelStatistics(
+                one(service_pb2.ModelStatisticsRequest(name="d")), context
+            )
+            # THEN each answers about its model (not ready until its first request)
+            assert not ready.ready
+            assert metadata.name == "b"
+            assert config.config.name == "c"
+            assert list(stats.model_stats) == []
+
+    asyncio.run(main())
