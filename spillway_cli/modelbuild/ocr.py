@@ -2,7 +2,7 @@
 recognition, the ONNX files of the pinned RapidOCR wheel.
 
 ``rapidocr_onnxruntime`` 1.4.4 (Apache-2.0) is installed at setup with ``--no-deps`` and
-its wheel's hash pinned (``requirements/ocr.txt``); the build reads its model files
+its wheel's hash pinned (``requirements/weights.txt``); the build reads its model files
 without importing the package, checks each file's sha256 against the digests below and
 copies it unchanged. The recogniser's character set comes from its metadata
 (``character``) into ``charset.txt`` beside it. Nothing is downloaded.

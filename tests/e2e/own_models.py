@@ -11,6 +11,7 @@ take a different path through ``spillway models add``.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "your-model.md"
@@ -30,11 +32,25 @@ def doc_blocks() -> dict[str, str]:
     return dict(blocks)
 
 
+def export_python() -> str:
+    """The interpreter of the environment where a user trains (``make export-env``:
+    torch and transformers, which .venv does not hold); skips where none was made,
+    fails where the Makefile named one that is missing."""
+    named = os.environ.get("SPILLWAY_EXPORT_PYTHON", "")
+    if not named:
+        pytest.skip("torch export blocks run in .venv-export (make export-env)")
+    assert os.access(named, os.X_OK), f"SPILLWAY_EXPORT_PYTHON={named}: no such interpreter"
+    return named
+
+
 def run_doc_block(name: str, cwd: Path, timeout_s: float = 300) -> None:
-    """Run the doc's block ``name`` with this interpreter in ``cwd``, as a user would."""
+    """Run the doc's block ``name`` in ``cwd``, as a user would: a torch block in the
+    environment where they train (``export_python``), any other in .venv."""
+    code = doc_blocks()[name]
     script = cwd / name
-    script.write_text(doc_blocks()[name])
-    subprocess.run([sys.executable, str(script)], cwd=cwd, check=True, timeout=timeout_s)
+    script.write_text(code)
+    python = export_python() if "import torch" in code else sys.executable
+    subprocess.run([python, str(script)], cwd=cwd, check=True, timeout=timeout_s)
 
 
 def _save(graph: onnx.GraphProto, path: Path) -> Path:
