@@ -29,11 +29,11 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from spillway.policy.backend import Backend, BackendError, BackendRequest
-from spillway.policy.facts import Request
+from spillway.policy.facts import Request, RequestFacts
 from spillway.protocol.errors import DeadlineExceededError, InvalidInputError, SpillwayError
 from spillway.protocol.wire import Target, latency_budget_ms
 from spillway.router.settings import RouterSettings
@@ -112,6 +112,15 @@ def deadline_for(
         limit = min(limit, remaining - settings.deadline_margin_ms)
     limit = max(limit, 0.0)
     return Deadline(started + limit / 1000, limit, source, budget, model)
+
+
+def decided_on(facts: RequestFacts, deadline: Deadline) -> RequestFacts:
+    """The facts the policy decides on: a request that names no latency budget is
+    matched by its model's declared one (a rule on ``latency_budget_ms`` sees it), never
+    by the router's default."""
+    if facts.latency_budget_ms is None and deadline.source == "model":
+        return replace(facts, latency_budget_ms=deadline.budget_ms)
+    return facts
 
 
 class NoAnswer(Exception):

@@ -67,7 +67,7 @@ from spillway.protocol.replies import FAULT_HEADER, Reply, error_reply
 from spillway.protocol.wire import Target
 from spillway.router.async_mode import AsyncFront
 from spillway.router.backends import RESPONSE_HEADERS
-from spillway.router.deadlines import Deadline, ModelBudgets, deadline_for
+from spillway.router.deadlines import Deadline, ModelBudgets, deadline_for, decided_on
 from spillway.router.settings import RouterSettings
 
 log = logging.getLogger("spillway.router")
@@ -165,8 +165,9 @@ class Router:
         arm = self.versions.pick(request)
         if request.facts.mode == "async":
             return self._queue(arm.request)
-        decision = decide(policy, request.facts, self.wall(), self.load, self.spills)
         deadline = self._deadline(started, request)
+        facts = decided_on(request.facts, deadline)
+        decision = decide(policy, facts, self.wall(), self.load, self.spills)
         outcome, arm = self._walk(decision, arm, deadline)
         cost = self._account(outcome, arm.request, started)
         reply = _reply(outcome, target, cost)

@@ -10,6 +10,7 @@ import json
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -366,3 +367,47 @@ def test_the_ocr_pipelines_declare_a_page_s_budget() -> None:
         assert config.spillway.latency_budget_ms == PAGE_BUDGET_MS
         assert default_ms < PAGE_BUDGET_MS <= 29_000 - margin_ms
         assert ModelConfig.model_validate(config.model_dump(mode="json")) == config
+
+
+# --- what the policy sees ------------------------------------------------------------------
+
+LONG_WORK_POLICY = """
+version: 1
+fallbacks: {gpu: [cpu], cpu: [gpu]}
+rules:
+  - name: long-work
+    description: Work with a budget of 10 s or more goes to the CPU fallback first.
+    match:
+      latency_budget_ms: {ge: 10000}
+    route: cpu
+  - name: default
+    match: {}
+    route: gpu
+"""
+
+
+@pytest.mark.parametrize(
+    ("model", "budget", "first", "walk_s"),
+    [
+        ("ocr", None, "cpu", 28.0),
+        ("ocr", "2000", "gpu", 2.0),
+        ("digits", None, "gpu", 5.0),
+        ("digits", "20000", "cpu", 20.0),
+    ],
+    ids=["model-declared", "client-shorter", "router-default", "client-declared"],
+)
+def test_a_rule_on_the_budget_sees_the_model_s_when_the_client_states_none(
+    tmp_path: Path, model: str, budget: str | None, first: str, walk_s: float
+) -> None:
+    # GIVEN a policy that sends work with 10 s or more to the CPU fallback first, and a
+    # router that knows ocr declares 28 s (digits declares none: the 5 s default)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(LONG_WORK_POLICY)
+    client, _, gpu, cpu = stack(policy_file=policy)
+    # WHEN a request states this budget, or none
+    post(client, model, budget)
+    # THEN the rule saw the client's budget, else the model's, never the router's
+    # default: the backend it chose first had 70 % of the walk, the other the rest
+    second = {"gpu": cpu, "cpu": gpu}[first]
+    assert {"gpu": gpu, "cpu": cpu}[first].timeouts == [pytest.approx(walk_s * 0.7)]
+    assert second.timeouts == [pytest.approx(walk_s * 0.3)]
