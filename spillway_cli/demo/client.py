@@ -85,6 +85,13 @@ class Client:
                 break
         return 599, {}, b""
 
+    def unrecorded(
+        self, path: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, dict[str, str], bytes]:
+        """``POST path`` with this client's headers and ``headers`` over them; the answer is
+        no section's record."""
+        return self._post(path, body, {**self.headers, **headers})
+
     def infer(
         self,
         scenario: str,

@@ -29,8 +29,14 @@ def run_demo(
     1 naming every failed check."""
     checks = Checks(say)
     say(f"Starting the platform on 127.0.0.1 (logs: {out / 'demo.log'}, {out / 'stack'}) ...")
+    # The deployed stack's rules on every runtime: the router refuses a request without
+    # the local stage's API key (403), and the demo's calls carry it (stack.router_headers).
     stack = LocalStack(
-        models, out / "stack", router_runtime=router_runtime, router_fallback=router_fallback
+        models,
+        out / "stack",
+        router_runtime=router_runtime,
+        router_fallback=router_fallback,
+        check_api_keys=True,
     )
     signal.signal(signal.SIGTERM, _interrupted)  # the stack's processes stop with the demo
     try:

@@ -39,9 +39,17 @@ def scenario_digits(client: Client, models: Path) -> list[Check]:
         f"   accuracy {accuracy:.4f} on {len(labels)} held-out images "
         f"(served by: {', '.join(sorted(backends))})"
     )
+    # The router keeps API Gateway's key check on every local runtime.
+    refused = client.unrecorded("/v2/models/digits/infer", b"{}", {"x-api-key": "not-the-key"})
+    say(f"   a wrong API key: {refused[0]} {refused[2].decode(errors='replace')}")
     return [
         failed([r for r in client.records if r.scenario == "digits"]),
         at_least("accuracy on the held-out images", round(accuracy, 4), ACCURACY_BOUND),
+        equal(
+            "a wrong API key is refused as API Gateway refuses it",
+            (refused[0], refused[2]),
+            (403, b'{"message":"Forbidden"}'),
+        ),
     ]
 
 
