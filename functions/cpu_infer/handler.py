@@ -1,7 +1,9 @@
 """The CPU-fallback Lambda's entry point: ``functions.cpu_infer.handler.handler``.
 
-Models load at init, from ``CPU_REPOSITORY`` (a folder packaged with the function, or
-``s3://bucket/prefix`` fetched into /tmp), so provisioned concurrency finds them warm.
+Models load from ``CPU_REPOSITORY`` (a folder packaged with the function, or
+``s3://bucket/prefix`` fetched into /tmp): at init under provisioned concurrency or
+SnapStart, so a request finds them warm; when a request first needs them in an instance
+initialised on demand, so its cold start waits for that model alone (``CPU_PRELOAD``).
 An adapter in Powertools' shape: Logger, Metrics and (with ``CPU_TRACING`` on) Tracer
 around the one event adapter, ``spillway.fallback.events``, which serves the router's
 direct invoke, API Gateway REST v1 / HTTP API v2 events (through the WSGI application

@@ -2,7 +2,9 @@
 
 Every version each model's ``version_policy`` serves is loaded through the core loader
 (downloaded from S3 into the cache, verified, warmed) at init, so a provisioned instance
-answers its first request without a load. The fallback serves the same versions as the
+answers its first request without a load; a Lambda initialised on demand loads each when
+a request first needs it instead (``CPU_PRELOAD``), so its first answer waits for one
+model's load, not every model's. The fallback serves the same versions as the
 GPU service later too: the repository's index is read again (``CPU_INDEX_REFRESH_S``, and
 at once when a request names a model or a version the last read lacked, at most once per
 ``CPU_INDEX_MISS_REFRESH_S``, concurrent requests sharing one read), and a model or
@@ -118,8 +120,9 @@ class CpuService:
         repository: ModelRepository | None = None,
         scopes: ScopeProofs | None = None,
     ) -> CpuService:
-        """Load (and warm) the configured models: the versions each one's policy serves;
-        read the scope proof keys (``scopes``, else from ``SCOPE_PROOF_*``)."""
+        """Load (and warm) the configured models — the versions each one's policy
+        serves — unless they load on demand (``CpuSettings.preloads``: a Lambda started
+        on demand); read the scope proof keys (``scopes``, else from ``SCOPE_PROOF_*``)."""
         repo = repository or open_repository(settings.repository)
         cache = open_cache(CacheSettings.from_env())
         pipelines = PipelineSet.read(repo, settings.models, cache)
@@ -133,7 +136,8 @@ class CpuService:
             miss_refresh_s=settings.index_miss_refresh_s,
             memory_budget_bytes=None if budget is None else int(budget * 1e6),
         )
-        versions.preload()
+        if settings.preloads():
+            versions.preload()
         scopes = scopes or ScopeProofs.from_env()
         scopes.prime()  # at init, so a provisioned instance's first request needs no read
         return cls(versions, settings, pipelines, scopes)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import Field
@@ -19,7 +21,13 @@ class CpuSettings(BaseSettings):
     repository: str = "models"
     """Model repository: a folder (e.g. packaged with the function) or ``s3://bucket/prefix``."""
     models: list[str] | None = None
-    """Models to load at init (JSON list); unset: every model in the repository."""
+    """Models to serve (JSON list); unset: every model in the repository."""
+    preload: bool | None = None
+    """Load every served version at init (true), or each when a request first needs it
+    (false). Unset: at init, except in a Lambda environment started on demand
+    (``AWS_LAMBDA_INITIALIZATION_TYPE=on-demand``), where a cold start's first request
+    would otherwise wait for every model's load; provisioned concurrency and SnapStart
+    initialise before any request, so they load at init."""
     cache_dir: Path = Path("/tmp/spillway-models")  # noqa: S108 - Lambda's writable cache
     """Where versions fetched from S3 are kept (Lambda: under /tmp)."""
     max_payload_bytes: int = Field(default=SYNC_BODY_BYTES, ge=1024)
@@ -58,6 +66,15 @@ class CpuSettings(BaseSettings):
     tracing: bool = False
     """Create the function's X-Ray tracer (imported only when true, so cold starts do not
     pay for it)."""
+
+    def preloads(self, environ: Mapping[str, str] = os.environ) -> bool:
+        """Whether init loads every served version (``preload``; unset: all but an
+        on-demand Lambda initialisation). The variable is Lambda's own:
+        https://docs.aws.amazon.com/lambda/latest/dg/configuration-envvars.html#configuration-envvars-runtime
+        """
+        if self.preload is not None:
+            return self.preload
+        return environ.get("AWS_LAMBDA_INITIALIZATION_TYPE") != "on-demand"
 
     def engine_options(self) -> EngineOptions:
         """Engine options: the CPU provider only."""
