@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from gpu_service.registry import ModelRegistry
+from gpu_service.registry import MISS_LIST_S, ModelRegistry
 from gpu_service.served import InferCall, InferResult, Served
 from gpu_service.settings import GpuSettings
 from spillway import inference
@@ -114,17 +114,21 @@ class DataPlane:
         self._check_draining()
         return self.registry.known(name)
 
-    async def lookup(self, name: str, timeout_s: float | None = None) -> Served:
+    async def lookup(
+        self, name: str, timeout_s: float | None = None, *, listed_within_s: float = 0.0
+    ) -> Served:
         """What serves ``name`` (``ModelRegistry.lookup``): a model published since the
         registry last listed the repository is found, a name it does not hold is a 404
-        within ``timeout_s`` (and ``registry.MISS_WAIT_S``)."""
-        return await self.registry.lookup(name, timeout_s)
+        within ``timeout_s`` (and ``registry.MISS_WAIT_S``; at once when a listing began
+        less than ``listed_within_s`` ago)."""
+        return await self.registry.lookup(name, timeout_s, listed_within_s=listed_within_s)
 
     async def found(self, name: str) -> None:
-        """Wait until ``name`` is known (``lookup``): metadata, ready, config and stats
-        find a model published since the last listing as an infer request does."""
+        """Wait until ``name`` is known: metadata, ready, config and stats find a model
+        published since the last listing as an infer request does, unless a listing
+        began less than ``MISS_LIST_S`` ago (then a miss is a 404 at once)."""
         if not self.registry.known(name):
-            await self.lookup(name)
+            await self.lookup(name, listed_within_s=MISS_LIST_S)
 
     def _check_draining(self) -> None:
         if self.draining:

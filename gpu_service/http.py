@@ -34,6 +34,7 @@ from urllib.parse import quote, unquote
 from gpu_service import metrics, openapi
 from gpu_service.async_consumer import AsyncConsumer, start_consumer
 from gpu_service.dataplane import DataPlane
+from gpu_service.registry import MISS_LIST_S
 from gpu_service.served import Served
 from spillway.protocol.errors import (
     InvalidInputError,
@@ -158,16 +159,16 @@ class GpuServiceApp:
         exchange = Exchange(method, path, headers, target, declared, limit)
         if target is not None and target.model is not None:
             # Metadata, ready, config, stats: a model published since the last listing
-            # is found as an infer request finds it (a 404 only once it was looked for).
-            exchange.settling = self._settling(target.model)
+            # is found as an infer request finds it (``DataPlane.found``).
+            exchange.settling = self._settling(target.model, MISS_LIST_S)
         return exchange
 
-    def _settling(self, model: str) -> asyncio.Future[Served] | None:
-        """The look-up of a model the registry does not know now, begun now (the listing
-        it waits for begins after this); ``None`` for a known one."""
+    def _settling(self, model: str, listed_within_s: float = 0.0) -> asyncio.Future[Served] | None:
+        """The look-up (``DataPlane.lookup``) of a model the registry does not know now,
+        begun now; ``None`` for a known one."""
         if self.plane.registry.known(model):
             return None
-        return asyncio.ensure_future(self.plane.lookup(model))
+        return asyncio.ensure_future(self.plane.lookup(model, listed_within_s=listed_within_s))
 
     def _begin_infer(self, method: str, path: str, headers: Headers, target: Target) -> Exchange:
         plane = self.plane

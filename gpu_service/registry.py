@@ -24,8 +24,11 @@ worker threads. Loads are serialised (one at a time) so memory growth is attribu
   waits for a listing that begins after it asked, up to its deadline and
   ``MISS_WAIT_S``, then is looked up again: the first request after a model is
   published is served by it; a name the listing did not find (or a listing that failed
-  or took longer) is a 404. Other look-ups (``entry``, ``find``) answer at once: their
-  miss is a 404 and starts the listing in the background.
+  or took longer) is a 404. Metadata, ready, config and stats look-ups do the same,
+  unless a listing began less than ``MISS_LIST_S`` ago: that listing answers for them,
+  so a client asking about names that do not exist gets its 404s at once, not one a
+  second. Other look-ups (``entry``, ``find``) answer at once: their miss is a 404 and
+  starts the listing in the background.
 """
 
 from __future__ import annotations
@@ -138,19 +141,26 @@ class ModelRegistry:
         not know is for ``lookup``."""
         return name in self.models or validate_model_name(name) in self.models
 
-    async def lookup(self, name: str, timeout_s: float | None = None) -> Served:
+    async def lookup(
+        self, name: str, timeout_s: float | None = None, *, listed_within_s: float = 0.0
+    ) -> Served:
         """``find`` for an infer request: a name the registry does not know waits for a
         listing of the repository that begins after it asked (at most ``timeout_s`` and
-        ``MISS_WAIT_S``), then is looked up again (404 if it is still unknown)."""
+        ``MISS_WAIT_S``), then is looked up again (404 if it is still unknown). With
+        ``listed_within_s``, a listing that began that recently answers for it: the miss
+        is a 404 at once (and starts the next listing in the background)."""
         entry = self.models.get(name)
         if entry is None:
             key = validate_model_name(name)
-            if key not in self.models and (listing := self._list_again()) is not None:
+            recent = self.clock() - self._listed_at < listed_within_s
+            if key not in self.models and not recent and (listing := self._list_again()):
                 wait_s = MISS_WAIT_S if timeout_s is None else min(timeout_s, MISS_WAIT_S)
                 # Not wait_for: a listing that takes longer goes on for the next miss.
                 await asyncio.wait({listing}, timeout=wait_s)
             entry = self.models.get(key)
             if entry is None:
+                if recent:
+                    self._list_again()
                 raise ModelNotFoundError.unknown(name, self.models)
         return self._served(entry)
 

@@ -266,8 +266,10 @@ def test_http_metadata_routes_find_a_newly_published_model(
     async def main() -> None:
         async with started(tmp_path) as (repo, plane):
             client = Harness(GpuServiceApp(plane)).connect()
-            # GIVEN a model published after start, and a name nobody published
+            # GIVEN a model published after start (the last listing a while ago), and a
+            # name nobody published
             repo.add("new", 1)
+            repo.clock.now += MISS_LIST_S
             # WHEN a client asks about each before any infer request named it
             client.send(request("GET", path.format(m="new"), b""))
             client.send(request("GET", path.format(m="unpublished"), b""))
@@ -287,9 +289,11 @@ def test_grpc_metadata_rpcs_find_a_newly_published_model(tmp_path: Path) -> None
         async with started(tmp_path) as (repo, plane):
             service = InferenceService(plane)
             context = _Context()
-            # GIVEN models published after start, one for each RPC
+            # GIVEN models published after start (the last listing a while ago), one for
+            # each RPC
             for name in ("a", "b", "c", "d"):
                 repo.add(name, 1)
+            repo.clock.now += MISS_LIST_S
 
             async def one(message: Any) -> AsyncIterator[Any]:
                 yield message
@@ -310,5 +314,29 @@ def test_grpc_metadata_rpcs_find_a_newly_published_model(tmp_path: Path) -> None
             assert metadata.name == "b"
             assert config.config.name == "c"
             assert list(stats.model_stats) == []
+
+    asyncio.run(main())
+
+
+def test_metadata_misses_right_after_a_listing_are_404s_at_once(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with started(tmp_path) as (repo, plane):
+            client = Harness(GpuServiceApp(plane)).connect()
+            # GIVEN a listing that began a moment ago (the registry's start), held open
+            # from now on so that a request waiting for another would never be answered
+            repo.gate = threading.Event()
+            listings = len(repo.began)
+            # WHEN a client asks about 20 names nobody published, one after another
+
+            async def ask() -> None:
+                for i in range(20):
+                    client.send(request("GET", f"/v2/models/invented-{i}/ready", b""))
+                    await client.settle()
+
+            # THEN each is a 404 at once (waiting for a listing, each would take
+            # MISS_WAIT_S: 40 s in all), and one listing began for all of them
+            await asyncio.wait_for(ask(), WAIT_S)
+            assert [status for status, _, _ in client.answers()] == [404] * 20
+            assert len(repo.began) <= listings + 1
 
     asyncio.run(main())
