@@ -70,5 +70,5 @@ def test_the_cold_start_bench_measures_an_on_demand_start(models_dir: Path) -> N
     result = cold_start(models_dir, "on-demand")
     # THEN its first invocation was answered, and digits alone was loaded by then
     assert (result["status"], result["again"], result["loaded"]) == (200, 200, ["digits"])
-    assert float(result["init"]) > 0  # type: ignore[arg-type]
-    assert float(result["first"]) > 0  # type: ignore[arg-type]
+    assert float(result["init"]) > 0
+    assert float(result["first"]) > 0
