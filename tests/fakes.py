@@ -49,6 +49,21 @@ def eventually(
 # -- virtual time ----------------------------------------------------------------------
 
 
+class StepClock:
+    """A clock and an async sleep for code that takes both (the GPU registry's listing
+    cadence): sleeping moves the clock at once, no time passes."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
 # Loop iterations an ``idle()`` waiter may wait through before the loop is called busy.
 SPIN_LIMIT = 100_000
 

@@ -61,7 +61,14 @@ from spillway.canary.guard import SizeClass, Window, outcome, size_class, verdic
 from spillway.canary.records import CanaryState, CanaryStore
 from spillway.models.canary_spec import CanarySpec
 from spillway.policy.accounting import EmfSink, event_metric
-from spillway.policy.backend import Backend, BackendError, BackendRequest, BackendResponse
+from spillway.policy.backend import (
+    Backend,
+    BackendError,
+    BackendRequest,
+    BackendResponse,
+    Unanswered,
+    served_config,
+)
 from spillway.policy.facts import Request, check_session_id
 from spillway.protocol.errors import StateUnavailableError, VersionRolledBackError
 from spillway.protocol.replies import Reply
@@ -392,21 +399,11 @@ def backend_config(backends: Mapping[str, Backend], timeout_s: float) -> ConfigS
     answers."""
 
     def fetch(model: str) -> CanarySpec | None:
-        target = Target("config", model)
-        request = BackendRequest("GET", target.path, "config", model=model)
-        for name in ("gpu", "cpu"):
-            backend = backends.get(name)
-            if backend is None:
-                continue
-            try:
-                response = backend.send(request, timeout_s)
-            except BackendError:
-                continue
-            if response.status == 200:
-                return _canary_block(response.body)
-            if response.status == 404:
-                return None
-        return None
+        try:
+            config = served_config(backends, model, timeout_s)
+        except Unanswered:
+            return None
+        return None if config is None else _canary_block(config)
 
     return fetch
 

@@ -17,6 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from spillway.protocol.errors import SpillwayError
+from spillway.protocol.wire import Target
+
 
 @dataclass(frozen=True)
 class BackendRequest:
@@ -82,3 +85,27 @@ class Backend(Protocol):
     def send(self, request: BackendRequest, timeout_s: float) -> BackendResponse:
         """One attempt within ``timeout_s``; raises ``BackendError`` without a response."""
         ...
+
+
+class Unanswered(Exception):
+    """No backend said what a model's configuration is (unreachable, busy, loading)."""
+
+
+def served_config(backends: Mapping[str, Backend], model: str, timeout_s: float) -> bytes | None:
+    """``model``'s ``config.json`` as a backend serves it: the GPU service's, else the
+    CPU fallback's, each asked within ``timeout_s``; ``None`` when one says it does not
+    know the name (404). Raises ``Unanswered`` when neither says either."""
+    request = BackendRequest("GET", Target("config", model).path, "config", model=model)
+    for name in ("gpu", "cpu"):
+        backend = backends.get(name)
+        if backend is None:
+            continue
+        try:
+            response = backend.send(request, timeout_s)
+        except (BackendError, SpillwayError):  # unreachable, or cannot ask it this
+            continue
+        if response.status == 200:
+            return response.body
+        if response.status == 404:
+            return None
+    raise Unanswered(model)

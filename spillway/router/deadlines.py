@@ -32,10 +32,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from spillway.policy.backend import Backend, BackendError, BackendRequest
+from spillway.policy.backend import Backend, Unanswered, served_config
 from spillway.policy.facts import Request, RequestFacts
-from spillway.protocol.errors import DeadlineExceededError, InvalidInputError, SpillwayError
-from spillway.protocol.wire import Target, latency_budget_ms
+from spillway.protocol.errors import DeadlineExceededError, InvalidInputError
+from spillway.protocol.wire import latency_budget_ms
 from spillway.router.settings import RouterSettings
 
 CACHED_MODELS = 1024
@@ -123,8 +123,8 @@ def decided_on(facts: RequestFacts, deadline: Deadline) -> RequestFacts:
     return facts
 
 
-class NoAnswer(Exception):
-    """No backend said what a model's configuration is (unreachable, busy, loading)."""
+NoAnswer = Unanswered
+"""No backend said what a model's configuration is (unreachable, busy, loading)."""
 
 
 Lookup = Callable[[str], float | None]
@@ -200,20 +200,8 @@ def backend_lookup(backends: Mapping[str, Backend], timeout_s: float) -> Lookup:
     fallback (each asked within ``timeout_s``); a 404 says no backend knows the name."""
 
     def lookup(model: str) -> float | None:
-        request = BackendRequest("GET", Target("config", model).path, "config", model=model)
-        for name in ("gpu", "cpu"):
-            backend = backends.get(name)
-            if backend is None:
-                continue
-            try:
-                response = backend.send(request, timeout_s)
-            except (BackendError, SpillwayError):  # unreachable, or cannot ask it this
-                continue
-            if response.status == 200:
-                return declared_budget(response.body)
-            if response.status == 404:
-                return None
-        raise NoAnswer(model)
+        config = served_config(backends, model, timeout_s)  # NoAnswer when none answers
+        return None if config is None else declared_budget(config)
 
     return lookup
 

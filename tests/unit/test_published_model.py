@@ -26,26 +26,12 @@ from gpu_service.http import GpuServiceApp
 from gpu_service.registry import MISS_LIST_S, ModelRegistry
 from gpu_service.settings import GpuSettings
 from spillway.protocol.errors import ModelNotFoundError, UnavailableError
-from tests.fakes import FakeRepository
+from tests.fakes import FakeRepository, StepClock
 from tests.unit.test_stats import plus_loader
 from tests.unit.test_transport_protocol import LIMITS, Harness, infer_body, request
 
 WAIT_S = 10.0
 """Generous bound on a wait for something that should happen at once; a hang fails here."""
-
-
-class StepClock:
-    """The registry's clock and sleep: sleeping moves the clock, no time passes."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        await asyncio.sleep(0)
 
 
 class ListingRepository(FakeRepository):

@@ -23,7 +23,7 @@ from gpu_service.versions import State
 from spillway.models.config import ModelConfig
 from spillway.models.processing import Prepared
 from spillway.protocol.errors import InsufficientMemoryError, ModelNotFoundError, ModelNotReadyError
-from tests.fakes import MB, FakeLoader, FakeRepository, tensor_config
+from tests.fakes import MB, FakeLoader, FakeRepository, StepClock, tensor_config
 
 # Generous bound on a wait for something that should happen at once; a hang fails here.
 WAIT_S = 10.0
@@ -277,19 +277,6 @@ class ListingRepository(FakeRepository):
     def list_models(self) -> list[str]:
         self.listings += 1
         return super().list_models()
-
-
-class StepClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        """The registry's sleep: the clock moves, no time passes."""
-        self.now += seconds
-        await asyncio.sleep(0)
 
 
 def test_a_model_published_after_start_is_found_after_a_miss(tmp_path: Path) -> None:
