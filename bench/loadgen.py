@@ -80,6 +80,73 @@ async def _run(port: int, requests: list[bytes], concurrency: int) -> LoadResult
     return result
 
 
+async def _steady(
+    port: int, request: bytes, rate: float, done: asyncio.Future[object], result: LoadResult
+) -> None:
+    """Send ``request`` ``rate`` times a second until ``done``, whether or not earlier ones
+    were answered (an open loop: a slow answer delays no later send), each on a free
+    keep-alive connection or a new one; latency counts from its scheduled send."""
+    free: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    opened: list[asyncio.StreamWriter] = []
+    sending: set[asyncio.Task[None]] = set()
+
+    async def one(scheduled: float) -> None:
+        if free:
+            connection = free.pop()
+        else:
+            connection = await asyncio.open_connection("127.0.0.1", port)
+            opened.append(connection[1])
+        status = await exchange(*connection, request)
+        result.latencies.append(time.perf_counter() - scheduled)
+        result.statuses[status] = result.statuses.get(status, 0) + 1
+        free.append(connection)
+
+    started = next_at = time.perf_counter()
+    while not done.done():
+        wait = next_at - time.perf_counter()
+        if wait > 0:
+            await asyncio.wait({done}, timeout=wait)
+            continue
+        task = asyncio.ensure_future(one(next_at))
+        sending.add(task)
+        task.add_done_callback(sending.discard)
+        next_at += 1.0 / rate
+    await asyncio.gather(*sending)
+    result.wall_s = time.perf_counter() - started
+    for writer in opened:
+        writer.close()
+
+
+def run_steady(
+    port: int,
+    request: bytes,
+    rate: float,
+    *,
+    seconds: float | None = None,
+    beside: tuple[list[bytes], int] | None = None,
+) -> tuple[LoadResult, LoadResult | None]:
+    """``request`` at a steady ``rate`` for ``seconds``, or for as long as a bounded load
+    ``beside`` (requests, concurrency) runs on the same port: the steady stream's result
+    and that load's."""
+    import uvloop
+
+    async def main() -> tuple[LoadResult, LoadResult | None]:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[object] = loop.create_future()
+        steady = LoadResult()
+        sender = asyncio.ensure_future(_steady(port, request, rate, done, steady))
+        other = None
+        if beside is not None:
+            other = await _run(port, *beside)
+        else:
+            await asyncio.sleep(seconds or 0.0)
+        done.set_result(None)
+        await sender
+        return steady, other
+
+    return uvloop.run(main())
+
+
 def run_load(
     port: int,
     requests: list[bytes],

@@ -1,34 +1,40 @@
-"""OCR pages/s and latency: the GPU service's ``ocr`` pipeline against RapidOCR's own loop
-in one process on the same pages, and what batching across requests gains on
-recognition, all measured in one run.
+"""OCR pages/s and latency under one compute budget: the GPU service's ``ocr`` pipeline
+against RapidOCR's own loop in one process on the same pages, and a light model's latency
+while pages arrive, all measured in one run.
 
 * **Pages**: 16 PNG pages rendered with Pillow's built-in font (1 to 4 lines of English,
   16 to 32 px, 736 px a side: the detector's own scale, so no page is resized up),
   the same on every run (``pages``).
 * **RapidOCR**: ``RapidOCR()`` (the pinned 1.4.4 wheel: the same ONNX files, its own pre-
   and post-processing, ONNX Runtime with its default threads) called on each page's
-  bytes in turn, after one warm-up pass over four pages: the in-process limit.
+  bytes in turn, after one warm-up pass over four pages: the in-process limit. It runs
+  before and after the services; the faster pass counts (on a shared machine, noise only
+  ever slows a run down).
 * **Service**: ``python -m gpu_service`` on 127.0.0.1 with the OCR models built from the
-  wheel into a fresh repository, ``ocr`` driven by ``bench.loadgen`` at each
+  wheel and ``digits`` in a fresh repository, ``ocr`` driven by ``bench.loadgen`` at each
   concurrency with a fixed number of requests (the pages in turn); the recogniser's runs
-  read from ``/v2/models/ocr-rec/stats`` before and after each point.
-* **Batching off**: a second service, up at the same time, whose ``ocr-rec`` takes one
-  crop a run (``max_batch_size`` 1: no batching on recognition, neither a page's lines
-  nor across requests), driven right after the first at each concurrency above 1, so
-  drift on a shared machine falls on both alike.
-* RapidOCR's loop runs before and after the services; the faster pass counts (on a
-  shared machine, noise only ever slows a run down).
+  read from ``/v2/models/ocr-rec/stats`` before and after each point. **p99 ÷ queue**:
+  the p99 over the time the pages ahead of one need at the measured rate
+  ((concurrency - 1) ÷ pages/s): 1 is first come, first served.
+* **Mixed**: ``digits`` at a steady ``--digits-rate`` (an open loop: a slow answer delays
+  no later request) for 10 s alone, then for as long as 32 clients send pages.
+* **Before**: with ``--before DIR`` (a checkout of another commit), a second service
+  from that tree is up at the same time and driven right after the first at every
+  point, so drift on a shared machine falls on both alike.
 
-Writes the table to stdout and, with ``--out``, to that file. ``--quick`` runs two pages
-at concurrency 1 and 2 (the test of this script, ``tests/integration/test_ocr_bench.py``).
+Writes the tables to stdout and, with ``--out``, to that file. ``--quick`` runs two pages
+at concurrency 1 and 2 and a short mixed point (the test of this script,
+``tests/integration/test_ocr_bench.py``).
 
-    .venv/bin/python -m bench.ocr_bench [--requests 16,32,64] [--out docs/bench-ocr.md]
+    .venv/bin/python -m bench.ocr_bench [--before DIR] [--out docs/bench-ocr.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -39,16 +45,19 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.loadgen import LoadResult, http_request, run_load
-from bench.serving_bench import load_average, start_service
+from bench.loadgen import LoadResult, http_request, run_load, run_steady
+from bench.serving_bench import load_average
 from spillway.protocol.codec import encode_request
 from spillway_cli.local import procs
 from spillway_cli.modelbuild.build import build_repository
 from spillway_cli.modelbuild.ocr import render_lines
 
-MODELS = ["ocr-det", "ocr-cls", "ocr-rec", "ocr-lines", "ocr"]
-CONCURRENCIES = (1, 8, 32)
-REQUESTS = (16, 32, 64)
+MODELS = ["ocr-det", "ocr-cls", "ocr-rec", "ocr-lines", "ocr", "digits"]
+CONCURRENCIES = (1, 8, 32, 64)
+REQUESTS = (16, 32, 64, 128)
+MIXED_CONCURRENCY = 32
+DIGITS_RATE = 40.0
+DIGITS_ALONE_S = 10.0
 SIDE = 736
 """Pixels a page side: RapidOCR's detector scales a page's shorter side to 736."""
 SIZES = (16, 20, 24, 32)
@@ -57,7 +66,7 @@ WORDS = (
     "refund requests take five business days our team moved a new model "
     "to production weather cold windy weekend small cat sat on warm mat"
 )
-LABELS = {"on": "service", "off": "service, ocr-rec one crop a run"}
+SERVICE, BEFORE = "service", "before"
 SETTINGS = {"GPU_MAX_BYTES_PER_ELEMENT": str(4 * 1024 * 1024), "GPU_LOG_LEVEL": "WARNING"}
 
 
@@ -72,7 +81,24 @@ class Point:
     p50_ms: float
     p99_ms: float
     errors: int = 0
+    shed: int = 0
     rec: RecRuns | None = None
+
+    @property
+    def p99_over_queue(self) -> float:
+        """p99 ÷ the time the pages ahead of one need at this rate (nan at c1)."""
+        ahead_s = (self.concurrency - 1) / self.pages_per_s if self.pages_per_s else 0.0
+        return self.p99_ms / 1e3 / ahead_s if ahead_s else float("nan")
+
+
+@dataclass(frozen=True)
+class Mixed:
+    """``digits`` latency at a steady rate, alone and beside 32 clients' pages."""
+
+    label: str
+    alone: LoadResult
+    under: LoadResult
+    pages: Point
 
 
 @dataclass(frozen=True)
@@ -148,17 +174,6 @@ def rapidocr_loop(images: list[bytes]) -> Point:
 # -- the service ---------------------------------------------------------------------------
 
 
-def bench_repository(dest: Path, batching: bool) -> None:
-    """The OCR models built from the wheel; without ``batching``, ``ocr-rec`` takes one
-    crop a run (``max_batch_size`` 1): one row a run, whatever the client sends."""
-    build_repository(dest, MODELS)
-    if not batching:
-        path = dest / "ocr-rec" / "config.json"
-        config = json.loads(path.read_text())
-        config["max_batch_size"] = 1
-        path.write_text(json.dumps(config, indent=2))
-
-
 def rec_runs(base: str) -> RecRuns:
     """``ocr-rec``'s rows, runs and compute time so far, from the service's statistics."""
     with urllib.request.urlopen(f"{base}/v2/models/ocr-rec/stats", timeout=30) as r:  # noqa: S310
@@ -173,27 +188,57 @@ def rec_runs(base: str) -> RecRuns:
 
 def requests_for(images: list[bytes]) -> list[bytes]:
     """One prepared ``ocr`` request a page (binary image in, binary outputs)."""
-    prepared = []
-    for image in images:
-        body, length = encode_request(
-            {"image": np.array([image], dtype=np.object_)}, binary=True, binary_outputs=True
-        )
-        prepared.append(
-            http_request("/v2/models/ocr/infer", body, length, "application/octet-stream")
-        )
-    return prepared
+    return [
+        binary_request("ocr", {"image": np.array([image], dtype=np.object_)}) for image in images
+    ]
+
+
+def binary_request(model: str, inputs: dict[str, np.ndarray]) -> bytes:
+    body, length = encode_request(inputs, binary=True, binary_outputs=True)
+    return http_request(f"/v2/models/{model}/infer", body, length, "application/octet-stream")
+
+
+DIGITS = binary_request(
+    "digits", {"image": np.linspace(0, 16, 64, dtype=np.float32).reshape(1, 8, 8)}
+)
 
 
 @contextmanager
-def service(repo: Path, logs: Path, mode: str) -> Iterator[tuple[str, int]]:
-    """The GPU service on ``repo``, ready and warm: its base URL and port."""
-    child, port = start_service(f"ocr-{mode}", repo, logs, ["CPUExecutionProvider"], SETTINGS)
+def service(repo: Path, logs: Path, label: str, tree: Path | None) -> Iterator[tuple[str, int]]:
+    """The GPU service on ``repo`` (from ``tree``, a checkout, when given), ready and
+    warm: its base URL and port."""
+    port = procs.free_port()
+    env = {
+        "GPU_REPOSITORY": str(repo),
+        "GPU_PORT": str(port),
+        "GPU_PROVIDERS": json.dumps(["CPUExecutionProvider"]),
+        **SETTINGS,
+    }
+    argv = [sys.executable, "-m", "gpu_service"]
+    if tree is not None:  # that tree's packages first, whatever the working directory
+        run = "import runpy,sys;sys.path.insert(0,sys.argv.pop(1));"
+        run += "runpy.run_module('gpu_service',run_name='__main__')"
+        argv = [sys.executable, "-c", run, str(tree)]
+    child = procs.start(f"ocr-{label}", argv, logs, env)
     base = f"http://127.0.0.1:{port}"
     try:
         procs.wait_http(f"{base}/v2/health/ready", 180, child.proc)
+        run_load(port, [DIGITS], 1)
         yield base, port
     finally:
         child.stop()
+
+
+def build_with(tree: Path | None, dest: Path) -> None:
+    """The repository built by ``tree``'s own code (a checkout's configs are what its
+    service reads), else by this one's."""
+    if tree is None:
+        build_repository(dest, MODELS)
+        return
+    code = "import sys;sys.path.insert(0,sys.argv[1]);from pathlib import Path;"
+    code += "from spillway_cli.modelbuild.build import build_repository as b;"
+    code += "b(Path(sys.argv[2]),sys.argv[3].split(','))"
+    subprocess.run([sys.executable, "-c", code, str(tree), str(dest), ",".join(MODELS)], check=True)
 
 
 def drive(base: str, port: int, label: str, batch: list[bytes], concurrency: int) -> Point:
@@ -203,75 +248,113 @@ def drive(base: str, port: int, label: str, batch: list[bytes], concurrency: int
     return served(label, concurrency, result, rec_runs(base).since(before))
 
 
-def measure_services(work: Path, images: list[bytes], loads: list[tuple[int, int]]) -> list[Point]:
-    """Both services up at once, driven in turn at each load (one crop a run only above
-    concurrency 1), so the machine's drift falls on both alike."""
+def mixed(
+    base: str, port: int, label: str, batch: list[bytes], rate: float, alone_s: float
+) -> Mixed:
+    """``digits`` at ``rate`` alone for ``alone_s``, then beside 32 clients' pages."""
+    alone, _ = run_steady(port, DIGITS, rate, seconds=alone_s)
+    before = rec_runs(base)
+    under, pages_ = run_steady(port, DIGITS, rate, beside=(batch, MIXED_CONCURRENCY))
+    assert pages_ is not None
+    point = served(label, MIXED_CONCURRENCY, pages_, rec_runs(base).since(before))
+    return Mixed(label, alone, under, point)
+
+
+def measure_services(
+    work: Path,
+    images: list[bytes],
+    loads: list[tuple[int, int]],
+    trees: dict[str, Path | None],
+    mixed_load: tuple[int, float, float],
+) -> tuple[list[Point], list[Mixed]]:
+    """Every service up at once, driven in turn at each load and then mixed, so the
+    machine's drift falls on all alike."""
     prepared = requests_for(images)
-    points = []
+    points, mixes = [], []
+    for label, tree in trees.items():
+        build_with(tree, work / label)
     with ExitStack() as stack:
-        running = {}
-        for mode in LABELS:
-            bench_repository(work / mode, batching=mode == "on")
-            running[mode] = stack.enter_context(service(work / mode, work / "logs", mode))
-            run_load(running[mode][1], prepared[:1], 1)  # warm-up
+        running = {
+            label: stack.enter_context(service(work / label, work / "logs", label, tree))
+            for label, tree in trees.items()
+        }
+        for _, port in running.values():
+            run_load(port, prepared[:1], 1)  # warm-up
         for concurrency, count in loads:
             batch = [prepared[i % len(prepared)] for i in range(count)]
-            for mode, (base, port) in running.items():
-                if mode == "on" or concurrency > 1:
-                    points.append(drive(base, port, LABELS[mode], batch, concurrency))
-    return points
+            for label, (base, port) in running.items():
+                points.append(drive(base, port, label, batch, concurrency))
+        count, rate, alone_s = mixed_load
+        batch = [prepared[i % len(prepared)] for i in range(count)]
+        for label, (base, port) in running.items():
+            mixes.append(mixed(base, port, label, batch, rate, alone_s))
+    return points, mixes
 
 
 def served(label: str, concurrency: int, result: LoadResult, rec: RecRuns) -> Point:
     """A service point: pages/s counts only the answers that were 200."""
     point = summarise(label, concurrency, result.latencies, result.wall_s)
     errors = len(result.latencies) - result.ok
-    return replace(point, pages_per_s=result.ok / result.wall_s, errors=errors, rec=rec)
+    return replace(
+        point,
+        pages_per_s=result.ok / result.wall_s,
+        errors=errors,
+        shed=result.statuses.get(429, 0),
+        rec=rec,
+    )
 
 
 # -- the report ----------------------------------------------------------------------------
 
 
-def report(raw: Point, points: list[Point], load: list[str], pages_: int) -> str:
-    """The table: every point, pages/s against RapidOCR's loop, the recogniser's runs,
-    and batching on against off at each concurrency both ran."""
+def report(
+    raw: Point, points: list[Point], mixes: list[Mixed], load: list[str], pages_: int
+) -> str:
+    """The tables: every OCR point against RapidOCR's loop and its own c1 rate, with the
+    recogniser's runs; then ``digits`` alone and under pages."""
     lines = [
         f"{pages_} pages, CPUExecutionProvider, load average {' -> '.join(load)} "
         f"(1/5/15 min, before -> after).",
         "",
-        "| server | concurrency | requests | pages/s | ÷ RapidOCR loop | p50 ms | p99 ms "
-        "| errors | ocr-rec rows/run | ocr-rec compute ms/row |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| server | concurrency | requests | pages/s | ÷ RapidOCR loop | ÷ own c1 | p50 ms "
+        "| p99 ms | p99 ÷ queue | errors (429) | ocr-rec rows/run | ocr-rec compute ms/row |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    c1 = {p.label: p.pages_per_s for p in points if p.concurrency == 1}
     for point in [raw, *points]:
         rec = point.rec
+        own = c1.get(point.label)
         lines.append(
             f"| {point.label} | {point.concurrency} | {point.requests} "
             f"| {point.pages_per_s:.2f} | {point.pages_per_s / raw.pages_per_s:.2f} "
-            f"| {point.p50_ms:,.0f} | {point.p99_ms:,.0f} | {point.errors} "
+            f"| {f'{point.pages_per_s / own:.2f}' if own else '—'} "
+            f"| {point.p50_ms:,.0f} | {point.p99_ms:,.0f} "
+            f"| {_ratio(point.p99_over_queue)} | {point.errors} ({point.shed}) "
             f"| {f'{rec.rows_per_run:.2f}' if rec else '—'} "
             f"| {f'{rec.ms_per_row:.1f}' if rec else '—'} |"
         )
-    return "\n".join([*lines, "", *gains(points)])
+    lines += [
+        "",
+        f"digits at a steady rate, alone and while {MIXED_CONCURRENCY} clients send pages:",
+        "",
+        "| server | digits | requests | p50 ms | p99 ms | p99 ÷ alone | errors | pages/s beside |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mix in mixes:
+        alone_p99 = mix.alone.percentile(99)
+        for name, result in (("alone", mix.alone), ("under pages", mix.under)):
+            errors = len(result.latencies) - result.ok
+            pages_s = f"{mix.pages.pages_per_s:.2f}" if result is mix.under else "—"
+            lines.append(
+                f"| {mix.label} | {name} | {len(result.latencies)} "
+                f"| {result.percentile(50) * 1e3:.1f} | {result.percentile(99) * 1e3:.1f} "
+                f"| {result.percentile(99) / alone_p99:.2f} | {errors} | {pages_s} |"
+            )
+    return "\n".join(lines)
 
 
-def gains(points: list[Point]) -> list[str]:
-    """Batching on ÷ off at each concurrency both ran: pages/s and recogniser ms/row."""
-    on = {p.concurrency: p for p in points if p.label == LABELS["on"]}
-    out = []
-    for off in (p for p in points if p.label == LABELS["off"] and p.concurrency in on):
-        with_ = on[off.concurrency]
-        per_row = (
-            off.rec.ms_per_row / with_.rec.ms_per_row
-            if off.rec and with_.rec and with_.rec.ms_per_row
-            else float("nan")
-        )
-        out.append(
-            f"* c{off.concurrency}: batching on ÷ off: pages/s "
-            f"{with_.pages_per_s / off.pages_per_s:.2f}, ocr-rec compute per row "
-            f"{per_row:.2f}× less"
-        )
-    return out
+def _ratio(value: float) -> str:
+    return "—" if value != value else f"{value:.2f}"  # nan: no pages ahead at c1
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -279,23 +362,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--requests",
         default=",".join(map(str, REQUESTS)),
-        help="requests at concurrency 1, 8 and 32",
+        help="requests at concurrency 1, 8, 32 and 64",
     )
+    parser.add_argument("--digits-rate", type=float, default=DIGITS_RATE, help="digits/s")
+    parser.add_argument("--before", type=Path, default=None, help="a checkout to compare")
     parser.add_argument("--quick", action="store_true", help="2 pages, concurrency 1 and 2")
-    parser.add_argument("--out", default=None, help="file for the table")
+    parser.add_argument("--out", default=None, help="file for the tables")
     args = parser.parse_args(argv)
+    trees: dict[str, Path | None] = {SERVICE: None}
+    if args.before is not None:
+        trees[BEFORE] = args.before.resolve()
     if args.quick:
         images, loads = pages(2), [(1, 2), (2, 2)]
+        mixed_load = (4, 20.0, 1.0)
     else:
         counts = [int(n) for n in args.requests.split(",")]
         images, loads = pages(), list(zip(CONCURRENCIES, counts, strict=True))
+        mixed_load = (counts[2], args.digits_rate, DIGITS_ALONE_S)
     load = [load_average()]
     first = rapidocr_loop(images)
     with tempfile.TemporaryDirectory(prefix="spillway-ocr-bench-") as tmp:
-        points = measure_services(Path(tmp), images, loads)
+        points, mixes = measure_services(Path(tmp), images, loads, trees, mixed_load)
     raw = max(first, rapidocr_loop(images), key=lambda p: p.pages_per_s)
     load.append(load_average())
-    text = report(raw, points, load, len(images))
+    text = report(raw, points, mixes, load, len(images))
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

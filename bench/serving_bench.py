@@ -262,7 +262,7 @@ def layout_env(layout: str) -> dict[str, str]:
     if layout == "auto":
         return env
     intra, slots = layout.split("x")
-    return {**env, "GPU_INTRA_OP_THREADS": intra, "GPU_INSTANCE_COUNT": slots}
+    return {**env, "GPU_INTRA_OP_THREADS": intra, "GPU_COMPUTE_SLOTS": slots}
 
 
 def start_service(

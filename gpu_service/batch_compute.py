@@ -2,22 +2,19 @@
 
 A ``Runner`` computes one batch of prepared requests, blocking, one result per request
 and in order (the Triton python backend's contract). ``run_batch`` calls it on the
-bucket's executor, checks that count, and turns any failure into the one error every
-request of that batch receives. Each length bucket computes on its own thread pool
-(``compute_pool``) at the bucket's OS niceness, so long inputs yield the CPU to short
-ones. A request's share of the run comes back as ``Computed``.
+device's compute threads (``gpu_service.compute_budget``: the run holds its slots),
+checks that count, and turns any failure into the one error every request of that batch
+receives. A request's share of the run comes back as ``Computed``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
-import os
-import threading
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from spillway.models.processing import Prepared, Tensors
 from spillway.protocol.errors import InferenceError, SpillwayError
@@ -30,6 +27,14 @@ class Runner(Protocol):
 
     def run(self, batch: list[Prepared]) -> list[Tensors]:
         """One result per request, in order."""
+
+
+class WideRunner(Runner, Protocol):
+    """A runner with a second session on more threads, for runs that have the device to
+    themselves (``spillway.models.engine.OnnxModel``)."""
+
+    def run(self, batch: list[Prepared], wide: bool = False) -> list[Tensors]:
+        """One result per request, in order; ``wide``: on the wide session."""
 
 
 @dataclass(frozen=True)
@@ -45,12 +50,14 @@ class Computed:
 
 
 async def run_batch(
-    runner: Runner, executor: Executor, batch: list[Prepared], name: str
+    runner: Runner, executor: Executor, batch: list[Prepared], name: str, *, wide: bool = False
 ) -> list[Tensors] | SpillwayError:
     """Run one batch of model ``name`` on ``executor``: one result per request, in order,
-    or the one error for every request of the batch (an unexpected failure is logged)."""
+    or the one error for every request of the batch (an unexpected failure is logged).
+    ``wide``: the run holds the whole device (only granted where the runner is wide)."""
+    run = functools.partial(cast(WideRunner, runner).run, wide=True) if wide else runner.run
     try:
-        results = await asyncio.get_running_loop().run_in_executor(executor, runner.run, batch)
+        results = await asyncio.get_running_loop().run_in_executor(executor, run, batch)
         if len(results) != len(batch):
             raise InferenceError(f"{len(results)} results for {len(batch)} requests")
     except SpillwayError as exc:
@@ -59,17 +66,3 @@ async def run_batch(
         log.exception("a batch of %d requests for %s failed", len(batch), name)
         return InferenceError(f"inference failed on model {name}: {exc}")
     return results
-
-
-def compute_pool(threads: int, niceness: int, name: str) -> ThreadPoolExecutor:
-    """Compute threads of one length bucket, at the bucket's OS scheduling niceness."""
-    return ThreadPoolExecutor(
-        threads, thread_name_prefix=f"ort-{name}", initializer=_renice, initargs=(niceness,)
-    )
-
-
-def _renice(niceness: int) -> None:
-    # Linux applies setpriority to a single thread when given its thread id.
-    if niceness and hasattr(os, "setpriority"):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from gpu_service.batch_compute import Computed
+from gpu_service.compute_budget import Turn
 from gpu_service.fair_share import Scope
 from spillway.models.processing import Prepared
 from spillway.protocol.errors import SpillwayError
@@ -102,7 +103,45 @@ class Bucket:
     levels: list[Level]
     rows: int = 0
     running: int = 0
+    row_s: float = 0.0
+    """Measured seconds of compute per row of this bucket's runs (a moving average; 0
+    before the first run): the device's budget estimates waits and short runs by it."""
+
+    def measured(self, rows: int, seconds: float) -> None:
+        """A run of ``rows`` took ``seconds``."""
+        per_row = seconds / max(rows, 1)
+        self.row_s = per_row if not self.row_s else self.row_s + _WEIGHT * (per_row - self.row_s)
 
     def heads(self) -> list[Pending]:
         """The first queued request of each tenant at each level."""
         return [head for level in self.levels for head in level.heads()]
+
+    def turn(self, level: int, horizon_s: float) -> Turn:
+        """Its most urgent head's turn in the device's order, for a model at priority
+        ``level`` whose requests without a deadline count one ``horizon_s`` after their
+        arrival (the bucket must have a head)."""
+        return min(turn_of(head, level, horizon_s) for head in self.heads())
+
+    def work_before(self, turn: Turn, level: int, horizon_s: float) -> float:
+        """Seconds of compute its queued requests whose turn comes before ``turn`` need,
+        at the measured seconds per row."""
+        if not self.row_s:
+            return 0.0
+        rows = sum(
+            pending.prepared.rows
+            for lane in self.levels
+            for queue in lane.queues.values()
+            for pending in queue
+            if pending.state is State.QUEUED and turn_of(pending, level, horizon_s) < turn
+        )
+        return rows * self.row_s
+
+
+def turn_of(pending: Pending, level: int, horizon_s: float) -> Turn:
+    """A queued request's turn: by its deadline, else by its arrival plus ``horizon_s``."""
+    deadline = pending.arrival + horizon_s if pending.deadline is None else pending.deadline
+    return Turn(level, deadline, pending.arrival)
+
+
+_WEIGHT = 0.2
+"""How much the latest run moves a bucket's seconds per row: about the last ten count."""

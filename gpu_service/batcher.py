@@ -25,11 +25,18 @@ Fair share (``policy.fair_share``): among the requests that may go next (aged, o
 best level waiting), the tenant served least lately goes first (``gpu_service.fair_share``:
 each request carries its tenant's scope), else the oldest request; a tenant's own
 requests keep their order.
-Length buckets: requests queue by length bucket, a batch never mixes buckets, and each
-bucket has its own compute slots, so short texts neither pad to nor wait behind long ones.
+Length buckets: requests queue by length bucket and a batch never mixes buckets, so short
+texts never pad to long ones.
 The length is whatever the model's processor buckets by (``Prepared.length``): tokens for
 text, the padded width for variable-width images, so crops of similar width from many
 requests batch together at one shape.
+
+Compute: a bucket with a batch due claims slots of the device's compute budget through
+the batcher's ``gpu_service.batch_seat.Seat``, and its batch forms when they are granted,
+so requests wait here, where they can still join the batch, rather than on the CPU. Of
+the buckets due, the one with the best ``Turn`` goes (the earliest deadline). A bucket
+runs at most ``policy.concurrency`` batches at once. A request whose deadline the
+expected wait already passes is refused at admission (429 ``deadline_unmeetable``).
 
 The queue the batcher holds is ``gpu_service.batch_queue``; a formed batch computes
 through ``gpu_service.batch_compute``.
@@ -43,11 +50,13 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 
-from gpu_service.batch_compute import Computed, Runner, compute_pool, run_batch
+from gpu_service.batch_compute import Computed, Runner, run_batch
 from gpu_service.batch_queue import Bucket, Level, Pending, State
+from gpu_service.batch_seat import Seat
 from gpu_service.batching_policy import BatchingPolicy, RateTracker
+from gpu_service.compute_budget import ComputeBudget, Grant
 from gpu_service.fair_share import FairShare, Scope
 from gpu_service.stats import ModelStats
 from spillway.models.processing import Prepared, Tensors
@@ -70,7 +79,10 @@ class DynamicBatcher:
     tenants' fair share; the loop's timers only wake the batcher, which then decides by
     ``clock``. On a virtual-time loop, pass the loop's ``time`` and the test controls every
     wait. ``share`` is the tenants' usage the batcher charges and orders by (its own when
-    none is given; one shared by several batchers shares their compute).
+    none is given; one shared by several batchers shares their compute). ``budget`` is
+    the device's compute budget (none: one of its own, as if the model were alone on the
+    device, ``policy.concurrency`` runs per bucket); ``executor``, when given, computes
+    the runs instead of the budget's threads (tests run them inline).
     """
 
     def __init__(
@@ -83,6 +95,7 @@ class DynamicBatcher:
         stats: ModelStats | None = None,
         clock: Callable[[], float] = time.monotonic,
         share: FairShare | None = None,
+        budget: ComputeBudget | None = None,
     ) -> None:
         self.name = name
         self.runner = runner
@@ -90,20 +103,18 @@ class DynamicBatcher:
         self.stats = stats or ModelStats()
         self.failure: BaseException | None = None
         buckets = len(policy.length_buckets) + 1
-        self._owned: list[ThreadPoolExecutor] = []
-        if executor is None:
-            self._owned = [
-                compute_pool(policy.concurrency, policy.niceness(b), f"{name}-{b}")
-                for b in range(buckets)
-            ]
-        self._executors: list[Executor] = (
-            [*self._owned] if executor is None else [executor] * buckets
+        self._own_budget = budget is None
+        self.budget = budget or ComputeBudget(
+            policy.max_parallel_runs, overdraft=0, steps=False, clock=clock
         )
+        self._executor = executor
         self._clock = clock
         self.share = share or FairShare(policy.fair_share_half_life_s)
         self._buckets = [
             Bucket(b, [Level() for _ in range(policy.priority_levels)]) for b in range(buckets)
         ]
+        self.seat = Seat(name, policy, self.budget, self._buckets, self._due_now, self._wake)
+        self.seat.widens = bool(getattr(runner, "wide", False))  # OnnxModel.wide
         self._admitted = itertools.count()
         self._queued = 0
         self._running = 0
@@ -119,6 +130,7 @@ class DynamicBatcher:
 
     def start(self) -> None:
         """Start the owner task on the running loop."""
+        self.budget.register(self.seat)
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._loop(), name=f"batcher-{self.name}")
         self._task.add_done_callback(self._on_loop_done)
@@ -131,8 +143,13 @@ class DynamicBatcher:
             await asyncio.wait({self._task}, timeout=drain_timeout_s)
             self._task.cancel()
         self._fail_queued(UnavailableError(f"model {self.name} is shutting down"))
-        for pool in self._owned:
-            pool.shutdown(wait=False)
+        self._leave_budget()
+
+    def _leave_budget(self) -> None:
+        self.budget.withdraw(self.seat)
+        self.seat.give_back()
+        if self._own_budget:
+            self.budget.close()
 
     @property
     def healthy(self) -> bool:
@@ -166,6 +183,7 @@ class DynamicBatcher:
             "batcher of %s died; failing its queued requests", self.name, exc_info=self.failure
         )
         self._fail_queued(UnavailableError(f"the batcher of model {self.name} failed"))
+        self._leave_budget()
 
     def _fail_queued(self, error: SpillwayError) -> None:
         for bucket in self._buckets:
@@ -230,8 +248,8 @@ class DynamicBatcher:
             raise UnavailableError(f"model {self.name} is not serving")
         if prepared.rows > policy.max_batch_size:
             raise InvalidInputError(f"batch of {prepared.rows} exceeds {policy.max_batch_size}")
-        level = self._level(priority)
-        timeout_s = self._timeout(timeout_s)
+        level = policy.level_of(priority)
+        timeout_s = policy.timeout_of(timeout_s)
         if self._queued >= policy.max_queue_size:
             self.stats.rejected += 1
             raise OverloadedError(
@@ -241,6 +259,12 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         now = self._clock()
         bucket = policy.bucket_of(prepared.length)
+        if timeout_s is not None:
+            try:
+                self.seat.shed_if_late(prepared.rows, bucket, now, timeout_s)
+            except OverloadedError:
+                self.stats.rejected += 1
+                raise
         pending = Pending(
             prepared, level, now, bucket, loop.create_future(), scope, next(self._admitted)
         )
@@ -253,21 +277,6 @@ class DynamicBatcher:
         self._rate.arrive(now, self._upstream + self._queued + self._running_requests)
         self._wake()
         return pending
-
-    def _level(self, priority: int) -> int:
-        levels = self.policy.priority_levels
-        priority = priority or self.policy.default_priority
-        if not 1 <= priority <= levels:
-            raise InvalidInputError(f"priority must be between 1 and {levels}, or 0")
-        return priority - 1
-
-    def _timeout(self, requested: float | None) -> float | None:
-        default = self.policy.default_timeout_s
-        if requested is not None and requested < 0:
-            raise InvalidInputError("timeout must not be negative")
-        if requested is None or not self.policy.allow_timeout_override:
-            return default
-        return requested if default is None else min(requested, default)
 
     def _expire(self, pending: Pending) -> None:
         if pending.state is not State.QUEUED or pending.deadline is None:
@@ -308,14 +317,19 @@ class DynamicBatcher:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while not (self._stopping and self._queued == 0 and self._running == 0):
-            wait: float | None = None
-            # None: every bucket with queued work is computing; wait for a run to end.
-            if self._queued and (due := self._next_due()) is not None:
-                bucket, wait = due
-                if wait <= _DUE_S:
+            due: list[Bucket] = []
+            wait: float | None = None  # None: nothing comes due by itself; wait to be woken
+            if self._queued:
+                due, wait = self._due()
+                if due and (grant := self.seat.take()) is not None:
+                    bucket = min(due, key=self.seat.bucket_turn)
                     if batch := self._form(bucket):  # empty: every head had expired
-                        self._dispatch(bucket, batch)
+                        self._dispatch(bucket, batch, grant)
+                    else:
+                        self.budget.release(grant)
                     continue
+            if not due:  # a grant that came meanwhile has nothing to run now
+                self.seat.give_back()
             # A future and a timer, not wait_for: this runs once per batch or arrival.
             self._waiter = waiter = loop.create_future()
             timer = None if wait is None else loop.call_later(wait, _resolve, waiter)
@@ -335,25 +349,32 @@ class DynamicBatcher:
             return policy.min_batch_size
         return max(policy.preferred_batch_sizes, default=policy.max_batch_size)
 
-    def _next_due(self) -> tuple[Bucket, float] | None:
-        """The bucket to dispatch next and the seconds until it is due (<= 0: now); None
-        when no bucket with queued work has a free compute slot."""
+    def _due(self) -> tuple[list[Bucket], float | None]:
+        """The buckets with a batch due now, and the seconds until the next other bucket
+        comes due (None: none will by itself); a bucket running ``policy.concurrency``
+        batches is neither."""
         now, target = self._clock(), self._target()
-        best: tuple[float, float, Bucket] | None = None
+        due: list[Bucket] = []
+        later: float | None = None
         for bucket in self._buckets:
             heads = bucket.heads()
             if not heads or bucket.running >= self.policy.concurrency:
                 continue
-            oldest = min(h.arrival for h in heads)
             if bucket.rows >= target or self._stopping:
-                due = 0.0
+                wait = 0.0
             else:
-                due = oldest + self.policy.max_queue_delay_s - now
+                oldest = min(h.arrival for h in heads)
+                wait = oldest + self.policy.max_queue_delay_s - now
                 if self.policy.early_dispatch:
-                    due = min(due, self._company_due(due, now))
-            if best is None or (due, oldest) < best[:2]:
-                best = (due, oldest, bucket)
-        return None if best is None else (best[2], best[0])
+                    wait = min(wait, self._company_due(wait, now))
+            if wait <= _DUE_S:
+                due.append(bucket)
+            elif later is None or wait < later:
+                later = wait
+        return due, later
+
+    def _due_now(self) -> list[Bucket]:
+        return self._due()[0] if self._queued else []
 
     def _company_due(self, left: float, now: float) -> float:
         """Seconds until waiting for company stops paying (<= 0: now), with ``left``
@@ -416,26 +437,35 @@ class DynamicBatcher:
         self._queued -= len(batch)
         return batch
 
-    def _dispatch(self, bucket: Bucket, batch: list[Pending]) -> None:
+    def _dispatch(self, bucket: Bucket, batch: list[Pending], grant: Grant) -> None:
         self._running += 1
         self._running_requests += len(batch)
         bucket.running += 1
-        task = asyncio.get_running_loop().create_task(self._execute(bucket, batch))
+        task = asyncio.get_running_loop().create_task(self._execute(bucket, batch, grant))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
-    async def _execute(self, bucket: Bucket, batch: list[Pending]) -> None:
+    async def _execute(self, bucket: Bucket, batch: list[Pending], grant: Grant) -> None:
         started = self._clock()
         self.stats.busy.start(started)
+        rows = sum(p.prepared.rows for p in batch)
+        self.seat.started(grant, bucket, rows)
         try:
             outcome = await run_batch(
-                self.runner, self._executors[bucket.index], [p.prepared for p in batch], self.name
+                self.runner,
+                self._executor or self.budget.executor(grant),
+                [p.prepared for p in batch],
+                self.name,
+                wide=grant.wide,
             )
         finally:
+            self.seat.ended(grant)
             self._running -= 1
             self._running_requests -= len(batch)
             bucket.running -= 1
             self._wake()
+        if not isinstance(outcome, SpillwayError):
+            bucket.measured(rows, self._clock() - started)
         try:
             self._finish(batch, started, outcome)
         except Exception as exc:

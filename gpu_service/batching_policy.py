@@ -11,6 +11,7 @@ from typing import Any
 
 from gpu_service.settings import GpuSettings
 from spillway.models.config import ModelConfig
+from spillway.protocol.errors import InvalidInputError
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,16 @@ class BatchingPolicy:
     """Edges of ``Prepared.length`` that requests queue apart by: token lengths for text,
     padded widths for a variable-width image (``SpillwayBlock.batch_buckets``)."""
     concurrency: int = 1
-    """Batches that may compute at once per length bucket (a long batch never blocks a
-    short one)."""
+    """Batches of one length bucket that may compute at once (the device's compute budget
+    bounds them all together)."""
+    compute_level: int = 2
+    """The model's priority level in the device's compute budget (1 first;
+    ``spillway.compute.priority``)."""
+    slots_per_run: int = 1
+    """Slots of the device's compute budget one run holds (``spillway.compute.slots``)."""
+    horizon_s: float = 5.0
+    """For a request without a deadline, the budget orders it as if it had this one: the
+    model's ``spillway.latency_budget_ms``, else the router's default deadline."""
     retry_after_s: float = 1.0
     merge: bool = True
     """Whether a run may hold several requests (dynamic batching). Off (a model without a
@@ -51,13 +60,26 @@ class BatchingPolicy:
 
     @property
     def max_parallel_runs(self) -> int:
-        """Runs that may be in flight at once: a shared executor needs this many threads."""
+        """Runs of this model that may be in flight at once (``concurrency`` per bucket)."""
         return self.concurrency * (len(self.length_buckets) + 1)
 
-    def niceness(self, bucket: int) -> int:
-        """OS scheduling niceness of a bucket's compute threads: longer buckets yield the CPU
-        to shorter ones (with one intra-op thread the run computes on this thread)."""
-        return min(19, 5 * bucket)
+    def level_of(self, priority: int) -> int:
+        """The queue level of a request's ``priority`` (0: the model's default level)."""
+        levels = self.priority_levels
+        priority = priority or self.default_priority
+        if not 1 <= priority <= levels:
+            raise InvalidInputError(f"priority must be between 1 and {levels}, or 0")
+        return priority - 1
+
+    def timeout_of(self, requested: float | None) -> float | None:
+        """A request's timeout: its own, within the model's default (when it may override
+        it), else that default."""
+        default = self.default_timeout_s
+        if requested is not None and requested < 0:
+            raise InvalidInputError("timeout must not be negative")
+        if requested is None or not self.allow_timeout_override:
+            return default
+        return requested if default is None else min(requested, default)
 
     def bucket_of(self, length: int) -> int:
         """The index of the first bucket edge that holds ``length`` (the last if none)."""
@@ -101,8 +123,12 @@ class RateTracker:
 def batching_policy(config: ModelConfig, settings: GpuSettings) -> BatchingPolicy:
     """A batcher policy from the model's Triton-style config and the service settings."""
     dyn = config.dynamic_batching
+    budget_ms = config.spillway.latency_budget_ms
     common: dict[str, Any] = {
-        "concurrency": settings.compute_slots(),
+        "concurrency": settings.compute_slots_per_bucket(),
+        "compute_level": config.spillway.compute.priority,
+        "slots_per_run": config.spillway.compute.slots,
+        "horizon_s": (budget_ms or settings.default_horizon_ms) / 1e3,
         "retry_after_s": settings.retry_after_s,
         "fair_share": settings.fair_share,
         "fair_share_half_life_s": settings.fair_share_half_life_s,

@@ -44,6 +44,8 @@ from spillway.protocol.errors import (
 
 class _BatcherSteps:
     """Answers the step runner's effects for one request with the registry's versions.
+    Its CPU steps (preparing a step's inputs) take the device's compute budget in the
+    request's turn: every step of a page ranks by the page's arrival and deadline.
     The request's ``deadline`` (a ``time.perf_counter()`` instant) bounds every step: a
     step, or a chunk of rows, still queued when it passes leaves its batcher uncomputed
     (504), and none starts after it. Its chunks queue under its tenant's ``scope``, so
@@ -54,12 +56,14 @@ class _BatcherSteps:
         registry: Versions,
         *,
         priority: int,
+        arrived: float,
         deadline: float,
         offload: inference.Offload,
         scope: str | None,
     ) -> None:
         self.registry = registry
         self.priority = priority
+        self.arrived = arrived
         self.deadline = deadline
         self.offload = offload
         self.scope = scope
@@ -98,8 +102,9 @@ class _BatcherSteps:
         timer = RequestTimer(time.perf_counter())
         try:
             if model.batched_prepare:  # tokenising: off the loop, and announced
+                steps = batcher.seat.offload_steps(self.offload, self.arrived, self.remaining())
                 with batcher.incoming():
-                    prepared = await self.offload(model.prepare, inputs)
+                    prepared = await steps(model.prepare, inputs)
             else:
                 prepared = model.prepare(inputs)
             # The request's priority, within the levels this step model has.
@@ -258,6 +263,7 @@ class PipelineEntry:
         steps = _BatcherSteps(
             pipelines.registry,
             priority=decoded.parameters.priority or 0,
+            arrived=call.arrived,
             deadline=call.arrived + timeout_s,
             offload=call.offload,
             scope=call.scope,

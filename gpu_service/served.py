@@ -213,7 +213,8 @@ async def _run(
     async def prepare(decoded: inference.Decoded) -> inference.Admitted:
         # Announced to the batcher, so early dispatch keeps a batch open for it.
         with batcher.incoming():
-            return await served.preparer.admit(decoded, call.offload)
+            steps = batcher.seat.offload_steps(call.offload, call.arrived, timeout_s)
+            return await served.preparer.admit(decoded, steps)
 
     encoded = await inference.run_async(
         served.model,

@@ -12,9 +12,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from spillway.models.engine import CPU, CUDA, EngineOptions
 
-_MAX_AUTO_THREADS = 4
-"""Most intra-op threads ``auto`` gives one run."""
-
 
 class GpuSettings(BaseSettings):
     """Settings of the GPU service (``GPU_<FIELD>`` in the environment)."""
@@ -60,14 +57,33 @@ class GpuSettings(BaseSettings):
     providers: tuple[str, ...] = (CUDA, CPU)
     """ONNX Runtime execution providers in order of preference; a CPU fallback is logged."""
     intra_op_threads: Annotated[int, Field(ge=0)] | Literal["auto"] = "auto"
-    """Threads inside one ONNX Runtime run (0: ONNX Runtime's choice, one per core;
-    ``auto``: see ``thread_layout``). With 1, a run computes on its compute-slot thread,
-    so parallel slots and per-bucket priorities take effect."""
+    """ONNX Runtime threads of one run per slot it holds (0: ONNX Runtime's choice, one per
+    core; ``auto``: see ``compute_layout``). With 1, a one-slot run computes on the
+    budget's thread that runs it, so runs never outnumber the budget's slots."""
     inter_op_threads: int = Field(default=0, ge=0)
     """Threads across operators (0: ONNX Runtime decides)."""
+    compute_slots: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = "auto"
+    """The device's compute budget: slots that runs (and, on a CPU host, requests' CPU
+    steps) hold while they compute, over every model, version and length bucket
+    (``auto``: see ``compute_layout``)."""
+    compute_overdraft: int = Field(default=1, ge=0, le=16)
+    """Runs expected to be short that may start beyond the slots while every slot is
+    held by a longer run (``gpu_service.compute_budget``)."""
+    short_run_ms: float = Field(default=5.0, ge=0)
+    """A run expected to take at most this long (by its bucket's measured time per row)
+    is short: it may overdraw the budget rather than wait behind a long run."""
+    default_horizon_ms: float = Field(default=5000.0, gt=0)
+    """The deadline the budget orders a request without one by, counted from its arrival,
+    when its model declares no ``spillway.latency_budget_ms`` (the router's default
+    deadline)."""
+    wide_runs: bool = True
+    """On a CPU host with more than one slot, a run that finds the device idle (no other
+    run, step or queued request) computes on every slot's threads, on a second session
+    of its model version (twice the sessions' memory): one client's request is as quick
+    as on a process of its own, while concurrent ones each take one slot."""
     instance_count: Annotated[int, Field(ge=1, le=16)] | Literal["auto"] = "auto"
-    """Batches of one model version (per length bucket) that may compute at once
-    (``auto``: see ``thread_layout``)."""
+    """Batches of one model version and length bucket that may compute at once, within
+    the budget (``auto``: as many as the budget has slots)."""
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     """Largest request body accepted; larger bodies get 413 before they are read."""
     max_body_bytes_in_flight: int = Field(default=128 * 1024 * 1024, ge=1024)
@@ -164,41 +180,49 @@ class GpuSettings(BaseSettings):
     log_level: str = "INFO"
     """Log level of the service."""
 
-    def thread_layout(self) -> tuple[int, int]:
-        """Intra-op threads per run and compute slots, ``auto`` resolved.
+    def compute_layout(self) -> tuple[int, int]:
+        """ONNX Runtime intra-op threads per slot, and the compute budget's slots, each
+        ``auto`` resolved.
 
-        ``auto`` on the CPU: each run gets up to 4 of the cores this process may use (a
-        run over small batches gains little from more), and the cores left over make
-        more slots; on two cores that is 2 threads x 1 slot, which beat 1 x 2 and 2 x 2
-        at concurrency 1 and 8 on an otherwise idle machine (docs/benchmarks.md). On the
-        GPU: one thread per run (the device computes) and two slots, so one batch is
-        copied and formed while another computes. On a CPU shared with other busy
-        processes, 1 thread x 2 slots holds up better (same page)."""
+        On the CPU, ``auto`` is one thread per slot and one slot per core this process
+        may use: runs and CPU steps never outnumber cores, and a run waits in its batcher,
+        not on the CPU (docs/benchmarks.md, "One compute budget", measured the choice).
+        On the GPU: one thread per run (the device computes) and two slots, so one batch
+        is formed and copied while another computes."""
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
         cores = cores or os.cpu_count() or 1
-        on_gpu = self.providers[:1] == (CUDA,) and CUDA in ort.get_available_providers()
-        if self.intra_op_threads != "auto":
-            intra = self.intra_op_threads
-        elif on_gpu:
-            intra = 1
-        elif self.instance_count != "auto":
-            intra = max(1, cores // self.instance_count)
-        else:
-            intra = min(cores, _MAX_AUTO_THREADS)
+        threads = 1 if self.intra_op_threads == "auto" else self.intra_op_threads
+        if self.compute_slots != "auto":
+            return threads, self.compute_slots
+        if self.on_gpu:
+            return threads, 2
+        return threads, max(1, cores // max(threads, 1))
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether models compute on a GPU (CUDA first and available)."""
+        return self.providers[:1] == (CUDA,) and CUDA in ort.get_available_providers()
+
+    def wide_threads(self) -> int:
+        """Intra-op threads of a run that has the device to itself (0: no such runs)."""
+        threads, slots = self.compute_layout()
+        if not self.wide_runs or self.on_gpu or slots < 2:
+            return 0
+        return threads * slots
+
+    def compute_slots_per_bucket(self) -> int:
+        """Batches of one model version and length bucket that may compute at once."""
         if self.instance_count != "auto":
-            return intra, self.instance_count
-        slots = 2 if on_gpu else max(1, min(16, cores // max(intra, 1)))
-        return intra, slots
+            return self.instance_count
+        return self.compute_layout()[1]
 
-    def compute_slots(self) -> int:
-        """Batches of one model version (per length bucket) that may compute at once."""
-        return self.thread_layout()[1]
-
-    def engine_options(self) -> EngineOptions:
-        """The engine options these settings describe."""
+    def engine_options(self, slots_per_run: int = 1) -> EngineOptions:
+        """The engine options these settings describe, for a model whose runs hold
+        ``slots_per_run`` slots of the budget."""
         return EngineOptions(
             providers=self.providers,
-            intra_op_threads=self.thread_layout()[0],
+            intra_op_threads=self.compute_layout()[0] * slots_per_run,
+            wide_threads=self.wide_threads(),
             inter_op_threads=self.inter_op_threads,
             max_elements_per_input=self.max_elements_per_input,
             max_bytes_per_element=self.max_bytes_per_element,

@@ -11,6 +11,7 @@ from typing import Any
 
 from gpu_service.batcher import DynamicBatcher
 from gpu_service.batching_policy import BatchingPolicy
+from gpu_service.compute_budget import ComputeBudget
 from gpu_service.memory import Probe
 from gpu_service.preparing import PrepareQueue
 from gpu_service.settings import GpuSettings
@@ -110,7 +111,8 @@ def load_version(
     """Open and warm the session (the core loader), measuring the memory it took;
     blocking (run it on a thread)."""
     probe = Probe(on_device=CUDA in settings.providers)
-    model = open_version(config, version, path, settings.engine_options())
+    options = settings.engine_options(config.spillway.compute.slots)
+    model = open_version(config, version, path, options)
     files = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
     # The allocator may reuse memory freed by an earlier unload, so never count less than
     # the version's files.
@@ -118,10 +120,17 @@ def load_version(
 
 
 def start_version(
-    model: OnnxModel, policy: BatchingPolicy, footprint: int, method: str, started: float
+    model: OnnxModel,
+    policy: BatchingPolicy,
+    footprint: int,
+    method: str,
+    started: float,
+    budget: ComputeBudget,
 ) -> ServedVersion:
-    """A batcher for a loaded model, started on the running loop."""
+    """A batcher for a loaded model, computing within the device's ``budget``, started on
+    the running loop."""
     stats = ModelStats()
-    batcher = DynamicBatcher(f"{model.name}/{model.version}", model, policy, stats=stats)
+    name = f"{model.name}/{model.version}"
+    batcher = DynamicBatcher(name, model, policy, stats=stats, budget=budget)
     batcher.start()
     return ServedVersion(model, batcher, stats, time.monotonic() - started, footprint, method)

@@ -203,6 +203,18 @@ class VersionPolicy(_Strict):
     specific: dict[Literal["versions"], tuple[int, ...]] | None = None
 
 
+class ComputeSpec(_Strict):
+    """What one run of the model needs from the device it is served on, and its place
+    in that device's order (the GPU service's compute budget, docs/gpu-service.md)."""
+
+    priority: int = Field(default=2, ge=1, le=4)
+    """1 first: while a run of a model at a better level waits for the device, no model
+    at a worse level starts one. Within a level the earliest deadline goes first."""
+    slots: int = Field(default=1, ge=1, le=16)
+    """Slots of the device's budget one run holds (on a CPU host, a slot is a core: the
+    run computes on that many ONNX Runtime threads)."""
+
+
 class SpillwayBlock(_Strict):
     """What only Spillway uses; Triton would ignore an unknown block, so keep it apart."""
 
@@ -229,6 +241,8 @@ class SpillwayBlock(_Strict):
     of its own (``x-spillway-latency-budget-ms`` still wins), in milliseconds, within the
     bounds a request's own budget has (100 ms to 1 h); unset: the router's default
     (``ROUTER_DEFAULT_DEADLINE_MS``, 5 s). A pipeline's is at most its ``timeout_s``."""
+    compute: ComputeSpec = ComputeSpec()
+    """Its runs' share of the device and their priority level (GPU service)."""
 
     @property
     def batch_buckets(self) -> tuple[int, ...]:

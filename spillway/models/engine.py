@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,6 +59,10 @@ class EngineOptions:
     providers: tuple[str, ...] = (CPU,)
     intra_op_threads: int = 0
     inter_op_threads: int = 0
+    wide_threads: int = 0
+    """Intra-op threads of a second session for the runs that have the device to
+    themselves (0, or no more than ``intra_op_threads``: none): a lone request computes on
+    every core while concurrent ones each take one (the GPU service's compute budget)."""
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
     max_elements_per_input: int = 16 * 1024 * 1024
     max_bytes_per_element: int = 64 * 1024
@@ -97,6 +101,10 @@ class OnnxModel:
         self.config = config
         self.options = options
         self.session = _session(version_dir / config.spillway.onnx_file, options)
+        self._wide: ort.InferenceSession | None = None
+        if options.wide_threads > max(options.intra_op_threads, 1):
+            wide = replace(options, intra_op_threads=options.wide_threads)
+            self._wide = _session(version_dir / config.spillway.onnx_file, wide)
         self.provider = self.session.get_providers()[0]
         self.provider_fallback = CUDA in options.providers and self.provider != CUDA
         if self.provider_fallback:
@@ -190,11 +198,18 @@ class OnnxModel:
         prepared = iter(self.processor.prepare_many(valid))
         return [c if isinstance(c, SpillwayError) else next(prepared) for c in checked]
 
-    def run(self, batch: list[Prepared]) -> list[Tensors]:
-        """One ONNX Runtime run over prepared requests; each gets exactly its rows back."""
+    @property
+    def wide(self) -> bool:
+        """Whether it has a session for runs that have the device to themselves."""
+        return self._wide is not None
+
+    def run(self, batch: list[Prepared], wide: bool = False) -> list[Tensors]:
+        """One ONNX Runtime run over prepared requests; each gets exactly its rows back.
+        ``wide``: on the session with ``wide_threads`` (when it has one)."""
         feeds = self.processor.collate(batch)
+        session = self._wide if wide and self._wide is not None else self.session
         try:
-            raw = self.session.run(self._output_names, feeds)
+            raw = session.run(self._output_names, feeds)
         except Exception as exc:
             raise InferenceError(f"model {self.name} failed: {exc}") from exc
         outputs = self.processor.outputs(dict(zip(self._output_names, raw, strict=True)))

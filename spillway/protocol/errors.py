@@ -176,6 +176,14 @@ class OverloadedError(SpillwayError):
     code = "overloaded"
 
 
+class DeadlineUnmeetableError(OverloadedError):
+    """The device's queue ahead of the request is expected to outlast its deadline: it is
+    refused at admission rather than left to time out (``Retry-After``: that wait). The
+    router treats it as any 429 from a backend: it tries the next one."""
+
+    code = "deadline_unmeetable"
+
+
 class QuotaExceededError(SpillwayError):
     """The caller's tenant holds all its quota allows (sessions, work in flight, staged
     bytes); ``retry_after_s`` says when room may free up. The caller's own limit, never a

@@ -413,9 +413,9 @@ def test_deadline_is_kept_by_the_clock_when_the_timer_fires_early() -> None:
 def test_timeout_may_only_lower_the_default() -> None:
     policy = BatchingPolicy(max_batch_size=1, default_timeout_s=0.01)
     batcher = DynamicBatcher("x", SummingRunner(), policy, InlineExecutor())
-    assert batcher._timeout(None) == 0.01
-    assert batcher._timeout(5.0) == 0.01
-    assert batcher._timeout(0.001) == 0.001
+    assert batcher.policy.timeout_of(None) == 0.01
+    assert batcher.policy.timeout_of(5.0) == 0.01
+    assert batcher.policy.timeout_of(0.001) == 0.001
 
 
 def test_higher_priority_is_dequeued_first() -> None:

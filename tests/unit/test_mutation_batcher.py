@@ -1,20 +1,20 @@
 """What the mutation run of gpu_service/batcher.py and gpu_service/batch_compute.py found
 untested (docs/mutation.md): each refusal's words, the log line of a dead batcher, the
-owner task's name, a stop that cannot drain, and the compute threads a batcher owns
-(their name, their number and their niceness)."""
+owner task's name, a stop that cannot drain, and the threads batches compute on (the
+device's, however many models and buckets)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
+import time
 
 import pytest
 
-from gpu_service.batch_compute import compute_pool
 from gpu_service.batcher import DynamicBatcher
 from gpu_service.batching_policy import BatchingPolicy
+from gpu_service.compute_budget import ComputeBudget
 from spillway.models.processing import Prepared, Tensors
 from spillway.protocol.errors import InvalidInputError, OverloadedError, UnavailableError
 from tests.fakes import InlineExecutor, SummingRunner, fake_request, idle, sum_rows
@@ -68,9 +68,9 @@ def test_refusals_name_the_limit_that_was_passed() -> None:
 
 def test_a_timeout_of_zero_is_allowed_and_a_negative_one_refused() -> None:
     batcher = DynamicBatcher("x", SummingRunner(), ONE_AT_A_TIME, InlineExecutor())
-    assert batcher._timeout(0.0) == 0.0
+    assert batcher.policy.timeout_of(0.0) == 0.0
     with pytest.raises(InvalidInputError) as refused:
-        batcher._timeout(-0.001)
+        batcher.policy.timeout_of(-0.001)
     assert refused.value.message == "timeout must not be negative"
 
 
@@ -194,85 +194,57 @@ def test_a_request_without_a_priority_gets_the_default_level() -> None:
 # -- compute threads -------------------------------------------------------------------------
 
 
-def _niceness_now() -> int:
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-
-def _reached(niceness: int) -> int:
-    """The niceness a thread set to ``niceness`` ends with: lowering it below the
-    process's needs privilege (the compute threads then keep what they inherited)."""
-    base = _niceness_now()
-    return niceness if niceness >= base or os.geteuid() == 0 else base
-
-
-def _on_thread() -> tuple[str, int]:
-    return threading.current_thread().name, os.getpriority(
-        os.PRIO_PROCESS, threading.get_native_id()
-    )
-
-
 class _ThreadRecorder:
-    """A summing runner that records the thread each batch computes on."""
+    """A summing runner that records the thread each batch computes on, and the most
+    batches that computed at once."""
 
     def __init__(self) -> None:
-        self.threads: list[tuple[str, int]] = []
+        self.threads: set[str] = set()
+        self.now = 0
+        self.peak = 0
+        self._lock = threading.Lock()
 
     def run(self, batch: list[Prepared]) -> list[Tensors]:
-        self.threads.append(_on_thread())
+        with self._lock:
+            self.threads.add(threading.current_thread().name)
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        time.sleep(0.002)  # long enough for runs to overlap if they may
+        with self._lock:
+            self.now -= 1
         return sum_rows(batch)
 
 
-def test_a_batcher_owns_named_reniced_threads_per_length_bucket() -> None:
-    # GIVEN a batcher with two length buckets and no executor of its own
-    policy = BatchingPolicy(max_batch_size=1, max_queue_delay_s=0.0, length_buckets=(10,))
+def test_every_bucket_of_every_model_computes_on_the_devices_threads() -> None:
+    # GIVEN one budget of 2 slots (no overdraft) and three models of three length
+    # buckets each, none given an executor (per-bucket or per-model pools would start
+    # nine threads here)
+    budget = ComputeBudget(2, overdraft=0)
+    policy = BatchingPolicy(max_batch_size=2, max_queue_delay_s=0.0, length_buckets=(10, 20))
     runner = _ThreadRecorder()
 
     async def main() -> None:
-        batcher = DynamicBatcher("m", runner, policy)
-        batcher.start()
+        batchers = [DynamicBatcher(f"m{i}", runner, policy, budget=budget) for i in range(3)]
+        for batcher in batchers:
+            batcher.start()
         try:
-            # WHEN a short and a long request run
-            await batcher.submit(fake_request(0, length=5))
-            await batcher.submit(fake_request(1, length=50))
+            # WHEN 90 requests of every length go to all of them at once
+            await asyncio.gather(
+                *(
+                    b.submit(fake_request(i, length=length))
+                    for b in batchers
+                    for i in range(10)
+                    for length in (5, 15, 25)
+                )
+            )
         finally:
-            await batcher.stop(drain_timeout_s=5)
+            for batcher in batchers:
+                await batcher.stop(drain_timeout_s=5)
+            budget.close()
 
     asyncio.run(main())
-    # THEN each ran on its bucket's thread, the long one's yielding the CPU (niceness 5)
-    (short_name, _), (long_name, long_nice) = runner.threads
-    assert short_name.startswith("ort-m-0_")
-    assert long_name.startswith("ort-m-1_")
-    assert long_nice == _reached(5)
-
-
-def test_a_compute_pool_has_its_size_name_and_niceness() -> None:
-    niceness = min(19, _niceness_now() + 3)
-    pool = compute_pool(2, niceness, "digits")
-    try:
-        name, nice = pool.submit(_on_thread).result(timeout=10)
-        assert pool._max_workers == 2  # the pool's size, as ThreadPoolExecutor keeps it
-    finally:
-        pool.shutdown(wait=True)
-    assert name.startswith("ort-digits_")
-    assert nice == niceness
-
-
-def test_a_niceness_of_zero_leaves_the_thread_as_it_was_made() -> None:
-    # GIVEN a thread 4 steps nicer than the test that starts a pool of niceness 0 (its
-    # threads inherit the starter's niceness)
-    made = min(19, _niceness_now() + 4)
-    seen: list[int] = []
-
-    def make_and_use() -> None:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), made)
-        pool = compute_pool(1, 0, "plain")
-        try:
-            seen.append(pool.submit(_on_thread).result(timeout=10)[1])
-        finally:
-            pool.shutdown(wait=True)
-
-    starter = threading.Thread(target=make_and_use)
-    starter.start()
-    starter.join(timeout=10)
-    # THEN the compute thread keeps the niceness it was made with
-    assert seen == [made]
+    # THEN every run computed on the budget's threads, two at most at once
+    assert runner.threads
+    assert all(t.startswith(("compute_", "compute-long_")) for t in runner.threads)
+    assert len(runner.threads) <= 2 * budget.slots + budget.overdraft
+    assert runner.peak == budget.peak == 2

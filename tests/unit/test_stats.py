@@ -291,7 +291,14 @@ def test_pipeline_steps_count_in_their_step_model_as_requests_of_its_own(
     async def scenario(plane: DataPlane) -> None:
         registry = plane.registry
         deadline = time.perf_counter() + 60
-        steps = _BatcherSteps(registry, priority=0, deadline=deadline, offload=inline, scope=None)
+        steps = _BatcherSteps(
+            registry,
+            priority=0,
+            arrived=time.perf_counter(),
+            deadline=deadline,
+            offload=inline,
+            scope=None,
+        )
         # GIVEN a pipeline run that resolved its step model
         assert await steps(Resolve(step)) == 1
         served = steps.leases[0]

@@ -39,7 +39,9 @@ class RecordingModel:
 
     config: ModelConfig
     provider: str
+    wide: bool = False
     runs: list[tuple[int, int]] = field(default_factory=list)
+    wide_runs: list[tuple[int, int]] = field(default_factory=list)
 
     def sample_inputs(self, rows: int, length: int = 8) -> Tensors:
         return {"rows": np.full(rows, length)}
@@ -49,11 +51,28 @@ class RecordingModel:
         self.runs.append((len(rows), int(rows[0])))
         return {}
 
+    def prepare(self, inputs: Tensors) -> Tensors:
+        return inputs
+
+    def run(self, batch: list[Tensors], wide: bool = False) -> list[Tensors]:
+        assert wide
+        self.wide_runs += [(len(p["rows"]), int(p["rows"][0])) for p in batch]
+        return [{} for _ in batch]
+
 
 def _warm(provider: str, max_batch_size: int, buckets: list[int]) -> list[tuple[int, int]]:
     model = RecordingModel(_config(max_batch_size, buckets), provider)
     warm_up(cast(OnnxModel, model))
     return model.runs
+
+
+def test_a_model_with_a_wide_session_runs_it_once_more() -> None:
+    # GIVEN a model with a second session on more threads (GPU_WIDE_RUNS)
+    model = RecordingModel(_config(64, [320, 640]), CPU, wide=True)
+    warm_up(cast(OnnxModel, model))
+    # THEN its usual session warmed as any other, and the wide one ran one row once
+    assert model.runs == [(1, 318), (1, 638), (2, 318)]
+    assert model.wide_runs == [(1, 318)]
 
 
 def test_an_accelerator_warms_every_bucket_then_a_full_batch() -> None:
