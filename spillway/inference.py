@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from spillway.models.config import ModelConfig
 from spillway.models.engine import OnnxModel
-from spillway.models.processing import Prepared, Tensors, outcomes
+from spillway.models.processing import Prepared, Tensors, TextPrepared, outcomes
 from spillway.protocol.codec import (
     binary_outputs_requested,
     decode_request,
@@ -29,7 +29,7 @@ from spillway.protocol.codec import (
 )
 from spillway.protocol.errors import DeadlineExceededError, InvalidInputError, SpillwayError
 from spillway.protocol.v2 import InferenceRequest
-from spillway.protocol.wire import InferParameters
+from spillway.protocol.wire import TOKEN_COUNT, InferParameters
 
 
 @dataclass(frozen=True)
@@ -146,9 +146,12 @@ def _outputs(model: Signature, decoded: Decoded) -> tuple[list[str], set[str]]:
 
 
 def encode(model: OnnxModel, admitted: Admitted, result: Tensors) -> Encoded:
-    """The response body with the outputs the request asked for, in its order."""
+    """The response body with the outputs the request asked for, in its order, and a
+    text request's ``token_count``."""
     outputs = {name: result[name] for name in admitted.outputs}
-    return encode_outputs(model.name, model.version, admitted, outputs)
+    prepared = admitted.prepared
+    parameters = {TOKEN_COUNT: prepared.tokens} if isinstance(prepared, TextPrepared) else None
+    return encode_outputs(model.name, model.version, admitted, outputs, parameters)
 
 
 def encode_outputs(

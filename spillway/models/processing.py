@@ -234,6 +234,16 @@ class TextEmbeddingProcessor:
         return None
 
 
+@dataclass(frozen=True)
+class TextPrepared(Prepared):
+    """A text request prepared, and how many tokens the model reads for it: every row's
+    tokens after truncation, special tokens included, padding not. Its answer reports
+    the count (``spillway.protocol.wire.TOKEN_COUNT``), so a caller billed by tokens is billed
+    by this tokenising, the one the model ran, on whichever server answered."""
+
+    tokens: int = 0
+
+
 def _padded(ids: list[list[int]], rows: int) -> Prepared:
     """Token ids and mask, padded to this request's longest row (collate pads again
     across requests)."""
@@ -243,7 +253,8 @@ def _padded(ids: list[list[int]], rows: int) -> Prepared:
     for row, seq in enumerate(ids):
         padded[row, : len(seq)] = seq
         mask[row, : len(seq)] = 1
-    return Prepared({"input_ids": padded, "attention_mask": mask}, rows, length)
+    feeds = {"input_ids": padded, "attention_mask": mask}
+    return TextPrepared(feeds, rows, length, tokens=sum(len(seq) for seq in ids))
 
 
 class ImageProcessor(_OneByOne):

@@ -142,13 +142,21 @@ def decide(
 def _act(policy: Policy, rule: Rule, facts: RequestFacts, spills: SpillState) -> Decision:
     spilled = rule.spill is not None and spills.draw(rule.name, rule.spill.share)
     primary = rule.spill.to if spilled and rule.spill is not None else rule.route
-    chain = policy.chain(rule, primary)
-    if facts.operation != "infer":
-        chain = tuple(b for b in chain if b != "batch") or policy.chain(_GPU_RULE, "gpu")
-    return Decision(rule.name, chain, spilled)
+    decision = Decision(rule.name, policy.chain(rule, primary), spilled)
+    return decision if facts.operation == "infer" else without_batch(policy, decision)
 
 
 _GPU_RULE = Rule(name="gpu", route="gpu")
+
+
+def without_batch(policy: Policy, decision: Decision) -> Decision:
+    """``decision`` for a request that must be answered with a result, never a job id
+    (metadata, readiness; a door that answers at once): its chain without ``batch``, or
+    the policy's chain for the GPU service when nothing else is left."""
+    chain = tuple(b for b in decision.chain if b != "batch")
+    if chain == decision.chain:
+        return decision
+    return replace(decision, chain=chain or policy.chain(_GPU_RULE, "gpu"))
 
 
 def explain(policy: Policy, facts: RequestFacts, now: datetime, load: LoadView) -> list[RuleTrace]:

@@ -256,6 +256,13 @@ class InferParameters:
         return cls(timeout_us=timeout or None, priority=priority)
 
 
+TOKEN_COUNT = "token_count"  # noqa: S105 - a parameter name, not a secret
+"""The answer parameter of a text request (``parameters.token_count`` of an infer
+response): the tokens the model read for it, every row's after truncation, special tokens
+included. Written by the one request path every server runs (``spillway.inference``),
+read by the router's OpenAI-compatible door as the request's usage."""
+
+
 # --- paths ------------------------------------------------------------------------------
 
 MODEL_PATH = re.compile(

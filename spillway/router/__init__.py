@@ -9,8 +9,9 @@ canary's, or its stand-in where there are no canaries); decide with
 the stable version when the arm says so); account with ``spillway.policy.accounting``;
 the arm settles the answer → a reply. ``deadlines`` says how long a request may take
 (its own latency budget, its model's, or the default) and what its 504 says.
-``async_mode``, ``batch_mode`` and ``sessions`` are the other modes; ``wiring`` builds
-it all from ``settings``. The Lambda
+``async_mode``, ``batch_mode`` and ``sessions`` are the other modes; ``openai_compat``
+is the OpenAI-compatible door (embeddings as the V2 infer request of their texts, through
+the same ``Router.route``); ``wiring`` builds it all from ``settings``. The Lambda
 (``functions.router.handler``) and ``spillway serve router`` are two transports over the
 same application.
 """

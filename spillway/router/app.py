@@ -1,7 +1,8 @@
 """The router's HTTP transport: a plain WSGI application.
 
 It only translates: find the route, read the body within its cap, hand the request to
-the router, write the reply. Errors are mapped once, by the core's WSGI entry
+the router (the OpenAI-compatible paths to ``openai_compat.door``, which hands it to the
+same router), write the reply. Errors are mapped once, by the core's WSGI entry
 (``spillway.protocol.wsgi.serve``): a ``SpillwayError`` becomes its status,
 ``{"error", "code"}`` body and ``Retry-After`` or ``Allow`` header; anything else is
 logged with its traceback and answered with a generic 500.
@@ -13,6 +14,7 @@ A tenant set by an API Gateway authorizer wins over the tenant a request claims.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -29,6 +31,8 @@ from spillway.protocol.wire import allow, allow_get, no_route, read_wsgi_body, r
 from spillway.protocol.wsgi import StartResponse, serve
 from spillway.router.async_mode import RESULTS_PREFIX
 from spillway.router.dispatch import Router
+from spillway.router.openai_compat import door as openai_door
+from spillway.router.openai_compat.door import OpenAIDoor
 from spillway.router.sessions import PREFIX as SESSIONS_PREFIX
 from spillway.router.sessions import Sessions
 from spillway.tenancy.directory import LiveConfigCache
@@ -54,8 +58,11 @@ class RouterApp:
         identity_tenants: Mapping[str, str] | None = None,
         sessions: Sessions | None = None,
         live: LiveConfigCache | None = None,
+        openai: OpenAIDoor | None = None,
     ) -> None:
         self.router = router
+        self.openai = openai if openai is not None else OpenAIDoor(router, None)
+        """The OpenAI-compatible paths (``/v1/embeddings``, ``/v1/models``)."""
         self.max_body_bytes = max_body_bytes
         self.openapi = openapi
         # Kept as given: a ``TenantDirectory`` is read afresh at each lookup.
@@ -83,6 +90,10 @@ class RouterApp:
             target = require_model_target(path)
             allow(method, path, target.method)
             return self.router.route(self._call(method, environ, request_id), target)
+        if openai_door.serves(path):
+            # The body is read inside the door, so that a refusal is in OpenAI's shape too.
+            read = functools.partial(self._call, method, environ, request_id)
+            return self.openai.answer(method, path, read, {"request_id": request_id})
         if path.startswith(SESSIONS_PREFIX) and self.sessions is not None:
             call = Call(method, _headers(environ), b"", request_id, None, self._tenant(environ))
             return self.sessions.handle(path, call, lambda limit: read_wsgi_body(environ, limit))

@@ -56,7 +56,13 @@ from spillway.policy.backend import (
     CannotServe,
     ConnectFailed,
 )
-from spillway.policy.decision import Decision, SpillState, decide, with_allowed_priority
+from spillway.policy.decision import (
+    Decision,
+    SpillState,
+    decide,
+    with_allowed_priority,
+    without_batch,
+)
 from spillway.policy.facts import Call, Request, read_request, with_timeout
 from spillway.policy.health import CircuitBreaker, LoadTracker, RetryBudget, parse_load_headers
 from spillway.policy.rules import Policy
@@ -157,17 +163,25 @@ class Router:
         self.load = LoadTracker.configured(config, clock)
         self.budget = RetryBudget(config.retry_budget)
 
-    def route(self, call: Call, target: Target) -> Reply:
+    def route(self, call: Call, target: Target, *, at_once: bool = False) -> Reply:
         """Decide, walk the chain within the deadline (through the version stage's arm),
-        account, and answer."""
+        account, and answer. ``at_once``: a door that answers only with results (the
+        OpenAI-compatible one) refuses the async and batch modes a caller asks for, and
+        a rule routing to batch walks its chain without it, as a metadata request does."""
         started = self.clock()
         policy, request = self._read(call, target)
+        if at_once and request.facts.mode in ("async", "batch"):
+            raise ModeUnavailableError(
+                f"this endpoint answers at once: mode {request.facts.mode} is not offered here"
+            )
         arm = self.versions.pick(request)
         if request.facts.mode == "async":
             return self._queue(arm.request)
         deadline = self._deadline(started, request)
         facts = decided_on(request.facts, deadline)
         decision = decide(policy, facts, self.wall(), self.load, self.spills)
+        if at_once:
+            decision = without_batch(policy, decision)
         outcome, arm = self._walk(decision, arm, deadline)
         cost = self._account(outcome, arm.request, started)
         reply = _reply(outcome, target, cost)

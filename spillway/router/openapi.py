@@ -21,6 +21,7 @@ from spillway.protocol.openapi import (
     ref,
     schemas,
 )
+from spillway.router.openai_compat import openapi as openai_compat
 
 _ROUTING_HEADERS = {
     "x-spillway-rule": "The policy rule that fired.",
@@ -224,6 +225,7 @@ def _paths() -> dict[str, Any]:
         paths[f"{base}/stats"] = _model_get("ModelStats", "Model statistics", versioned)
         paths[f"{base}/infer"] = _infer(versioned)
     paths["/v1/sessions/{id}"] = _sessions()
+    paths.update(openai_compat.paths())
     return paths
 
 
@@ -244,6 +246,7 @@ _SCHEMAS: dict[str, Any] = {
     **schemas(_ROUTING),
     "BatchJob": obj(["job_id", "status"], job_id=STRING, status=STRING, status_url=STRING),
     "Ready": obj([], ready={"type": "boolean"}),
+    **openai_compat.schemas(),
 }
 
 
@@ -255,7 +258,8 @@ def document() -> dict[str, Any]:
             "title": "Spillway router",
             "version": __version__,
             "description": "Open Inference Protocol (KServe V2) with Triton's binary tensor "
-            "extension, routed by policy over the GPU service, the CPU fallback and batch.",
+            "extension, routed by policy over the GPU service, the CPU fallback and batch; "
+            "OpenAI-compatible embeddings over the same routing.",
         },
         "paths": _paths(),
         "components": {"schemas": _SCHEMAS},

@@ -17,11 +17,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from spillway.envsettings import json_mapping
 from spillway.protocol.errors import InvalidInputError
-from spillway.protocol.s3urls import parse_s3_url
+from spillway.protocol.s3urls import is_s3_url, parse_s3_url
 from spillway.protocol.wire import SYNC_BODY_BYTES
 
 ENV_PREFIX = "ROUTER_"
@@ -144,6 +151,20 @@ class RouterSettings(BaseModel):
     new or larger session is 429 ``quota_exceeded``. 4 MiB: 64 sessions at the 64 KiB cap."""
     canary_seed: int | None = None
     """Seed of the canary draws (tests); unset: seeded from the OS."""
+    model_repository: str | None = None
+    """The model repository (a folder or ``s3://bucket/prefix``), read by the
+    OpenAI-compatible door alone, and only its models' ``config.json`` and ``SHA256SUMS``:
+    which ``text_embedding`` models there are and their signatures. Neither this nor
+    ``model_repository_parameter``: the door's paths answer 400 ``not_configured`` (the
+    router reads the repository for nothing else)."""
+    model_repository_parameter: str | None = None
+    """SSM parameter holding ``model_repository`` (wins over it; the templates set it):
+    read at the door's first request and again every ``catalog_ttl_s``, so a repository
+    moved by a deploy reaches a warm router without a new function version."""
+    catalog_ttl_s: float = Field(default=60.0, ge=0, le=3600)
+    """How long the OpenAI-compatible door uses the repository's location, its list of
+    models and a model's signature before reading them again: a model published or
+    changed reaches every router within this time."""
     tracing: bool = False
     """Create the X-Ray tracer (imported only when true, so cold starts do not pay for it)."""
     host: str = "127.0.0.1"
@@ -155,11 +176,13 @@ class RouterSettings(BaseModel):
 
     _urls = field_validator("gpu_url", "cpu_url", "jobs_url")(_check_url)
 
-    @field_validator("jobs_staging")
+    @field_validator("jobs_staging", "model_repository")
     @classmethod
-    def _staging(cls, value: str | None) -> str | None:
+    def _s3_location(cls, value: str | None, info: ValidationInfo) -> str | None:
         if not value:
             return None
+        if info.field_name == "model_repository" and not is_s3_url(value):
+            return value  # a folder, checked when the door first reads it
         try:
             parse_s3_url(value)
         except InvalidInputError as exc:  # pydantic reports only ValueError as invalid
@@ -171,7 +194,7 @@ class RouterSettings(BaseModel):
     def _json_map(cls, value: Any) -> Any:
         return json_mapping(value)
 
-    @field_validator("cpu_function", "jobs_function")
+    @field_validator("cpu_function", "jobs_function", "model_repository_parameter")
     @classmethod
     def _function_name(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():

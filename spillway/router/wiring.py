@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -25,6 +26,8 @@ from spillway.policy.accounting import EmfSink, Pricing, event_metric, load_pric
 from spillway.policy.backend import Backend
 from spillway.policy.decision import SpillState
 from spillway.policy.store import FileSource, PolicySource, PolicyStore, SsmSource
+from spillway.protocol.errors import UnavailableError
+from spillway.protocol.s3urls import is_s3_url
 from spillway.router.app import RouterApp
 from spillway.router.async_mode import AsyncFront, inflight_ledger
 from spillway.router.backends import HttpBackend, TenantScopes, signed_scopes
@@ -32,6 +35,8 @@ from spillway.router.batch_mode import BatchBackend, BatchSubmitter, JobsApiSubm
 from spillway.router.deadlines import ModelBudgets, backend_lookup
 from spillway.router.dispatch import Router
 from spillway.router.lambda_backend import LambdaBackend, Payload, cpu_payload, jobs_payload
+from spillway.router.openai_compat.catalog import EmbeddingCatalog
+from spillway.router.openai_compat.door import OpenAIDoor
 from spillway.router.openapi import document_bytes
 from spillway.router.sessions import Sessions
 from spillway.router.settings import ENV_PREFIX, RouterSettings
@@ -43,6 +48,9 @@ from spillway.tenancy.directory import (
     apply_log_level,
 )
 from spillway.tenancy.proof import ScopeProofs
+
+if TYPE_CHECKING:
+    from spillway.models.repository import ManagedRepository
 
 log = logging.getLogger("spillway.router")
 
@@ -66,6 +74,8 @@ class Overrides:
     budgets: ModelBudgets | None = None
     """The models' latency budgets; ``None``: asked from the real backends, and none at
     all with ``backends`` replaced (a test that wants them passes its own)."""
+    catalog: EmbeddingCatalog | None = None
+    """The OpenAI-compatible door's models; ``None``: read from ``model_repository``."""
 
 
 def make_backends(
@@ -247,6 +257,7 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
     )
     live = o.live or live_config(settings, store)
     live.subscribe(lambda config: live_settings(router, settings, config))
+    catalog = o.catalog or embedding_catalog(settings, clock)
     return RouterApp(
         router,
         max_body_bytes=settings.max_body_bytes,
@@ -254,7 +265,54 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
         identity_tenants=TenantDirectory(live),
         sessions=sessions,
         live=live,
+        openai=OpenAIDoor(router, catalog),
     )
+
+
+def embedding_catalog(
+    settings: RouterSettings, clock: Callable[[], float]
+) -> EmbeddingCatalog | None:
+    """The models the OpenAI-compatible door offers, from the repository the SSM parameter
+    ``model_repository_parameter`` names (read again every ``catalog_ttl_s``), else
+    ``model_repository``; ``None`` when neither is set. S3 is read with timeouts that fit
+    an interactive request (1 s to connect, 2 s to read, 2 attempts)."""
+    parameter, location = settings.model_repository_parameter, settings.model_repository
+    if parameter is not None:
+        locate = ssm_location(parameter)
+    elif location is not None:
+        locate = functools.partial(str, location)
+    else:
+        return None
+
+    def repository(where: str) -> ManagedRepository:
+        from spillway.aws.clients import client
+        from spillway.models.repository import open_repository
+
+        if not is_s3_url(where):
+            return open_repository(where)
+        s3 = client("s3", connect_timeout=1, read_timeout=2, max_attempts=2)
+        return open_repository(where, client=s3)
+
+    return EmbeddingCatalog(locate, repository, ttl_s=settings.catalog_ttl_s, clock=clock)
+
+
+def ssm_location(parameter: str) -> Callable[[], str]:
+    """The repository location the SSM ``parameter`` holds, fetched at each call (the
+    catalogue keeps it ``catalog_ttl_s``); unreadable: 503."""
+    source = SsmSource(parameter)
+
+    def locate() -> str:
+        from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
+
+        try:
+            return source.fetch().strip()
+        except GetParameterError as exc:
+            log.warning("model repository parameter unreadable", extra={"reason": str(exc)[:300]})
+            raise UnavailableError(
+                "the model repository's location cannot be read now", retry_after_s=1.0
+            ) from None
+
+    return locate
 
 
 def live_config(settings: RouterSettings, store: StateStore | None) -> LiveConfigCache:

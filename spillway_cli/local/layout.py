@@ -232,6 +232,7 @@ class StackLayout:
             "ROUTER_JOBS_STAGING": JOBS_STAGING,
             "ROUTER_POLICY_FILE": str(self.policy_copy),
             "ROUTER_STATE_TABLE": STATE_TABLE,
+            "ROUTER_MODEL_REPOSITORY": REPOSITORY,
             "ROUTER_CONFIG_TTL_S": str(CONFIG_TTL_S),
             "ROUTER_METRICS_LOG": str(self.log_dir / "router-metrics.jsonl"),
         }

@@ -113,6 +113,9 @@ def local_values(stack: StackEndpoints) -> dict[str, str]:
         "ROUTER_JOBS_STAGING": f"s3://{DATA_BUCKET}/staging/router",
         "ROUTER_POLICY_PARAMETER": POLICY_PARAMETER,
         "ROUTER_STATE_TABLE": STATE_TABLE,
+        # The OpenAI-compatible door reads the local repository itself, not a parameter.
+        "ROUTER_MODEL_REPOSITORY": REPOSITORY,
+        "ROUTER_MODEL_REPOSITORY_PARAMETER": "",
         "SCOPE_PROOF_SECRET_ID": SCOPE_PROOF_KEY_NAME,
         # The WebSocket function pushes answers to the local gateway's @connections API.
         "WS_MANAGEMENT_ENDPOINT": stack.url("websocket"),

@@ -183,6 +183,20 @@ def _embedding(answer: Answer, facts: Facts) -> None:
     assert abs(float(np.linalg.norm(output["data"])) - 1.0) < 1e-3  # minilm normalises
 
 
+def _embeddings(answer: Answer, facts: Facts) -> None:
+    # The OpenAI-compatible door: one minilm vector, the 7 tokens of "a calm post about
+    # gardening" ([CLS] and [SEP] counted), from the repository on the stack's S3.
+    (item,) = answer.body["data"]
+    assert (item["object"], item["index"], len(item["embedding"])) == ("embedding", 0, 384)
+    assert abs(float(np.linalg.norm(item["embedding"])) - 1.0) < 1e-3
+    assert answer.body["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
+
+
+def _minilm_listed(answer: Answer, facts: Facts) -> None:
+    listed = {model["id"]: model["owned_by"] for model in answer.body["data"]}
+    assert listed.get("minilm") == "spillway", answer.body
+
+
 def _mode_unavailable(answer: Answer, facts: Facts) -> None:
     # Locally the Lambda endpoint serves the CPU fallback alone (spillway_cli/local/sam_env.py).
     assert answer.body["code"] == "mode_unavailable", answer.body
@@ -236,6 +250,9 @@ EXPECTED: dict[str, Expected] = {
     "router/result-rest-v1.json": Expected(404),
     "router/session-put-rest-v1.json": Expected(204),
     "router/session-get-rest-v1.json": Expected(200, _body({"topic": "gardening", "turns": 1})),
+    "router/embeddings-rest-v1.json": Expected(200, _routed("gpu", "default", _embeddings)),
+    "router/models-rest-v1.json": Expected(200, _minilm_listed),
+    "router/model-rest-v1.json": Expected(200, _body({"id": "minilm", "owned_by": "spillway"})),
     "cpu_infer/infer-direct.json": Expected(200, _label),
     "cpu_infer/infer-direct-binary.json": Expected(200, _label),
     "cpu_infer/infer-rest-v1.json": Expected(200, _label),

@@ -122,6 +122,19 @@ def _application(stack: Stack, d: Deployment, cpu_function: str, qualifier: str)
         *(Need("RouterRole", "ec2:CreateNetworkInterface", target) for target in eni),
         Need("RouterRole", "ec2:DeleteNetworkInterface", eni[0]),
         Need("RouterRole", "xray:PutTraceSegments", ANY),
+        # The OpenAI-compatible door: where the repository is, the model list, a model's
+        # signature and versions.
+        Need(
+            "RouterRole",
+            "ssm:GetParameter",
+            stack.identity("RouterModelRepositoryParameter").arns[0],
+        ),
+        *_reads_models("RouterRole", d, "minilm/config.json"),
+        Need(
+            "RouterRole",
+            "s3:GetObject",
+            f"{d.storage.get_att('ModelsBucket', 'Arn')}/models/minilm/1/SHA256SUMS",
+        ),
         *_writes_logs("CpuInferRole", stack, "CpuInferLogGroup", LAMBDA_STREAM),
         *_reads_models("CpuInferRole", d),
         *_writes_logs("JobsRole", stack, "JobsLogGroup", LAMBDA_STREAM),
