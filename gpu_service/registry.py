@@ -163,8 +163,9 @@ class ModelRegistry:
         self, name: str, timeout_s: float | None = None, *, listed_within_s: float = 0.0
     ) -> Served:
         """``find`` for an infer request: a name the registry does not know waits for a
-        listing of the repository that begins after it asked (at most ``timeout_s`` and
-        ``MISS_WAIT_S``), then is looked up again (404 if it is still unknown). With
+        listing of the repository that begins after it asked (at most half ``timeout_s``,
+        so its 404 still reaches the caller in time, and ``MISS_WAIT_S``), then is looked
+        up again (404 if it is still unknown). With
         ``listed_within_s``, a listing that began that recently answers for it: the miss
         is a 404 at once (and starts the next listing in the background)."""
         entry = self.models.get(name)
@@ -172,7 +173,9 @@ class ModelRegistry:
             key = validate_model_name(name)
             recent = self.clock() - self._listed_at < listed_within_s
             if key not in self.models and not recent and (listing := self._list_again()):
-                wait_s = MISS_WAIT_S if timeout_s is None else min(timeout_s, MISS_WAIT_S)
+                # Half the request's time at most: its 404 must still reach the caller
+                # (a router relaying it) before the request's deadline.
+                wait_s = MISS_WAIT_S if timeout_s is None else min(timeout_s / 2, MISS_WAIT_S)
                 # Not wait_for: a listing that takes longer goes on for the next miss.
                 await asyncio.wait({listing}, timeout=wait_s)
             entry = self.models.get(key)

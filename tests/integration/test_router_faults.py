@@ -280,14 +280,18 @@ def test_the_deadline_is_carried_to_the_gpu_and_respected(gpu: Service) -> None:
         routed = post(f"{url}/v2/models/slowq/infer", body, **budget)
         finished.append("routed")
         assert blocker.result().status == 200
-    # THEN it gets 504 before the slow request is done
-    assert routed.status == 504
-    assert routed.body["code"] == "deadline_exceeded"
+    # THEN it is refused before the slow request is done: the GPU, told the deadline,
+    # expects the queue ahead (and the request's own run) to outlast it and sheds it at
+    # once with a retry hint, which the router relays, having no other backend
+    assert routed.status == 429
+    assert routed.body["code"] == "deadline_unmeetable"
+    assert float(routed.headers["retry-after"]) >= 1
     assert finished == ["routed", "blocker"]
-    # AND the GPU, told the deadline, dropped it from its queue without computing it
+    # AND it was never queued, let alone computed: only the blocker ran
     after = _slowq_stats(gpu)
     assert after["execution_count"] == before["execution_count"] + 1
-    assert after["spillway"]["expired"] == before["spillway"]["expired"] + 1
+    assert after["spillway"]["rejected"] == before["spillway"]["rejected"] + 1
+    assert after["spillway"]["expired"] == before["spillway"]["expired"]
 
 
 def test_a_gpu_service_started_late_serves_within_seconds_of_being_ready(
