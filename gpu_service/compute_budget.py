@@ -32,9 +32,14 @@ on the CPU.
   turn, over the slots, estimate how long it will wait; a batcher refuses at admission a
   request whose deadline that wait already passes (``gpu_service.batcher``).
 
+* **Wide runs**: a run that finds the device idle computes on every slot's threads (its
+  model's second, wide session), still holding one slot, so one client is as quick as
+  on a process of its own.
+
 Everything runs on the service's event loop but the computing itself, which runs on the
-budget's own threads (``executor``): ``slots + overdraft`` of them, however many models
-and buckets are loaded.
+budget's own threads (``executor``): short, wide and overdraft runs on ``slots +
+overdraft`` threads at the service's priority, longer ones on ``slots`` threads at
+``long_niceness``, however many models and buckets are loaded.
 """
 
 from __future__ import annotations
