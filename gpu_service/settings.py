@@ -67,11 +67,13 @@ class GpuSettings(BaseSettings):
     steps) hold while they compute, over every model, version and length bucket
     (``auto``: see ``compute_layout``)."""
     compute_overdraft: int = Field(default=1, ge=0, le=16)
-    """Runs expected to be short that may start beyond the slots while every slot is
-    held by a longer run (``gpu_service.compute_budget``)."""
+    """Runs that may start beyond the slots while every slot is held: a short run more
+    urgent than everything holding a slot, or one whose rows are ten times lighter than
+    theirs (``gpu_service.compute_budget``)."""
     short_run_ms: float = Field(default=5.0, ge=0)
     """A run expected to take at most this long (by its bucket's measured time per row)
-    is short: it may overdraw the budget rather than wait behind a long run."""
+    is short: it computes at the service's own OS priority (longer runs at niceness 10)
+    and, when more urgent than everything holding a slot, may overdraw the budget."""
     default_horizon_ms: float = Field(default=5000.0, gt=0)
     """The deadline the budget orders a request without one by, counted from its arrival,
     when its model declares no ``spillway.latency_budget_ms`` (the router's default
