@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 
 import pytest
 
@@ -196,22 +195,31 @@ def test_a_request_without_a_priority_gets_the_default_level() -> None:
 
 class _ThreadRecorder:
     """A summing runner that records the thread each batch computes on, and the most
-    batches that computed at once."""
+    batches that computed at once. Its first two runs meet before either ends (a
+    barrier, not a sleep): they overlap for certain when two may compute at once, and
+    the barrier breaks (failing the run) when the budget lets only one."""
 
     def __init__(self) -> None:
         self.threads: set[str] = set()
         self.now = 0
         self.peak = 0
+        self.started = 0
         self._lock = threading.Lock()
+        self._meet = threading.Barrier(2, timeout=10)
 
     def run(self, batch: list[Prepared]) -> list[Tensors]:
         with self._lock:
             self.threads.add(threading.current_thread().name)
             self.now += 1
             self.peak = max(self.peak, self.now)
-        time.sleep(0.002)  # long enough for runs to overlap if they may
-        with self._lock:
-            self.now -= 1
+            self.started += 1
+            meets = self.started <= 2
+        try:
+            if meets:
+                self._meet.wait()
+        finally:
+            with self._lock:
+                self.now -= 1
         return sum_rows(batch)
 
 
