@@ -12,12 +12,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
+from spillway import tracing
 from spillway.models.processing import Prepared, Tensors
 from spillway.protocol.errors import InferenceError, SpillwayError
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import SpanContext
 
 log = logging.getLogger("spillway.batcher")
 
@@ -50,19 +55,39 @@ class Computed:
 
 
 async def run_batch(
-    runner: Runner, executor: Executor, batch: list[Prepared], name: str, *, wide: bool = False
+    runner: Runner,
+    executor: Executor,
+    batch: list[Prepared],
+    name: str,
+    *,
+    wide: bool = False,
+    links: Sequence[SpanContext | None] = (),
 ) -> list[Tensors] | SpillwayError:
     """Run one batch of model ``name`` on ``executor``: one result per request, in order,
     or the one error for every request of the batch (an unexpected failure is logged).
-    ``wide``: the run holds the whole device (only granted where the runner is wide)."""
+    ``wide``: the run holds the whole device (only granted where the runner is wide).
+
+    ``links`` are the batch's requests' spans: the run is one ``spillway.batch`` span,
+    a child of the first request's (so that request's trace shows it) and linked to
+    every request it carried."""
     run = functools.partial(cast(WideRunner, runner).run, wide=True) if wide else runner.run
-    try:
-        results = await asyncio.get_running_loop().run_in_executor(executor, run, batch)
-        if len(results) != len(batch):
-            raise InferenceError(f"{len(results)} results for {len(batch)} requests")
-    except SpillwayError as exc:
-        return exc
-    except Exception as exc:
-        log.exception("a batch of %d requests for %s failed", len(batch), name)
-        return InferenceError(f"inference failed on model {name}: {exc}")
-    return results
+    attributes = {
+        "spillway.model": name,
+        "spillway.batch.requests": len(batch),
+        "spillway.batch.rows": sum(p.rows for p in batch),
+        "spillway.batch.wide": wide,
+    }
+    first = links[0] if links else None
+    with tracing.span("spillway.batch", attributes=attributes, links=links, parent=first) as span:
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(executor, run, batch)
+            if len(results) != len(batch):
+                raise InferenceError(f"{len(results)} results for {len(batch)} requests")
+        except SpillwayError as exc:
+            span.fail(exc.code)
+            return exc
+        except Exception as exc:
+            log.exception("a batch of %d requests for %s failed", len(batch), name)
+            span.fail(type(exc).__name__)
+            return InferenceError(f"inference failed on model {name}: {exc}")
+        return results

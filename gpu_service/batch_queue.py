@@ -15,12 +15,17 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from gpu_service.batch_compute import Computed
 from gpu_service.compute_budget import Turn
 from gpu_service.fair_share import Scope
+from spillway import tracing
 from spillway.models.processing import Prepared
 from spillway.protocol.errors import SpillwayError
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import SpanContext
 
 
 class State(Enum):
@@ -46,6 +51,9 @@ class Pending:
     deadline: float | None = None
     timer: asyncio.TimerHandle | None = None
     state: State = State.QUEUED
+    link: SpanContext | None = field(default_factory=tracing.current_link)
+    """The request's span where it was admitted (``None``: not traced): its batch's
+    ``spillway.batch`` span links to it."""
 
     def settle(self, *, result: Computed | None = None, error: SpillwayError | None = None) -> None:
         """Answer the caller once: the first answer wins, later ones are dropped."""

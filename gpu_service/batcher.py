@@ -216,8 +216,7 @@ class DynamicBatcher:
         timeout_s: float | None = None,
         scope: Scope = None,
     ) -> Tensors:
-        """Queue one prepared request of tenant ``scope`` and wait for its rows; raises
-        its error."""
+        """Queue one prepared request of tenant ``scope``; its rows, or its error."""
         computed = await self.submit_timed(
             prepared, priority=priority, timeout_s=timeout_s, scope=scope
         )
@@ -457,6 +456,7 @@ class DynamicBatcher:
                 [p.prepared for p in batch],
                 self.name,
                 wide=grant.wide,
+                links=[p.link for p in batch],
             )
         finally:
             self.seat.ended(grant)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from gpu_service.registry import MISS_LIST_S, ModelRegistry
 from gpu_service.served import InferCall, InferResult, Served
 from gpu_service.settings import GpuSettings
-from spillway import inference
+from spillway import inference, tracing
 from spillway.protocol.errors import ControlDisabledError, UnauthorizedError, UnavailableError
 from spillway.protocol.v2 import server_metadata
 from spillway.protocol.wire import read_tenant_scope
@@ -225,13 +225,14 @@ class DataPlane:
         scope = self._scope(tenant_scope, stored_scope)
         arrived = time.perf_counter()
         big = len(body) > self.settings.inline_parse_bytes
-        if big:
-            decoded = await self._decode(body, header_length)
-        else:
-            decoded = inference.decode(body, header_length, self.settings.max_body_bytes)
-        call = InferCall(decoded, arrived, self._offload, big, scope)
-        served = await self.lookup(name, decoded.parameters.timeout_s)
-        return await served.infer(version, call)
+        with _traced(name, version, len(body)) as span:
+            if big:
+                decoded = await self._decode(body, header_length)
+            else:
+                decoded = inference.decode(body, header_length, self.settings.max_body_bytes)
+            call = InferCall(decoded, arrived, self._offload, big, scope)
+            served = await self.lookup(name, decoded.parameters.timeout_s)
+            return _answered(span, await served.infer(version, call))
 
     async def infer_decoded(
         self,
@@ -250,9 +251,10 @@ class DataPlane:
         self._check_draining()
         scope = self.scopes.verify(tenant_scope)
         big = size > self.settings.inline_parse_bytes
-        call = InferCall(decoded, arrived, self._offload, big, scope)
-        served = await self.lookup(name, decoded.parameters.timeout_s)
-        return await served.infer(version, call)
+        with _traced(name, version, size) as span:
+            call = InferCall(decoded, arrived, self._offload, big, scope)
+            served = await self.lookup(name, decoded.parameters.timeout_s)
+            return _answered(span, await served.infer(version, call))
 
     def _scope(self, claimed: str | None, stored: str | None) -> str | None:
         """The tenant scope a request's step cache entries are kept under (``None``:
@@ -275,3 +277,18 @@ class DataPlane:
     async def _offload(self, function: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._parse_pool, function, *args)
+
+
+def _traced(name: str, version: str | None, size: int) -> tracing.Span_:
+    """The request's ``spillway.gpu.infer`` span (a child of the trace its caller sent):
+    its queue, batch and pipeline steps' spans are within it."""
+    attributes = {"spillway.model": name, "spillway.version": version, "spillway.bytes": size}
+    return tracing.span("spillway.gpu.infer", kind="server", attributes=attributes)
+
+
+def _answered(span: tracing.Span_, result: InferResult) -> InferResult:
+    """The result, its served version and the queue it met written on the span."""
+    span.set("spillway.served_version", result.version)
+    span.set("spillway.queue_depth", result.queue_depth)
+    span.set("spillway.cold_start_s", result.cold_start_s)
+    return result

@@ -61,6 +61,7 @@ from gpu_service.grpc_messages import decode_request, encode_response, parsed
 from gpu_service.metrics import GRPC
 from gpu_service.served import InferResult
 from gpu_service.settings import GpuSettings
+from spillway import tracing
 from spillway.protocol.errors import SpillwayError, UnavailableError
 
 log = logging.getLogger("spillway.grpc")
@@ -79,6 +80,11 @@ def _metadata(context: Any, key: str) -> str | None:
         if name == key:
             return str(value)
     return None
+
+
+def _trace(context: Any) -> dict[str, str]:
+    """The call's W3C trace context, from the ``traceparent``/``tracestate`` metadata."""
+    return tracing.carrier_of({key: _metadata(context, key) for key in tracing.CARRIER_KEYS})
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -149,7 +155,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
     @unary_rpc
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        return await self._infer(request, _metadata(context, "x-spillway-tenant-scope"))
+        with tracing.carry(_trace(context)):
+            return await self._infer(request, _metadata(context, "x-spillway-tenant-scope"))
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
         """Each request answered in its order (``grpc_limits.pump``: a window of requests
@@ -167,7 +174,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                 raise UnavailableError("the service is shutting down")
             scope = _metadata(context, "x-spillway-tenant-scope")
             answer = partial(self._stream_one, scope=scope)
-            await pump(requests, context.write, answer, self.plane.settings)
+            with tracing.carry(_trace(context)):  # every message of the stream in its trace
+                await pump(requests, context.write, answer, self.plane.settings)
             status = grpc.StatusCode.OK.name
         except Exception as error:  # noqa: BLE001 - every error becomes a status
             status = None  # counted by abort_rpc

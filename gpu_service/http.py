@@ -36,6 +36,7 @@ from gpu_service.async_consumer import AsyncConsumer, start_consumer
 from gpu_service.dataplane import DataPlane
 from gpu_service.registry import MISS_LIST_S
 from gpu_service.served import Served
+from spillway import tracing
 from spillway.protocol.errors import (
     InvalidInputError,
     MethodNotAllowedError,
@@ -351,10 +352,10 @@ class GpuServiceApp:
         if model is None:  # /v2/models/stats
             return 200, _json(plane.model_stats(None, None)), [_JSON]
         if op == "infer":
-            # The caller's tenant scope as the router in front signed it; the data plane
-            # proves it (unproven: no tenant's step cache entries).
+            # The tenant scope the router signed (the data plane proves it) and the trace.
             scope = header_value(exchange.headers, b"x-spillway-tenant-scope")
-            return await self._infer(model, version, body, exchange.header_length, scope)
+            with tracing.carry(tracing.carrier_of_pairs(exchange.headers)):
+                return await self._infer(model, version, body, exchange.header_length, scope)
         if op == "ready":
             return self._flag(plane.model_ready(model, version), f"model {model} is not ready")
         if op == "config":

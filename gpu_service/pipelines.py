@@ -26,7 +26,7 @@ from typing import Any
 from gpu_service.served import InferCall, InferResult, ModelEntry, Versions
 from gpu_service.stats import RequestTimer
 from gpu_service.versions import ServedVersion, State
-from spillway import inference
+from spillway import inference, tracing
 from spillway.models.config import ModelConfig
 from spillway.models.loader import chosen_versions
 from spillway.models.processing import Tensors
@@ -81,7 +81,8 @@ class _BatcherSteps:
             return await self._resolve(effect)
         if isinstance(effect, Compute):
             served = self.leases[effect.step.index]
-            return await asyncio.gather(*(self._compute(served, x) for x in effect.inputs))
+            label = effect.step.label
+            return await asyncio.gather(*(self._compute(served, x, label) for x in effect.inputs))
         return await self.offload(effect.call) if effect.blocking else effect.call()
 
     async def _resolve(self, effect: Resolve) -> int:
@@ -94,10 +95,19 @@ class _BatcherSteps:
         self.leases[step.index] = served
         return served.model.version
 
-    async def _compute(self, served: ServedVersion, inputs: Tensors) -> Tensors:
+    async def _compute(self, served: ServedVersion, inputs: Tensors, label: str) -> Tensors:
         """One request to a step model, counted in that model's statistics as a request
         of its own (Triton's composing-model statistics): every counter at once when it
-        is answered, so perf_analyzer's check holds for composing models too."""
+        is answered, so perf_analyzer's check holds for composing models too. It is one
+        ``spillway.pipeline.step`` span of the request's trace (its queue and batch
+        within it)."""
+        model = served.model
+        attributes = {"spillway.step": label, "spillway.model": model.name}
+        with tracing.span("spillway.pipeline.step", attributes=attributes) as span:
+            span.set("spillway.version", model.version)
+            return await self._computed(served, inputs)
+
+    async def _computed(self, served: ServedVersion, inputs: Tensors) -> Tensors:
         batcher, model = served.batcher, served.model
         timer = RequestTimer(time.perf_counter())
         try:

@@ -28,6 +28,7 @@ from gpu_service.dataplane import DataPlane
 from gpu_service.http import GpuServiceApp
 from gpu_service.registry import ModelRegistry
 from gpu_service.settings import GpuSettings
+from spillway import tracing
 from spillway.models.repository import open_repository
 
 
@@ -53,6 +54,7 @@ class _DrainingServer(uvicorn.Server):
 def serve(settings: GpuSettings) -> None:
     """Run the service until SIGTERM or SIGINT."""
     logs.configure(settings.log_level, "spillway-gpu")
+    tracing.configure("spillway-gpu")  # on when an OTLP endpoint is set (OTEL_*)
     app = build_app(settings)
     if settings.http_server == "native":
         sys.exit(transport.run(app, settings))

@@ -16,10 +16,12 @@ from gpu_service.memory import Probe
 from gpu_service.preparing import PrepareQueue
 from gpu_service.settings import GpuSettings
 from gpu_service.stats import ModelStats, RequestTimer
+from spillway import tracing
 from spillway.models.config import ModelConfig
 from spillway.models.engine import CUDA, OnnxModel
 from spillway.models.loader import open_version
 from spillway.models.processing import Prepared, Tensors
+from spillway.protocol.errors import SpillwayError
 
 
 class State(StrEnum):
@@ -88,10 +90,21 @@ class ServedVersion:
         batcher shares compute fairly by it), and await its outputs; the wait and the run
         are timed in ``timer`` (the caller records its statistics)."""
         timer.enqueued()
-        computed = await self.batcher.submit_timed(
-            prepared, priority=priority, timeout_s=timeout_s, scope=scope
-        )
+        queued_ns = time.time_ns() if tracing.enabled() else 0
+        try:
+            computed = await self.batcher.submit_timed(
+                prepared, priority=priority, timeout_s=timeout_s, scope=scope
+            )
+        except SpillwayError as exc:
+            if queued_ns:
+                tracing.record("spillway.queue", queued_ns, time.time_ns(), error=exc.code)
+            raise
         timer.computed(computed.queue_s, computed.infer_s)
+        if queued_ns:
+            # The wait as the batcher timed it: from admission to its batch's start.
+            waited_ns = queued_ns + int(computed.queue_s * 1e9)
+            attributes = {"spillway.rows": prepared.rows, "spillway.priority": priority}
+            tracing.record("spillway.queue", queued_ns, waited_ns, attributes=attributes)
         return computed.tensors
 
     def triton_stats(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from spillway import tracing
 from spillway.models.config import ModelConfig
 from spillway.models.engine import OnnxModel
 from spillway.models.processing import Prepared, Tensors, TextPrepared, outcomes
@@ -145,6 +146,10 @@ def _outputs(model: Signature, decoded: Decoded) -> tuple[list[str], set[str]]:
     return outputs, binary_outputs_requested(decoded.request, outputs)
 
 
+ENCODE_SPAN = "spillway.encode"
+"""The span of writing a response's body (JSON, or the binary extension's tensors)."""
+
+
 def encode(model: OnnxModel, admitted: Admitted, result: Tensors) -> Encoded:
     """The response body with the outputs the request asked for, in its order, and a
     text request's ``token_count``."""
@@ -177,7 +182,9 @@ def encode_outputs(
 def run(model: OnnxModel, decoded: Decoded, execute: Execute) -> Encoded:
     """Validate, prepare, execute and encode, synchronously."""
     admitted = admit(model, decoded)
-    return encode(model, admitted, execute(admitted))
+    result = execute(admitted)
+    with tracing.span(ENCODE_SPAN):
+        return encode(model, admitted, result)
 
 
 async def run_async(
@@ -197,10 +204,11 @@ async def run_async(
     else:  # the small-request path: no extra awaits
         admitted = admit(model, decoded)
     result = await submit(admitted)
-    if offload is None:
-        return encode(model, admitted, result)
-    encoded: Encoded = await offload(encode, model, admitted, result)
-    return encoded
+    with tracing.span(ENCODE_SPAN):
+        if offload is None:
+            return encode(model, admitted, result)
+        encoded: Encoded = await offload(encode, model, admitted, result)
+        return encoded
 
 
 def direct(

@@ -10,8 +10,11 @@ start without tracing does not pay for it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
+
+from spillway import tracing
 
 NAMESPACE = "Spillway"
 """CloudWatch namespace of the functions' metrics (the templates'
@@ -26,15 +29,30 @@ LambdaHandler = Callable[[dict[str, Any], Any], dict[str, Any]]
 
 def traced(on: bool, service: str) -> Callable[[LambdaHandler], LambdaHandler]:
     """A decorator: Powertools' ``Tracer(service).capture_lambda_handler`` when ``on``,
-    else the handler unchanged (and the tracer never imported)."""
+    else the handler unchanged (and the tracer never imported). When the environment
+    asks for OpenTelemetry (``spillway.tracing``: an OTLP endpoint, on AWS the ADOT
+    layer's collector), the process's spans are set up here and flushed before each
+    invocation returns: Lambda freezes the environment after it, so a span left in the
+    buffer would wait for the next invocation, or be lost."""
+    exporting = tracing.configure(service)
 
     def wrap(handler: LambdaHandler) -> LambdaHandler:
-        if not on:
-            return handler
-        from aws_lambda_powertools.tracing import Tracer
+        inner = handler
+        if on:
+            from aws_lambda_powertools.tracing import Tracer
 
-        traced_handler: LambdaHandler = Tracer(service=service).capture_lambda_handler(handler)
-        return traced_handler
+            inner = Tracer(service=service).capture_lambda_handler(handler)
+        if not exporting:
+            return inner
+
+        @functools.wraps(handler)
+        def flushed(event: dict[str, Any], context: Any) -> dict[str, Any]:
+            try:
+                return inner(event, context)
+            finally:
+                tracing.flush()
+
+        return flushed
 
     return wrap
 

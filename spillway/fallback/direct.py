@@ -4,7 +4,9 @@ The event and the answer are ``spillway.protocol.messages.DirectInvokeEvent`` an
 ``DirectInvokeAnswer``: the router builds and reads the same schemas. A body over the
 6 MB payload limit is answered with 413 ``payload_too_large``; every error is an answer
 with its status, ``{"error", "code"}`` body and headers (``Retry-After`` included) from
-the one core mapping, never an exception.
+the one core mapping, never an exception. The request's trace arrives as
+``traceparent``/``tracestate`` in the event's ``headers`` (as on HTTP): the
+``spillway.cpu.infer`` span continues it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import time
 from typing import Any
 
+from spillway import tracing
 from spillway.fallback.service import CpuService
 from spillway.protocol.messages import DirectInvokeAnswer, DirectInvokeEvent, parse_message
 from spillway.protocol.replies import Reply, guarded, infer_reply, json_reply
@@ -41,7 +44,18 @@ def serve_event(service: CpuService, event: DirectInvokeEvent, arrived: float) -
         service.check_ready(event.model, event.version)
         return json_reply(200, {"ready": True})
     body, length = event.raw_body(), event.header_length()
-    result = service.infer(
-        event.model, event.version, body, length, arrived=arrived, tenant_scope=event.tenant_scope
-    )
+    attributes = {"spillway.model": event.model, "spillway.version": event.version}
+    with (
+        tracing.carry(event.headers),
+        tracing.span("spillway.cpu.infer", kind="server", attributes=attributes) as span,
+    ):
+        result = service.infer(
+            event.model,
+            event.version,
+            body,
+            length,
+            arrived=arrived,
+            tenant_scope=event.tenant_scope,
+        )
+        span.set("spillway.served_version", result.version)
     return infer_reply(result.body, result.header_length, result.version)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -80,9 +81,13 @@ class DirectInvokeEvent(BaseModel):
         header_length: int | None,
         request_id: str | None,
         tenant_scope: str | None = None,
+        trace: Mapping[str, str] | None = None,
     ) -> DirectInvokeEvent:
-        """The event for one request (what the router builds)."""
+        """The event for one request (what the router builds); ``trace`` is the
+        request's W3C trace context (``traceparent``, ``tracestate``), carried in
+        ``headers`` as on HTTP."""
         headers = {} if header_length is None else {HEADER_LENGTH: str(header_length)}
+        headers.update(trace or {})
         return cls(
             operation=operation,
             model=model,

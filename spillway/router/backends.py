@@ -47,7 +47,15 @@ def signed_scopes(proofs: ScopeProofs) -> TenantScopes:
 
 # What the router itself sets on a backend request (it copies nothing else from a client).
 REQUEST_HEADERS = frozenset(
-    {"content-type", "accept", "inference-header-content-length", "idempotency-key"}
+    {
+        "content-type",
+        "accept",
+        "inference-header-content-length",
+        "idempotency-key",
+        # The request's W3C trace context (https://www.w3.org/TR/trace-context/).
+        "traceparent",
+        "tracestate",
+    }
 )
 LOAD_HEADERS = frozenset({"x-spillway-busy", "x-spillway-queue-depth", FAULT_HEADER})
 RESPONSE_HEADERS = frozenset(

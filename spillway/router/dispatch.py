@@ -43,15 +43,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 
+from spillway import tracing
 from spillway.canary.stage import NO_CANARY, VERSION_NOT_SERVED, Arm, VersionStage
 from spillway.policy.accounting import EmfSink, Pricing, RouteRecord, event_metric
 from spillway.policy.backend import (
     Backend,
     BackendError,
-    BackendRequest,
     BackendResponse,
     CannotServe,
     ConnectFailed,
@@ -63,54 +63,32 @@ from spillway.policy.decision import (
     with_allowed_priority,
     without_batch,
 )
-from spillway.policy.facts import Call, Request, read_request, with_timeout
+from spillway.policy.facts import Call, Request, read_request
 from spillway.policy.health import CircuitBreaker, LoadTracker, RetryBudget, parse_load_headers
 from spillway.policy.rules import Policy
 from spillway.policy.store import PolicyStore
 from spillway.protocol.errors import ModeUnavailableError, SpillwayError, UnavailableError
-from spillway.protocol.framing import BINARY_CONTENT_TYPE, HEADER_LENGTH, JSON_CONTENT_TYPE
 from spillway.protocol.replies import FAULT_HEADER, Reply, error_reply
 from spillway.protocol.wire import Target
 from spillway.router.async_mode import AsyncFront
-from spillway.router.backends import RESPONSE_HEADERS
 from spillway.router.deadlines import Deadline, ModelBudgets, deadline_for, decided_on
+from spillway.router.outbound import backend_request, readiness_probe
+from spillway.router.outcome import (
+    Attempt,
+    Outcome,
+    Seen,
+    describe,
+    reply_of,
+    status_of,
+    why_not,
+)
+from spillway.router.routed import Routed, Watcher
 from spillway.router.settings import RouterSettings
 
 log = logging.getLogger("spillway.router")
 
 FAILOVER_STATUS = {429: "overloaded", 502: "bad_gateway", 503: "unavailable", 504: "deadline"}
 _MIN_ATTEMPT_S = 0.005
-# The backend is told 90% of the attempt's time so that its own 504 arrives before ours.
-BACKEND_TIMEOUT_SHARE = 0.9
-
-
-@dataclass
-class Attempt:
-    """One try on one backend: how it ended, and what it billed."""
-
-    backend: str
-    outcome: str
-    billed_s: float = 0.0
-    served: bool = False
-
-
-@dataclass
-class Outcome:
-    """The walk down a chain: the answer (if any backend gave one) and every attempt."""
-
-    decision: Decision
-    response: BackendResponse | None = None
-    backend: str | None = None
-    attempts: list[Attempt] = field(default_factory=list)
-    error: SpillwayError | None = None
-
-    @property
-    def fallback(self) -> str | None:
-        """``<first backend>:<why it did not serve>`` when another backend served."""
-        if self.backend is None or self.backend == self.decision.chain[0]:
-            return None
-        first = next((a for a in self.attempts if a.backend == self.decision.chain[0]), None)
-        return f"{self.decision.chain[0]}:{first.outcome if first else 'not_configured'}"
 
 
 class Router:
@@ -133,8 +111,11 @@ class Router:
         versions: VersionStage = NO_CANARY,
         async_front: AsyncFront | None = None,
         budgets: ModelBudgets | None = None,
+        watch: Watcher | None = None,
     ) -> None:
         self.backends = dict(backends)
+        self.watch = watch
+        """Told of every request routed (data capture); ``None``: nobody watches."""
         self.budgets = budgets
         """The models' declared latency budgets (``None``: the default serves them all)."""
         self.async_front = async_front
@@ -167,25 +148,77 @@ class Router:
         """Decide, walk the chain within the deadline (through the version stage's arm),
         account, and answer. ``at_once``: a door that answers only with results (the
         OpenAI-compatible one) refuses the async and batch modes a caller asks for, and
-        a rule routing to batch walks its chain without it, as a metadata request does."""
+        a rule routing to batch walks its chain without it, as a metadata request does.
+
+        The request's trace is the client's ``traceparent`` (else one starts here): its
+        ``spillway.route`` span holds ``spillway.decide`` and one ``spillway.attempt`` per
+        backend tried. ``watch`` is told how it ended, refusals included."""
         started = self.clock()
+        seen = Seen()
+        with tracing.carry(call.headers), tracing.span("spillway.route", kind="server") as span:
+            try:
+                reply = self._route(call, target, at_once, started, seen)
+            except SpillwayError as exc:
+                span.fail(exc.code)
+                self._watched(call, target, seen, error_reply(exc), started)
+                raise
+            describe(span, seen, reply)
+            self._watched(call, target, seen, reply, started)
+            return reply
+
+    def _route(
+        self, call: Call, target: Target, at_once: bool, started: float, seen: Seen
+    ) -> Reply:
         policy, request = self._read(call, target)
+        seen.request = request
         if at_once and request.facts.mode in ("async", "batch"):
             raise ModeUnavailableError(
                 f"this endpoint answers at once: mode {request.facts.mode} is not offered here"
             )
         arm = self.versions.pick(request)
+        seen.request = arm.request
         if request.facts.mode == "async":
             return self._queue(arm.request)
         deadline = self._deadline(started, request)
         facts = decided_on(request.facts, deadline)
-        decision = decide(policy, facts, self.wall(), self.load, self.spills)
-        if at_once:
-            decision = without_batch(policy, decision)
+        with tracing.span("spillway.decide") as span:
+            decision = decide(policy, facts, self.wall(), self.load, self.spills)
+            if at_once:
+                decision = without_batch(policy, decision)
+            span.set("spillway.rule", decision.rule)
+            span.set("spillway.chain", list(decision.chain))
+            span.set("spillway.spilled", decision.spilled)
         outcome, arm = self._walk(decision, arm, deadline)
+        seen.request, seen.outcome = arm.request, outcome
         cost = self._account(outcome, arm.request, started)
-        reply = _reply(outcome, target, cost)
+        reply = reply_of(outcome, target, cost)
         return arm.settle(outcome.response, self.clock() - started, reply)
+
+    def _watched(
+        self, call: Call, target: Target, seen: Seen, reply: Reply, started: float
+    ) -> None:
+        """Tell ``watch`` how the request ended (never its error: capture must not fail
+        a request)."""
+        if self.watch is None:
+            return
+        request, outcome = seen.request, seen.outcome
+        asked = request.target if request is not None else target
+        try:
+            self.watch(
+                Routed(
+                    call=call,
+                    target=target,
+                    tenant=request.facts.tenant if request is not None else call.trusted_tenant,
+                    reply=reply,
+                    backend=outcome.backend if outcome is not None else None,
+                    version=asked.version,
+                    latency_s=self.clock() - started,
+                    trace_id=tracing.trace_id(),
+                    request=request,
+                )
+            )
+        except Exception:
+            log.exception("the router's watcher failed")
 
     def _read(self, call: Call, target: Target) -> tuple[Policy, Request]:
         """The policy in force, and the request as it reads under it (with the priority
@@ -256,17 +289,32 @@ class Router:
             remaining = at - self.clock()
             later = any(self.breakers[n].state != "open" for n in chain[index + 1 :])
             timeout = remaining * (1 - self.config.fallback_reserve) if later else remaining
-            try:
-                attempt, response = self._attempt(name, arm.request, timeout, at)
-            except SpillwayError as exc:  # e.g. batch mode without a jobs API
-                outcome.attempts.append(Attempt(name, exc.code))
-                outcome.error = exc
-                continue
-            if response is not None and arm.unserved(name, response):
-                # The backend does not serve the version the router chose: not an answer
-                # for the client, who asked for no version (the next backend, or the
-                # stable version, serves it).
-                attempt = replace(attempt, outcome=VERSION_NOT_SERVED, served=False)
+            span = tracing.span(
+                "spillway.attempt",
+                kind="client",
+                attributes={
+                    "spillway.backend": name,
+                    "spillway.breaker": self.breakers[name].state,
+                    "spillway.timeout_ms": round(timeout * 1000, 1),
+                    "spillway.fallback_from": why_not(outcome) if outcome.attempts else None,
+                },
+            )
+            with span:
+                try:
+                    attempt, response = self._attempt(name, arm.request, timeout, at)
+                except SpillwayError as exc:  # e.g. batch mode without a jobs API
+                    outcome.attempts.append(Attempt(name, exc.code))
+                    outcome.error = exc
+                    span.fail(exc.code)
+                    continue
+                if response is not None and arm.unserved(name, response):
+                    # The backend does not serve the version the router chose: not an
+                    # answer for the client, who asked for no version (the next backend,
+                    # or the stable version, serves it).
+                    attempt = replace(attempt, outcome=VERSION_NOT_SERVED, served=False)
+                span.set("spillway.outcome", attempt.outcome)
+                if not attempt.served:
+                    span.fail(attempt.outcome)
             outcome.attempts.append(attempt)
             if response is not None and attempt.served:
                 outcome.response, outcome.backend = response, name
@@ -380,7 +428,7 @@ class Router:
             )
             for a in outcome.attempts
         )
-        status = _status(outcome)
+        status = status_of(outcome)
         record = RouteRecord(
             rule=decision.rule,
             backend=outcome.backend or "none",
@@ -407,85 +455,3 @@ class Router:
             },
         )
         return cost
-
-
-READY_PATH = "/v2/health/ready"
-
-
-def readiness_probe(backend: Backend, timeout_s: float) -> Callable[[], bool]:
-    """``GET /v2/health/ready`` on the backend within ``timeout_s``: whether it answers 200
-    (what a circuit opened by refused connections asks before its wait is over)."""
-    request = BackendRequest(method="GET", path=READY_PATH, operation="ready")
-
-    def probe() -> bool:
-        try:
-            return backend.send(request, timeout_s).status == 200
-        except (BackendError, SpillwayError):
-            return False
-
-    return probe
-
-
-def backend_request(request: Request, backend: str, timeout_s: float) -> BackendRequest:
-    """What one attempt sends: the canonical path, the allowed headers, and an infer body
-    carrying the attempt's timeout (a batch job gets the body as the client sent it, and
-    the client's ``Idempotency-Key``)."""
-    call, target = request.call, request.target
-    body, length = call.body, request.header_length
-    if request.header is None:
-        body, length = b"", None
-    elif backend != "batch":
-        timeout_us = max(1, int(timeout_s * BACKEND_TIMEOUT_SHARE * 1e6))
-        body, length = with_timeout(
-            call.body, request.header, length, timeout_us, request.facts.priority
-        )
-    headers: dict[str, str] = {}
-    if target.operation == "infer":
-        headers["content-type"] = JSON_CONTENT_TYPE if length is None else BINARY_CONTENT_TYPE
-    if length is not None:
-        headers[HEADER_LENGTH] = str(length)
-    if backend == "batch" and request.idempotency_key is not None:
-        headers["idempotency-key"] = request.idempotency_key
-    return BackendRequest(
-        method=call.method,
-        path=target.path,
-        operation=target.operation,
-        model=target.model,
-        version=target.version,
-        headers=headers,
-        body=body,
-        request_id=call.request_id,
-        tenant=request.facts.tenant,
-    )
-
-
-def _status(outcome: Outcome) -> int:
-    if outcome.response is not None:
-        return outcome.response.status
-    return outcome.error.status if outcome.error is not None else 500
-
-
-def _reply(outcome: Outcome, target: Target, cost: float) -> Reply:
-    """The backend's answer (or the routing error) with the headers that explain it."""
-    decision = outcome.decision
-    extra = [
-        ("x-spillway-rule", decision.rule),
-        ("x-spillway-backend", outcome.backend or "none"),
-        ("x-spillway-cost-usd", f"{cost:.9f}"),
-    ]
-    if outcome.fallback is not None:
-        extra.append(("x-spillway-fallback", outcome.fallback))
-    if decision.spilled:
-        extra.append(("x-spillway-spilled", "true"))
-    response = outcome.response
-    if response is None:
-        error = error_reply(outcome.error or UnavailableError("no backend answered"))
-        return Reply(error.status, [*error.headers, *extra], error.body)
-    headers = [(k, v) for k, v in response.headers.items() if k in RESPONSE_HEADERS]
-    body = response.body
-    if target.operation == "ready" and response.status == 200:
-        # Triton answers readiness with an empty body; the router's answer is JSON.
-        headers, body = [(k, v) for k, v in headers if k != "content-type"], b'{"ready":true}'
-    if not any(k == "content-type" for k, _ in headers):
-        headers.append(("content-type", JSON_CONTENT_TYPE))
-    return Reply(response.status, headers + extra, body)

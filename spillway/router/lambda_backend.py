@@ -27,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from spillway import tracing
 from spillway.policy.backend import (
     BackendRequest,
     BackendResponse,
@@ -77,6 +78,7 @@ def direct_event(request: BackendRequest, scopes: TenantScopes = scope) -> Direc
         parse_header_length(request.headers.get(HEADER_LENGTH)),
         request.request_id,
         scopes(request.tenant),
+        trace=tracing.carrier_of(request.headers),
     )
 
 
