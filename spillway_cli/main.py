@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from spillway_cli.canary_cli import models_canary, models_status
+from spillway_cli.capture_cli import capture_app
 from spillway_cli.jobs_cli import jobs_app
 from spillway_cli.models_add import models_add
 from spillway_cli.models_cli import (
@@ -45,6 +46,7 @@ app.add_typer(cost_app, name="cost")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(config_app, name="config")
+app.add_typer(capture_app, name="capture")
 serve_app.command("router")(serve_router)
 models_app.command("add")(models_add)
 models_app.command("list")(models_list)

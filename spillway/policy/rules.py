@@ -9,6 +9,10 @@ follow the same rules but skip ``batch``.
 
 Priority follows Triton: 1 is the highest; a request without one has
 ``defaults.priority``. A tenant's tier comes from ``tenants`` (else ``defaults.tenant_tier``).
+
+``capture`` says which inference requests data capture keeps (``spillway.capture``,
+docs/capture.md): a list of entries tried in order, the first whose ``model`` and
+``tenant`` globs hold deciding its sample rate and what it keeps; no entry: nothing is kept.
 """
 
 from __future__ import annotations
@@ -229,6 +233,44 @@ class Defaults(_Strict):
     tenant_tier: str = "standard"
 
 
+Keep = Literal["both", "inputs", "outputs"]
+
+
+class CaptureRule(_Strict):
+    """One entry of ``capture``: which requests data capture samples, and what it keeps."""
+
+    model: Glob = "*"
+    """Model names (one shell-style glob) the entry applies to."""
+    tenant: Glob | None = None
+    """Tenants (one glob) it applies to; unset: every tenant, the anonymous one too."""
+    sample: float = Field(ge=0, le=1)
+    """Share of the matching requests kept: 0 keeps none (an exception to a later entry),
+    1 keeps every one."""
+    keep: Keep = "both"
+    """The request (``inputs``), the answer (``outputs``) or both in each record."""
+    errors: bool = True
+    """Whether failed requests (4xx, 5xx) are captured too, at the same rate."""
+
+    def holds(self, model: str, tenant: str | None) -> bool:
+        """Whether the entry applies to ``model`` called by ``tenant``."""
+        if not fnmatchcase(model, self.model):
+            return False
+        return self.tenant is None or (tenant is not None and fnmatchcase(tenant, self.tenant))
+
+    def catch_all(self) -> bool:
+        """Whether the entry applies to every request (later entries never decide)."""
+        return self.model == "*" and self.tenant in (None, "*")
+
+
+def _check_capture(entries: list[CaptureRule]) -> None:
+    for index, entry in enumerate(entries[:-1]):
+        if entry.catch_all():
+            raise ValueError(
+                f"capture[{index}] matches every model and tenant, so capture[{index + 1}] "
+                "never decides: put the catch-all entry last"
+            )
+
+
 def _default_fallbacks() -> dict[Backend, list[Backend]]:
     return {"gpu": ["cpu"]}
 
@@ -245,6 +287,8 @@ class Policy(_Strict):
     asking for more is served at its tier's level. A tier not listed may use any."""
     fallbacks: dict[Backend, list[Backend]] = Field(default_factory=_default_fallbacks)
     rules: list[Rule] = Field(min_length=1)
+    capture: list[CaptureRule] = Field(default_factory=list)
+    """Data capture: the first entry that applies to a request decides; none: not kept."""
 
     @model_validator(mode="after")
     def _ordered(self) -> Policy:
@@ -261,7 +305,13 @@ class Policy(_Strict):
         for backend, chain in self.fallbacks.items():
             if backend in chain:
                 raise ValueError(f"fallbacks.{backend} may not contain {backend}")
+        _check_capture(self.capture)
         return self
+
+    def capture_rule(self, model: str, tenant: str | None) -> CaptureRule | None:
+        """The ``capture`` entry that decides for ``model`` and ``tenant`` (``None``:
+        requests of theirs are not captured)."""
+        return next((entry for entry in self.capture if entry.holds(model, tenant)), None)
 
     def allowed_priority(self, tenant: str | None, requested: int | None) -> int | None:
         """``requested`` as the tenant's tier allows it (0 and ``None``: the default)."""
@@ -338,6 +388,7 @@ def globs_hold(patterns: list[str] | None, value: str | None) -> bool:
 __all__ = [
     "DEFAULT_POLICY",
     "Backend",
+    "CaptureRule",
     "Mode",
     "Policy",
     "PolicyError",

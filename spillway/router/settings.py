@@ -30,6 +30,7 @@ from spillway.envsettings import json_mapping
 from spillway.protocol.errors import InvalidInputError
 from spillway.protocol.s3urls import is_s3_url, parse_s3_url
 from spillway.protocol.wire import SYNC_BODY_BYTES
+from spillway.tenancy.areas import folder
 
 ENV_PREFIX = "ROUTER_"
 
@@ -165,6 +166,19 @@ class RouterSettings(BaseModel):
     """How long the OpenAI-compatible door uses the repository's location, its list of
     models and a model's signature before reading them again: a model published or
     changed reaches every router within this time."""
+    capture_root: str | None = None
+    """``s3://bucket/prefix`` where data capture writes each tenant's sampled requests and
+    answers (``<root>/<tenant scope>/<model>/YYYY/MM/DD/HH/…jsonl.gz``); which requests,
+    at what rate, is the policy's ``capture`` section. Unset: no capture."""
+    capture_buffer_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024, le=1024**3)
+    """Memory the capture buffer may hold (records waiting and being written); a record
+    that does not fit is dropped and counted (``CaptureDropped``), never waited for."""
+    capture_flush_s: float = Field(default=60.0, gt=0, le=3600)
+    """Longest a captured record waits in the buffer before its batch is written; a batch
+    is written sooner once it holds a quarter of ``capture_buffer_bytes``."""
+    capture_max_record_bytes: int = Field(default=256 * 1024, ge=1024, le=64 * 1024 * 1024)
+    """Bodies one record keeps at most (request and answer together, before encoding): a
+    body past it is left out and the record marked ``truncated`` (not replayable)."""
     tracing: bool = False
     """Create the X-Ray tracer (imported only when true, so cold starts do not pay for it)."""
     host: str = "127.0.0.1"
@@ -176,7 +190,7 @@ class RouterSettings(BaseModel):
 
     _urls = field_validator("gpu_url", "cpu_url", "jobs_url")(_check_url)
 
-    @field_validator("jobs_staging", "model_repository")
+    @field_validator("jobs_staging", "model_repository", "capture_root")
     @classmethod
     def _s3_location(cls, value: str | None, info: ValidationInfo) -> str | None:
         if not value:
@@ -185,6 +199,8 @@ class RouterSettings(BaseModel):
             return value  # a folder, checked when the door first reads it
         try:
             parse_s3_url(value)
+            if info.field_name == "capture_root":
+                folder(value)  # no empty, '.' or '..' segment: the tenants' areas lie below
         except InvalidInputError as exc:  # pydantic reports only ValueError as invalid
             raise ValueError(exc.message) from None
         return value
@@ -205,6 +221,8 @@ class RouterSettings(BaseModel):
     def _reset_bounds(self) -> RouterSettings:
         if self.breaker_max_reset_s < self.breaker_reset_s:
             raise ValueError("breaker_max_reset_s must be at least breaker_reset_s")
+        if self.capture_max_record_bytes > self.capture_buffer_bytes:
+            raise ValueError("capture_max_record_bytes must be at most capture_buffer_bytes")
         return self
 
     @classmethod

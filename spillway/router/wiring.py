@@ -6,14 +6,16 @@ everything else comes from ``RouterSettings``.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import random
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -22,6 +24,9 @@ from spillway.async_inference.store import AsyncStore
 from spillway.canary.records import CanaryStore
 from spillway.canary.selection import Affinity, CanaryRouter, backend_config
 from spillway.canary.stage import NO_CANARY, CanaryStage, VersionStage
+from spillway.capture.buffer import CaptureBuffer
+from spillway.capture.watcher import Capture
+from spillway.capture.writer import CaptureWriter, s3_client, s3_put
 from spillway.policy.accounting import EmfSink, Pricing, event_metric, load_pricing
 from spillway.policy.backend import Backend
 from spillway.policy.decision import SpillState
@@ -76,6 +81,11 @@ class Overrides:
     all with ``backends`` replaced (a test that wants them passes its own)."""
     catalog: EmbeddingCatalog | None = None
     """The OpenAI-compatible door's models; ``None``: read from ``model_repository``."""
+    capture_s3: Any = None
+    """The S3 client data capture writes with; ``None``: one from boto3's variables, with
+    short timeouts (``spillway.capture.writer.s3_client``)."""
+    capture_rng: random.Random | None = None
+    """The sampling draws of data capture; ``None``: seeded from the OS."""
 
 
 def make_backends(
@@ -228,6 +238,7 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
         on_change=lambda _: spills.reset(),
         on_reject=lambda _: sink.write(event_metric("PolicyRejected")),
     )
+    watch = data_capture(settings, policies, sink, o, clock)
     router = Router(
         backends,
         policies,
@@ -240,12 +251,14 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
         versions=versions,
         async_front=async_front(o.async_store, store),
         budgets=budgets,
+        watch=watch,
     )
     log.info(
-        "router up: backends %s, policy from %s, state table %s",
+        "router up: backends %s, policy from %s, state table %s, capture to %s",
         sorted(backends),
         policies.loaded.source,
         settings.state_table or "none",
+        settings.capture_root or "none",
     )
     sessions = Sessions(
         store,
@@ -267,6 +280,60 @@ def create_app(settings: RouterSettings, overrides: Overrides | None = None) -> 
         live=live,
         openai=OpenAIDoor(router, catalog),
     )
+
+
+CAPTURE_FLUSH_BYTES = (16 * 1024, 64 * 1024 * 1024)
+"""A capture batch is written once it holds a quarter of the buffer, within these bounds."""
+
+
+def data_capture(
+    settings: RouterSettings,
+    policies: PolicyStore,
+    sink: EmfSink,
+    o: Overrides,
+    clock: Callable[[], float],
+) -> Capture | None:
+    """Data capture to ``capture_root`` under the policy's ``capture`` section, its
+    writer's thread started (``None``: no ``capture_root``, no capture). Its S3 client is
+    made on the first write, never at a cold start."""
+    root = settings.capture_root
+    if root is None:
+        return None
+    low, high = CAPTURE_FLUSH_BYTES
+    buffer = CaptureBuffer(
+        max_bytes=settings.capture_buffer_bytes,
+        flush_bytes=min(high, max(low, settings.capture_buffer_bytes // 4)),
+        flush_s=settings.capture_flush_s,
+        clock=clock,
+    )
+    given = o.capture_s3
+    s3: list[Any] = [] if given is None else [given]
+
+    def put(bucket: str, key: str, body: bytes) -> None:
+        if not s3:
+            s3.append(s3_client())
+        s3_put(s3[0])(bucket, key, body)
+
+    wall = o.wall or (lambda: datetime.now(UTC))
+    capture = Capture(
+        CaptureWriter(buffer, root, put, sink, wall=wall),
+        lambda: policies.loaded.policy,  # never a refresh (I/O) on the request's thread
+        max_record_bytes=settings.capture_max_record_bytes,
+        rng=o.capture_rng,
+        clock=clock,
+        wall=wall,
+    )
+    capture.start()
+    # A clean stop (`spillway serve router` on SIGINT or SIGTERM) writes what is held; a
+    # Lambda environment is never stopped cleanly (docs/capture.md: what can be lost).
+    atexit.register(_close_at_exit, weakref.ref(capture))
+    return capture
+
+
+def _close_at_exit(ref: weakref.ref[Capture]) -> None:
+    capture = ref()
+    if capture is not None:
+        capture.close(timeout_s=5.0)
 
 
 def embedding_catalog(
