@@ -76,12 +76,15 @@ def test_every_reaching_parameter_is_found_and_moved_within_its_constraints(
     # THEN the parameters of the environment, Globals, VpcConfig and MemorySize are found
     assert {"LogLevel", "Tracing", "RouterMemorySize", "GpuStack", "NetworkStack"} <= router
     assert {"LogLevel", "CpuMemorySize", "CpuEphemeralStorageMiB", "ModelsPrefix"} <= cpu
+    # (TraceSample through Globals and the Layers condition: docs/deploy.md, tracing)
+    assert {"TraceSample"} <= router & cpu
     # …but not those of properties no version holds (reserved, provisioned concurrency)
     assert not {"RouterReservedConcurrency", "RouterProvisionedConcurrency"} & router
     # AND each is moved to a value it allows (AllowedValues, MinValue/MaxValue)
     assert rows[("RouterFunction", "LogLevel")][0] == "INFO -> DEBUG"
     assert rows[("RouterFunction", "RouterMemorySize")][0] == "512 -> 513"
     assert rows[("RouterFunction", "Tracing")][0] == "false -> true"
+    assert rows[("RouterFunction", "TraceSample")][0] == "0 -> 0.001"
     # AND each publishes a new version
     parameters = [row for key, row in rows.items() if not key[1].startswith("(edit)")]
     assert len(parameters) >= 20
@@ -109,6 +112,16 @@ def test_the_version_description_fits_at_the_longest_values() -> None:
     # GIVEN each aliased function's VersionDescription and the parameters' bounds
     source = load_cfn(ROOT / "template.yaml")
     declared = source["Parameters"]
+    # The SSM-typed parameters hold the storage stack's numbers, at most its bounds.
+    storage = load_cfn(ROOT / "infra/storage.yaml")
+    bounds = storage["Parameters"]
+    ssm_longest = {
+        "AsyncTtlSeconds": max(
+            len(str(row["Seconds"])) for row in storage["Mappings"]["AsyncRetention"].values()
+        ),
+        "AsyncLeaseSeconds": len(str(bounds["AsyncLeaseSeconds"]["MaxValue"])),
+        "AsyncMaxAttempts": len(str(bounds["AsyncMaxAttempts"]["MaxValue"])),
+    }
 
     def longest(name: str) -> int:
         spec = declared[name]
@@ -117,7 +130,7 @@ def test_the_version_description_fits_at_the_longest_values() -> None:
         if spec["Type"] == "Number":
             return len(str(spec["MaxValue"]))
         if spec["Type"].startswith("AWS::SSM::Parameter::Value"):
-            return 10  # the storage stack's numbers (infra/storage.yaml)
+            return ssm_longest[name]  # a new one: name its bound in the storage stack
         if "MaxLength" in spec:
             return int(spec["MaxLength"])
         bound = re.search(r"\{0,(\d+)\}\$$", spec["AllowedPattern"])
