@@ -16,8 +16,10 @@ The router's batch mode invokes the function directly (``lambda:Invoke``, grante
 router's role alone) with a REST proxy event whose ``requestContext.authorizer`` carries
 the router's caller's tenant: ``requestContext`` is written by API Gateway or by that
 trusted invoker, never by a client.
-A tiny router instead of a web framework keeps the cold start small; nothing here
-imports onnxruntime.
+A request's ``traceparent``/``tracestate`` (the router's attempt, or a client's) is
+continued by a ``spillway.jobs`` span, and a job it submits carries it on to the Batch
+job (``batch_job.service``). A tiny router instead of a web framework keeps the cold
+start small; nothing here imports onnxruntime.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Protocol
 
 from batch_job.service import JobService
 from batch_job.settings import JobsSettings
+from spillway import tracing
 from spillway.protocol.errors import InvalidInputError, PayloadTooLargeError, RouteNotFoundError
 from spillway.protocol.messages import DirectInvokeAnswer, JobRequest, JobStatus, SubmitReceipt
 from spillway.protocol.replies import Reply, guarded, json_reply
@@ -103,9 +106,16 @@ def dispatch(
     method = str(event.get("httpMethod") or context.get("http", {}).get("method", "")).upper()
     path = strip_stage(str(event.get("path") or event.get("rawPath") or ""), event)
     who = callers or Authenticator()
-    reply = guarded(
-        log, lambda: _route(method, path, event, jobs, who), method=method, path=path[:100]
-    )
+    trace = {name: event_header(event, name) for name in tracing.CARRIER_KEYS}
+    attributes = {"http.request.method": method[:16], "spillway.operation": "jobs"}
+    with (
+        tracing.carry(trace),
+        tracing.span("spillway.jobs", kind="server", attributes=attributes) as span,
+    ):
+        reply = guarded(
+            log, lambda: _route(method, path, event, jobs, who), method=method, path=path[:100]
+        )
+        span.set("http.response.status_code", reply.status)
     # API Gateway's proxy-response shape (header names lower-case).
     return DirectInvokeAnswer.of(reply).dump()
 

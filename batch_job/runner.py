@@ -10,6 +10,9 @@ ETag the plan recorded: a resumed job never reads an input that changed under it
 
 Shard files live in a work folder ``spillway-job-<pid>-…``; a run first removes the
 folders of runs whose process is gone (a SIGKILL skips every cleanup).
+
+A run is a ``spillway.batch.job`` span, each shard a ``spillway.batch.shard`` span in it,
+of the trace the submitting request named (the job's ``TRACEPARENT``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from batch_job.progress import Progress
 from batch_job.recordshard import process_images, process_jsonl, process_staged
 from batch_job.settings import JobsSettings
 from batch_job.shard import JobModel, OnBatch, ShardCounts, count_records
+from spillway import tracing
 from spillway.models.repository import ModelRepository, open_repository
 from spillway.protocol.errors import BatchTooLargeError
 
@@ -147,9 +151,12 @@ class JobRunner:
                     following = todo[position + 1]
                     downloads[following.index] = pool.submit(self._download, following, work)
                 try:
-                    source = downloads.pop(shard.index, None)
-                    path = source.result() if source else self._download(shard, work)
-                    manifest = self._compute(shard, path, work, progress)
+                    with _shard_span(shard) as span:
+                        source = downloads.pop(shard.index, None)
+                        path = source.result() if source else self._download(shard, work)
+                        manifest = self._compute(shard, path, work, progress)
+                        span.set("spillway.batch.records", manifest.records)
+                        span.set("spillway.batch.errors", manifest.errors)
                 except Exception as exc:
                     # One shard's failure must not lose the others; the child exits
                     # non-zero and Batch retries it, skipping what is committed by then.
@@ -314,6 +321,12 @@ class JobRunner:
         )
 
 
+def _shard_span(shard: ShardSpec) -> tracing.Span_:
+    """A shard's download and compute (its commit runs on an I/O thread, after it)."""
+    attributes = {"spillway.batch.shard": shard.name, "spillway.batch.format": shard.format}
+    return tracing.span("spillway.batch.shard", attributes=attributes)
+
+
 def _batch_size(model: JobModel, requested: int | None) -> int:
     limit = model.config.max_batch_size
     if not model.batching:
@@ -392,7 +405,41 @@ def run_job(
     repository: str | None = None,
     on_batch: BatchHook | None = None,
 ) -> RunResult:
-    """Plan (or read the plan), load the model, and run this child's shards."""
+    """Plan (or read the plan), load the model, and run this child's shards, as a
+    ``spillway.batch.job`` span of the submitting request's trace (``settings.trace``).
+
+    A process whose tracing nothing set up yet sets it up here (``spillway-batch``) and
+    sends its spans before the run returns; one set up already (the CLI's, a test's) is
+    left as it is."""
+    owned = not tracing.enabled() and tracing.configure("spillway-batch")
+    attributes = {
+        "spillway.model": spec.model,
+        "spillway.tenant_scope": settings.tenant_scope,
+        "spillway.batch.array_index": settings.array_index,
+        "spillway.batch.array_size": settings.array_size,
+        "spillway.batch.job_id": os.environ.get("AWS_BATCH_JOB_ID"),
+    }
+    try:
+        with (
+            tracing.carry(settings.trace()),
+            tracing.span("spillway.batch.job", kind="consumer", attributes=attributes) as span,
+        ):
+            result = _run(spec, settings, repository, on_batch)
+            span.set("spillway.batch.committed", len(result.committed))
+            span.set("spillway.batch.skipped", len(result.skipped))
+            span.set("spillway.batch.failed", len(result.failed))
+            span.set("spillway.batch.records", result.records)
+            if result.failed:
+                span.fail(f"{len(result.failed)} shard(s) failed")
+            return result
+    finally:
+        if owned:
+            tracing.shutdown()
+
+
+def _run(
+    spec: RunSpec, settings: JobsSettings, repository: str | None, on_batch: BatchHook | None
+) -> RunResult:
     repo = open_repository(repository or settings.repository)
     where = Locations.of(spec)
     plan = ensure_plan(spec, repo, where)

@@ -2,7 +2,8 @@
 
 ``submit`` validates the request, claims the job record (idempotent on the key), freezes
 the shard plan at the output prefix, submits the AWS Batch array job (queue, definition,
-retry strategy and timeout from settings) and records it. ``status`` combines Batch's
+retry strategy and timeout from settings; the current trace as its ``TRACEPARENT`` and
+``TRACESTATE``) and records it. ``status`` combines Batch's
 state with the shard markers. Nothing here imports onnxruntime.
 
 Every job belongs to a tenant (its record's ``owner``: the tenant's scope). A tenant's
@@ -38,6 +39,7 @@ from batch_job.plan import (
 )
 from batch_job.settings import JobsSettings
 from batch_job.storage import open_location
+from spillway import tracing
 from spillway.aws.clients import aws_client
 from spillway.models.repository import open_repository
 from spillway.protocol.errors import (
@@ -180,6 +182,11 @@ class JobService:
         environment = [
             {"name": "JOBS_ARRAY_SIZE", "value": str(array_size)},
             {"name": "JOBS_TENANT_SCOPE", "value": owner},
+        ]
+        # The submitting request's trace, as the job's TRACEPARENT/TRACESTATE (container
+        # overrides' environment: https://docs.aws.amazon.com/batch/latest/APIReference/API_ContainerOverrides.html).
+        environment += [
+            {"name": name.upper(), "value": value} for name, value in tracing.outgoing().items()
         ]
         kwargs: dict[str, Any] = {
             "jobName": f"spillway-{re.sub(r'[^A-Za-z0-9_-]', '-', plan.model)}-{job_id[:8]}",

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from spillway import tracing
 from spillway.envsettings import json_mapping
 
 
@@ -71,6 +72,20 @@ class JobsSettings(BaseSettings):
     tenant_scope: str | None = None
     """The scope (``spillway.state.table.scope``) of the tenant whose job this container
     runs, set by the submitter in the Batch job's environment."""
+    traceparent: str | None = Field(
+        default=None, validation_alias=AliasChoices("TRACEPARENT", "JOBS_TRACEPARENT")
+    )
+    """The W3C ``traceparent`` of the request that submitted the job, set by the submitter
+    in the Batch job's environment: the job's spans join its trace (a malformed one is
+    ignored)."""
+    tracestate: str | None = Field(
+        default=None, validation_alias=AliasChoices("TRACESTATE", "JOBS_TRACESTATE")
+    )
+    """The ``tracestate`` beside ``traceparent``."""
+
+    def trace(self) -> dict[str, str]:
+        """The job's trace carrier (``spillway.tracing.carrier_of``; ``{}``: none)."""
+        return tracing.carrier_of({"traceparent": self.traceparent, "tracestate": self.tracestate})
 
     # --- callers and their areas (the jobs Lambda) --------------------------------------
     tenants_root: str | None = None

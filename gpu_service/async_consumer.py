@@ -9,7 +9,8 @@ those it runs and starts them in ``fair_order`` (the tenant with the fewest requ
 running first), so one tenant's burst does not run ahead of another's single request;
 a delivery held for half its lease is let go unclaimed (the queue shows it again). Each
 request runs through ``DataPlane.infer``, the path and batchers synchronous requests use,
-at the lowest priority level the model has. AWS calls (blocking boto3) run on a thread of
+at the lowest priority level the model has, inside the trace the router accepted it in
+(``spillway.async_inference.traced``). AWS calls (blocking boto3) run on a thread of
 their own so the event loop never waits on them.
 """
 
@@ -29,11 +30,13 @@ from typing import Any
 import pydantic_core
 
 from gpu_service.dataplane import DataPlane
+from spillway import tracing
 from spillway.async_inference.queue import Message, fair_order
 from spillway.async_inference.records import owner_scope
 from spillway.async_inference.replies import failure_reply
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore, Job
+from spillway.async_inference.traced import running, settled
 from spillway.protocol.framing import read_json_header
 from spillway.protocol.replies import Reply, infer_reply
 
@@ -165,8 +168,11 @@ class AsyncConsumer:
             job = await self._call(self.store.claim, message, self.owner)
             if job is None:
                 return
-            reply = await self._run_job(job)
-            state = await self._call(self.store.settle, job, reply)
+            # The request's trace (the router's span): the batches it joins are its own.
+            with running(job.record, "gpu") as span:
+                reply = await self._run_job(job)
+                state = await self._call(self.store.settle, job, reply)
+                settled(span, state, reply)
             if state is not None:
                 self.completed += 1
             log.info(
@@ -203,6 +209,7 @@ def start_consumer(plane: DataPlane) -> AsyncConsumer | None:
     settings = AsyncSettings.from_env()
     if not settings.enabled or plane.settings.async_concurrency == 0:
         return None
+    tracing.configure("spillway-gpu-async")  # nothing changes where the service configured it
     consumer = AsyncConsumer(
         plane, AsyncStore(settings), concurrency=plane.settings.async_concurrency
     )

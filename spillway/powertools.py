@@ -14,7 +14,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from spillway import tracing
+from spillway.tracing import configure as configure_tracing
+from spillway.tracing import flush as flush_traces
 
 NAMESPACE = "Spillway"
 """CloudWatch namespace of the functions' metrics (the templates'
@@ -34,7 +35,7 @@ def traced(on: bool, service: str) -> Callable[[LambdaHandler], LambdaHandler]:
     layer's collector), the process's spans are set up here and flushed before each
     invocation returns: Lambda freezes the environment after it, so a span left in the
     buffer would wait for the next invocation, or be lost."""
-    exporting = tracing.configure(service)
+    exporting = configure_tracing(service)
 
     def wrap(handler: LambdaHandler) -> LambdaHandler:
         inner = handler
@@ -50,7 +51,7 @@ def traced(on: bool, service: str) -> Callable[[LambdaHandler], LambdaHandler]:
             try:
                 return inner(event, context)
             finally:
-                tracing.flush()
+                flush_traces()
 
         return flushed
 

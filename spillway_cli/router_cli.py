@@ -193,6 +193,7 @@ def serve_router(
     --api-key, the REST API's door in front (``spillway_cli.local.lambda_http``)."""
     from aws_lambda_powertools.logging import Logger
 
+    from spillway import tracing
     from spillway.policy.rules import PolicyError
     from spillway.router.settings import RouterSettings
     from spillway.router.wiring import create_app
@@ -213,6 +214,7 @@ def serve_router(
             host=host, port=port, policy_file=policy, gpu_url=gpu_url, cpu_url=cpu_url
         )
         Logger(service="spillway.router", level=settings.log_level)
+        tracing.configure("spillway-router")  # as the Lambda handler does: OTEL_* decide
         app = create_app(settings)
     except (ValueError, PolicyError) as exc:
         raise _fail(f"cannot start the router: {exc}") from None
@@ -234,6 +236,7 @@ def serve_cpu(
     """The CPU fallback on a local HTTP server (also Lambda's invoke API); CPU_* apply."""
     from aws_lambda_powertools.logging import Logger
 
+    from spillway import tracing
     from spillway.fallback.app import CpuApp
     from spillway.fallback.async_drain import start_local_drain
     from spillway.fallback.service import CpuService
@@ -243,6 +246,7 @@ def serve_cpu(
     flags = {"host": host, "port": port, "repository": repository}
     settings = CpuSettings.model_validate({k: v for k, v in flags.items() if v is not None})
     Logger(service="spillway.cpu_infer", level=settings.log_level)
+    tracing.configure("spillway-cpu")  # before the drain's worker names the process
     service = CpuService.load(settings)
     start_local_drain(service)  # the async queue's second consumer, when ASYNC_* is set
     serve_forever(CpuApp(service), settings.host, settings.port)

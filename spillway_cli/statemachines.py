@@ -13,8 +13,10 @@ value substituted, so cfn-lint's partition-pinned ARN pattern still checks the r
 The router starts an execution for an async request of the pipeline
 (``spillway.router.async_mode``; ``ASYNC_STATE_MACHINES`` names the machine), named by
 the request id and its attempt (``spillway.async_inference.records.execution_name``), with
-the input ``{"id": "<request id>", "tenant_scope": "<its caller's scope>"}``; the request's
-async record says where its body is. Each step state runs that step (``pipeline-step``,
+the input ``{"id": "<request id>", "tenant_scope": "<its caller's scope>", "trace":
+{"traceparent", "tracestate"}}``; the request's async record says where its body is.
+Every state passes the execution's input on (``execution``), so each step's Lambda
+continues the request's trace. Each step state runs that step (``pipeline-step``,
 the step cache scoped to that tenant), ``Respond`` settles the record with the V2
 response. A step that fails for the service's reasons (``ServerFault``, Lambda throttling
 or service errors) is retried with backoff; any failure left is caught and
@@ -48,6 +50,11 @@ PREFIX = "async"
 SUBSTITUTIONS = ("CpuInferFunctionArn", "ResultsBucket", *INTEGRATIONS)
 TENANT = {"tenant_scope.$": "$.tenant_scope"}
 """Every call carries the execution's tenant scope (its cache entries, its record)."""
+EXECUTION = {"execution.$": "$$.Execution.Input"}
+"""Every call carries the execution's input, whose ``trace`` its Lambda continues: the
+context object's input is there whatever the states added, and a path to a field the
+input may lack (``$.trace``) would fail the state with ``States.Runtime``
+(https://docs.aws.amazon.com/step-functions/latest/dg/input-output-contextobject.html)."""
 RETRIED = [
     "ServerFault",
     "Lambda.ServiceException",
@@ -81,7 +88,7 @@ def _invoke(
     return {
         "Type": "Task",
         "Resource": LAMBDA_INVOKE,
-        "Parameters": {"FunctionName": FUNCTION, "Payload": {**payload, **TENANT}},
+        "Parameters": {"FunctionName": FUNCTION, "Payload": {**payload, **TENANT, **EXECUTION}},
         "ResultSelector": selector,
         "ResultPath": result,
         "Retry": [_RETRY],

@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NamedTuple
 
 import typer
 
@@ -44,6 +44,26 @@ def up(
     websocket_port: Annotated[
         int, typer.Option(help="WebSocket API port (0: free, the default).")
     ] = 0,
+    traces_port: Annotated[
+        int, typer.Option(help="Trace receiver (OTLP/HTTP) and view port (0: free, the default).")
+    ] = 0,
+    traces: Annotated[
+        bool,
+        typer.Option(
+            help="Run the trace receiver and view, every traced part exporting its spans "
+            "there (--no-traces: none; a part then exports where OTEL_EXPORTER_OTLP_ENDPOINT "
+            "already says, if set)."
+        ),
+    ] = True,
+    trace_sample: Annotated[
+        float | None,
+        typer.Option(
+            envvar="SPILLWAY_TRACE_SAMPLE",
+            min=0.0,
+            max=1.0,
+            help="Share of requests traced (SPILLWAY_TRACE_SAMPLE; default: every one).",
+        ),
+    ] = None,
     free_ports: Annotated[
         bool, typer.Option(help="Any free port for every part (beside another folder's stack).")
     ] = False,
@@ -70,6 +90,7 @@ def up(
         "moto": moto_port,
         "dashboard": dashboard_port,
         "websocket": websocket_port,
+        **({"traces": traces_port} if traces else {}),
     }
     if free_ports:
         ports = dict.fromkeys(ports, 0)
@@ -86,7 +107,8 @@ def up(
         typer.echo(f"error: {problem}", err=True)
     if problems:
         raise typer.Exit(EXIT_CHECKS)
-    _run(models, log_dir, ports, router_runtime, verbose, fresh)
+    tracing = Tracing(traces, trace_sample)
+    _run(models, log_dir, ports, router_runtime, verbose, fresh, tracing)
 
 
 def _already_running(running: StackRunning) -> str:
@@ -122,8 +144,21 @@ def _held_lines(held: dict[str, StackRecord]) -> list[str]:
     return lines
 
 
+class Tracing(NamedTuple):
+    """The stack's trace settings: receiver on, and the share of requests traced."""
+
+    on: bool
+    sample: float | None
+
+
 def _run(
-    models: Path, log_dir: Path, ports: dict[str, int], runtime: str, verbose: bool, fresh: bool
+    models: Path,
+    log_dir: Path,
+    ports: dict[str, int],
+    runtime: str,
+    verbose: bool,
+    fresh: bool,
+    tracing: Tracing,
 ) -> None:
     from spillway_cli.console import report_logging
     from spillway_cli.local.layout import Ports
@@ -148,6 +183,8 @@ def _run(
         findable=True,
         state_dir=log_dir / "state",
         fresh=fresh,
+        traces=tracing.on,
+        trace_sample=tracing.sample,
     )
     typer.echo(f"Starting Spillway (logs in {log_dir}/):")
     typer.echo(runtime_line(stack))

@@ -14,8 +14,9 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
+from spillway import tracing
 from spillway.aws.limits import SFN_EXECUTION_NAME_CHARS
 from spillway.protocol.errors import IdempotencyConflictError, RouteNotFoundError
 from spillway.state import dynamo
@@ -61,6 +62,17 @@ class AsyncRecord(BaseModel):
     execution: str | None = None
     """The ARN of the Step Functions execution that runs the request (None: the queue's
     consumers run it)."""
+    trace: dict[str, str] | None = None
+    """The trace the request was accepted in (``{"traceparent", "tracestate"}``, the
+    router's span): its worker's spans join it (``spillway.async_inference.traced``)."""
+
+    @field_validator("trace", mode="before")
+    @classmethod
+    def _carrier(cls, value: Any) -> dict[str, str] | None:
+        """Only a well-formed carrier (``spillway.tracing.carrier_of``); anything else in
+        the item is ignored, never an error."""
+        carrier = tracing.carrier_of(value) if isinstance(value, Mapping) else {}
+        return carrier or None
 
     def view(self) -> dict[str, Any]:
         """What a client may see of a pending or failed request."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -97,6 +97,7 @@ class AsyncStore(RecordTable):
         output_location: str | None = None,
         admit: Admit | None = None,
         start: Starter | None = None,
+        trace: Mapping[str, str] | None = None,
     ) -> tuple[AsyncRecord, bool]:
         """Accept a request: the record (``queued``) and whether it already existed (an
         ``Idempotency-Key`` replay of the same request; another one is 409). With
@@ -104,7 +105,9 @@ class AsyncStore(RecordTable):
         outside the pending index and the queue) until ``settle_execution``.
 
         Admission (``admit``: the router's per-tenant quota) runs after a replay is
-        recognised and before anything is staged."""
+        recognised and before anything is staged. ``trace``: the carrier of the trace the
+        request was accepted in (``spillway.tracing.outgoing``), kept in the record (only a
+        well-formed one) for the run to join it."""
         validate_model_name(model)
         if version is not None:
             validate_version(version)
@@ -137,6 +140,7 @@ class AsyncStore(RecordTable):
             expires_at=int(now + self.settings.ttl_s),
             input=source or self.staged_url(rid),
             output=output,
+            trace=trace,
         )
         if start is not None:
             token = uuid.uuid4().hex[:12]
@@ -230,7 +234,8 @@ class AsyncStore(RecordTable):
 
     def start_execution(self, record: AsyncRecord, machine: str) -> None:
         """``states:StartExecution`` of the execution ``record.execution`` names, with the
-        input its states read (``{"id", "tenant_scope"}``).
+        input its states read (``{"id", "tenant_scope", "trace"}``; ``trace`` the record's
+        carrier, ``{}`` without one, so each state's Lambda joins the request's trace).
 
         The name is this attempt's own (``records.execution_name``), so
         ``ExecutionAlreadyExists`` can only mean this very start already happened: a retry
@@ -240,7 +245,9 @@ class AsyncStore(RecordTable):
         from spillway.aws.errors import ClientError, error_code
 
         name = str(record.execution).rsplit(":", 1)[-1]
-        document = json.dumps({"id": record.id, "tenant_scope": record.scope})
+        document = json.dumps(
+            {"id": record.id, "tenant_scope": record.scope, "trace": record.trace or {}}
+        )
         try:
             self.client("stepfunctions").start_execution(
                 stateMachineArn=machine, name=name, input=document

@@ -14,8 +14,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from spillway import tracing
 from spillway.fallback.chain import ClientFault, ServerFault, handle_chain_event, is_chain_event
-from spillway.fallback.direct import handle_direct
+from spillway.fallback.direct import CPU_SPAN, handle_direct
 from spillway.fallback.service import CpuService
 from spillway.protocol.errors import RouteNotFoundError
 from spillway.protocol.framing import load_json_object, parse_header_length
@@ -62,9 +63,15 @@ class CpuApp:
         if op == "infer":
             length = parse_header_length(environ.get("HTTP_INFERENCE_HEADER_CONTENT_LENGTH"))
             body = self._body(environ)
-            answer = self.service.infer(
-                model, version, body, length, tenant_scope=_tenant_scope(environ)
-            )
+            trace = {k: environ.get(f"HTTP_{k.upper()}") for k in tracing.CARRIER_KEYS}
+            with (
+                tracing.carry(trace),
+                tracing.span(CPU_SPAN, kind="server", attributes={"spillway.model": model}) as span,
+            ):
+                answer = self.service.infer(
+                    model, version, body, length, tenant_scope=_tenant_scope(environ)
+                )
+                span.set("spillway.served_version", answer.version)
             return infer_reply(answer.body, answer.header_length, answer.version)
         if op == "ready":
             self.service.check_ready(model, version)

@@ -15,8 +15,9 @@ can take), the CPU fallback drains the queue too:
   check and the same per-message step on a background thread, each batch it receives in
   ``fair_order`` (one request per tenant in turn), as the GPU service does.
 
-Each message runs through ``CpuService.infer``, the synchronous path, and is settled
-with the store's conditional writes, so a request the GPU service also picked up after
+Each message runs through ``CpuService.infer``, the synchronous path, inside the trace
+the router accepted it in (``spillway.async_inference.traced``), and is settled with
+the store's conditional writes, so a request the GPU service also picked up after
 a crash still has exactly one visible result.
 """
 
@@ -28,10 +29,12 @@ import socket
 import threading
 from typing import Any
 
+from spillway import tracing
 from spillway.async_inference.queue import Message, fair_order, message_of
 from spillway.async_inference.records import owner_scope
 from spillway.async_inference.replies import failure_reply
 from spillway.async_inference.store import AsyncStore
+from spillway.async_inference.traced import running, settled
 from spillway.fallback.service import CpuService
 from spillway.protocol.replies import Reply, infer_reply
 
@@ -48,18 +51,21 @@ def run_message(service: CpuService, store: AsyncStore, message: Message) -> boo
     if job is None:
         return True
     reply: Reply
-    try:
-        body, length = store.read_input(job)
-        # Its tenant's step cache entries, as on the synchronous path: the scope the
-        # router stored with the record, trusted as stored.
-        record = job.record
-        result = service.infer(
-            record.model, record.version, body, length, stored_scope=owner_scope(record)
-        )
-        reply = infer_reply(result.body, result.header_length, result.version)
-    except Exception as error:  # noqa: BLE001 - every outcome is recorded
-        reply = failure_reply(error)
-    state = store.settle(job, reply)
+    # The request's trace (the router's span): the engine's spans join it.
+    with running(job.record, "cpu") as span:
+        try:
+            body, length = store.read_input(job)
+            # Its tenant's step cache entries, as on the synchronous path: the scope the
+            # router stored with the record, trusted as stored.
+            record = job.record
+            result = service.infer(
+                record.model, record.version, body, length, stored_scope=owner_scope(record)
+            )
+            reply = infer_reply(result.body, result.header_length, result.version)
+        except Exception as error:  # noqa: BLE001 - every outcome is recorded
+            reply = failure_reply(error)
+        state = store.settle(job, reply)
+        settled(span, state, reply)
     log.info("async request %s: %s", job.record.id, state or "retry")
     # A retry, or the last failed delivery (left for the dead-letter queue), must not be
     # deleted by the event source mapping.
@@ -69,16 +75,20 @@ def run_message(service: CpuService, store: AsyncStore, message: Message) -> boo
 def handle_sqs_event(
     service: CpuService, store: AsyncStore, event: dict[str, Any]
 ) -> dict[str, Any]:
-    """An SQS event source batch: the ids of the messages to deliver again."""
+    """An SQS event source batch: the ids of the messages to deliver again. The batch's
+    spans are sent before it returns (Lambda freezes the environment after that)."""
     failures: list[dict[str, str]] = []
-    for record in event.get("Records", []):
-        try:
-            done = run_message(service, store, message_of(record))
-        except Exception:
-            log.exception("async message %s failed", record.get("messageId"))
-            done = False
-        if not done:
-            failures.append({"itemIdentifier": str(record.get("messageId", ""))})
+    try:
+        for record in event.get("Records", []):
+            try:
+                done = run_message(service, store, message_of(record))
+            except Exception:
+                log.exception("async message %s failed", record.get("messageId"))
+                done = False
+            if not done:
+                failures.append({"itemIdentifier": str(record.get("messageId", ""))})
+    finally:
+        tracing.flush()
     return {"batchItemFailures": failures}
 
 
@@ -143,6 +153,7 @@ def start_local_drain(service: CpuService) -> threading.Event | None:
     settings = AsyncSettings.from_env()
     if not settings.enabled:
         return None
+    tracing.configure("spillway-cpu-async")  # nothing changes where the service configured it
     stop = threading.Event()
     thread = threading.Thread(
         target=drain_forever, args=(service, AsyncStore(settings), stop), daemon=True

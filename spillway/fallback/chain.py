@@ -1,8 +1,10 @@
 """The CPU fallback's side of a pipeline's Step Functions form: one state, one call.
 
 A state machine state invokes the function with ``{"spillway": "pipeline-step" |
-"pipeline-respond" | "pipeline-failed", "pipeline", "id", "tenant_scope", "step"}``
-(``spillway.pipelines.chain``; the last two settle the request's async record). The
+"pipeline-respond" | "pipeline-failed", "pipeline", "id", "tenant_scope", "step",
+"execution"}`` (``spillway.pipelines.chain``; the last two kinds settle the request's
+async record; ``execution`` is the execution's input, whose ``trace`` the call
+continues). The
 answer is what the state keeps; a failure is raised, because that is what Step Functions
 retries and catches, and its type names the kind: ``ClientFault`` (the request's own
 fault, 4xx: never retried) or ``ServerFault`` (5xx or 429: retried with backoff), its
@@ -17,6 +19,7 @@ import json
 import logging
 from typing import Any
 
+from spillway import tracing
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
 from spillway.aws.clients import aws_client
@@ -57,13 +60,18 @@ def default_store() -> ChainStore:
 def handle_chain_event(
     service: CpuService, event: dict[str, Any], store: ChainStore | None = None
 ) -> dict[str, Any]:
-    """Run one state's work; raise ``ClientFault`` or ``ServerFault`` when it fails."""
+    """Run one state's work in the execution's trace; raise ``ClientFault`` or
+    ``ServerFault`` when it fails. Its spans are sent before it returns (Lambda freezes
+    the environment after that)."""
     try:
         chain = parse_message(ChainEvent, event, "event")
-        return run_event(service.pipelines, service.get, store or default_store(), chain)
+        with tracing.carry(chain.trace()):
+            return run_event(service.pipelines, service.get, store or default_store(), chain)
     except SpillwayError as error:
         body = json.dumps({"status": error.status, "code": error.code, "error": error.message})
         log.info("pipeline state failed", extra={"status": error.status, "code": error.code})
         if error.status >= 500 or error.status == 429:
             raise ServerFault(body) from error
         raise ClientFault(body) from error
+    finally:
+        tracing.flush()

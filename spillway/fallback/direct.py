@@ -21,6 +21,8 @@ from spillway.protocol.messages import DirectInvokeAnswer, DirectInvokeEvent, pa
 from spillway.protocol.replies import Reply, guarded, infer_reply, json_reply
 
 log = logging.getLogger("spillway.cpu_infer")
+CPU_SPAN = "spillway.cpu.infer"
+"""The span of one request the CPU function serves (its direct invoke, or HTTP)."""
 
 
 def handle_direct(service: CpuService, event: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,10 @@ body or the caller's own ``input_location``), run under the record's tenant scop
 the execution's end settles it — ``respond`` with the V2 response, ``pipeline-failed``
 (the state machine's catch) with the error — so ``GET /v1/results/{id}`` answers it as
 it answers every async request.
+
+Each call carries the execution's input, whose ``trace`` (the router's span) the call's
+work continues: a ``spillway.pipeline.step`` span per step (its name, index and model),
+``spillway.pipeline.respond`` / ``spillway.pipeline.failed`` for the end.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spillway import inference
+from spillway import inference, tracing
 from spillway.async_inference.records import EXECUTION_OWNER, AsyncRecord
 from spillway.async_inference.store import AsyncStore
 from spillway.aws.objects import get_object_or_none
@@ -50,6 +54,7 @@ from spillway.protocol.wire import TENANT_SCOPE_PATTERN
 STEP = "pipeline-step"
 RESPOND = "pipeline-respond"
 FAILED = "pipeline-failed"
+STEP_SPAN = "spillway.pipeline.step"
 
 
 class ChainEvent(BaseModel):
@@ -72,6 +77,14 @@ class ChainEvent(BaseModel):
     steps' cache)."""
     error: dict[str, str] | None = None
     """What the state machine caught (``{"Error", "Cause"}``; ``pipeline-failed`` only)."""
+    execution: Any = None
+    """The execution's input (``$$.Execution.Input``), for its ``trace``: whatever it
+    holds, only a well-formed carrier is used (``trace``), never an error."""
+
+    def trace(self) -> dict[str, str]:
+        """The trace the execution continues (the router's span), else ``{}``."""
+        found = self.execution.get("trace") if isinstance(self.execution, dict) else None
+        return tracing.carrier_of(found) if isinstance(found, dict) else {}
 
 
 @dataclass(frozen=True)
@@ -178,6 +191,26 @@ def run_step(
     number = event.step if event.step is not None else -1
     if not 0 <= number < len(steps):
         raise InvalidInputError(f"pipeline {served.name!r} has no step {event.step}")
+    step = steps[number]
+    attributes = {"spillway.step.name": step.label, "spillway.step.index": number,
+                  "spillway.model": step.model, "spillway.pipeline": served.name,
+                  "spillway.request_id": event.id}  # fmt: skip
+    with tracing.span(STEP_SPAN, kind="consumer", attributes=attributes) as span:
+        answer = _step(pipelines, resolve, store, event, served, number)
+        span.set("spillway.step.skipped", answer["skipped"])
+    return answer
+
+
+def _step(
+    pipelines: PipelineSet,
+    resolve: Resolver,
+    store: ChainStore,
+    event: ChainEvent,
+    served: ServedPipeline,
+    number: int,
+) -> dict[str, Any]:
+    """``run_step``'s work, within its span."""
+    steps = served.pipeline.steps
     if number == 0:
         decoded = inference.decode(*store.read_request(event.id, event.tenant_scope))
         tensors, outcome = dict(admit(served, decoded).decoded.arrays), Outcome({})
@@ -246,9 +279,13 @@ def fail(store: ChainStore, event: ChainEvent) -> dict[str, Any]:
 def run_event(
     pipelines: PipelineSet, resolve: Resolver, store: ChainStore, event: ChainEvent
 ) -> dict[str, Any]:
-    """One state's work: a step, the response, or the settling of a failure."""
+    """One state's work: a step, the response, or the settling of a failure, each a span
+    of the trace that is current (the execution's: ``ChainEvent.trace``)."""
     if event.spillway == STEP:
         return run_step(pipelines, resolve, store, event)
+    attributes = {"spillway.pipeline": event.pipeline, "spillway.request_id": event.id}
     if event.spillway == RESPOND:
-        return respond(pipelines, store, event)
-    return fail(store, event)
+        with tracing.span("spillway.pipeline.respond", kind="consumer", attributes=attributes):
+            return respond(pipelines, store, event)
+    with tracing.span("spillway.pipeline.failed", kind="consumer", attributes=attributes):
+        return fail(store, event)

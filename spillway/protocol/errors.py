@@ -151,6 +151,14 @@ class PayloadTooLargeError(SpillwayError):
     code = "payload_too_large"
 
 
+class UnsupportedMediaTypeError(SpillwayError):
+    """A body in a content type or encoding the endpoint does not take (the local OTLP
+    trace receiver takes Protobuf or JSON, plain or gzip)."""
+
+    status = 415
+    code = "unsupported_media_type"
+
+
 class FanOutTooLargeError(SpillwayError):
     """A pipeline's mapped step would run more rows for one request than the step allows
     (``spillway.map.max_rows``: an OCR page with more text lines than a document has).

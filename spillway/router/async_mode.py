@@ -25,12 +25,17 @@ Each tenant may have ``ASYNC_TENANT_MAX_INFLIGHT`` requests queued or running an
 ``ASYNC_TENANT_MAX_STAGED_BYTES`` of bodies staged for them (429 ``quota_exceeded``
 with Retry-After past either), counted in a ledger in the router's state table: a
 request counts until a read of its record finds it settled or gone.
+
+The request's trace goes with it: the record keeps the carrier of the route span it was
+accepted in (``trace``), and the worker that runs it, or each state of its execution,
+continues that trace (``spillway.async_inference.traced``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spillway import tracing
 from spillway.async_inference.settings import AsyncSettings
 from spillway.async_inference.store import AsyncStore
 from spillway.policy.facts import Request
@@ -72,7 +77,8 @@ class AsyncFront:
         self.quota = quota
 
     def submit(self, request: Request) -> Reply:
-        """Accept the request: 202 with its id, where to poll and the caller's areas."""
+        """Accept the request: 202 with its id, where to poll and the caller's areas (its
+        record keeps the current trace's carrier)."""
         target = request.target
         if target.operation != "infer" or target.model is None:
             raise ModeUnavailableError("only infer requests can run asynchronously")
@@ -90,6 +96,7 @@ class AsyncFront:
                 output_location=_location(parameters, "output_location"),
                 admit=(lambda rid, size, now: self._admit(tenant, rid, size, now)),
                 start=self._starter(target.model),
+                trace=tracing.outgoing(),
             )
         except SpillwayError:
             raise

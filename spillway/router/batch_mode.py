@@ -33,7 +33,9 @@ and ``ASYNC_TENANT_MAX_STAGED_BYTES`` bytes within ``ASYNC_STAGING_WINDOW_S``; p
 either, 429 ``quota_exceeded`` with Retry-After, before anything is staged. On AWS the
 router invokes the jobs function (``ROUTER_JOBS_FUNCTION``, ``lambda:Invoke`` under its
 own role) with the same ``POST /v1/jobs`` as a REST proxy event; no unsigned HTTP call
-leaves the router.
+leaves the router. The ``POST`` carries the attempt's ``traceparent``/``tracestate``: the
+jobs API passes them to the Batch job (``batch_job.service``), whose spans join the
+request's trace.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from spillway import tracing
 from spillway.async_inference.settings import AsyncSettings
 from spillway.policy.backend import Backend, BackendError, BackendRequest, BackendResponse
 from spillway.protocol.errors import (
@@ -194,11 +197,14 @@ class JobsApiSubmitter:
             input=f"s3://{own.bucket}/{own.key(place, 'in')}/",
             output=f"s3://{own.bucket}/{own.key(place, 'out')}/",
         )
+        headers = {"content-type": JSON_CONTENT_TYPE, "idempotency-key": key}
+        # The attempt's trace goes on to the jobs API, and from it into the Batch job.
+        headers.update(tracing.carrier_of(request.headers))
         post = BackendRequest(
             "POST",
             "",
             "submit",
-            headers={"content-type": JSON_CONTENT_TYPE, "idempotency-key": key},
+            headers=headers,
             body=job.model_dump_json().encode(),
             request_id=request.request_id,
             tenant=request.tenant,

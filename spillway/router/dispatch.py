@@ -4,12 +4,13 @@
 (``decide``) and tries them in order within the request's deadline (its own latency
 budget, else its model's, else the router's default: ``deadlines``). A backend is skipped
 while its circuit is open. An attempt that finds a backend unreachable, overloaded (429),
-unavailable (502/503), late (504) or silent moves on to the next backend; anything else
-the backend says (a result, or a 4xx caused by the request) is the answer. Only connect
-errors are retried, once, on the same backend, within the retry budget. An attempt with
-backends after it leaves ``fallback_reserve`` of the remaining time to them; its timeout
-travels down as the Open Inference Protocol ``timeout`` parameter, so a backend drops
-work nobody waits for.
+unavailable (502/503), late (504), failing by its own account (a 5xx it marks
+``x-spillway-fault: server``: a failed run) or silent moves on to the next backend;
+anything else the backend says (a result, or a 4xx caused by the request) is the answer.
+Only connect errors are retried, once, on the same backend, within the retry budget. An
+attempt with backends after it leaves ``fallback_reserve`` of the remaining time to them;
+its timeout travels down as the Open Inference Protocol ``timeout`` parameter, so a
+backend drops work nobody waits for.
 
 Which version of a model a request is sent to is one stage, ``versions``
 (``spillway.canary.stage``): ``pick`` gives the request its arm before anything else
@@ -387,6 +388,8 @@ class Router:
             breaker.success()
         if status in FAILOVER_STATUS:
             return Attempt(name, FAILOVER_STATUS[status], billed)
+        if status >= 500 and response.headers.get(FAULT_HEADER) == "server":
+            return Attempt(name, "server_fault", billed)
         return Attempt(name, f"status_{status}", billed, served=True)
 
     def _unserved(

@@ -93,7 +93,7 @@ def configure(
     if exporter is None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(_endpoint(environ))))
     else:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     # The provider is this module's own, not installed as OpenTelemetry's global one:
@@ -102,6 +102,16 @@ def configure(
     _provider = provider
     _tracer = provider.get_tracer("spillway")
     return True
+
+
+def _endpoint(environ: Mapping[str, str]) -> str | None:
+    """Where spans go, read from ``environ`` (not only the process's environment):
+    the traces endpoint as given, else the base endpoint's ``/v1/traces``."""
+    traces = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if traces:
+        return traces
+    base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return f"{base.rstrip('/')}/v1/traces" if base else None
 
 
 def _sampler(environ: Mapping[str, str]) -> Any:

@@ -16,6 +16,7 @@ import mimetypes
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -109,23 +110,25 @@ class DashboardApp:
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
         if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
-            return _answer(start_response, 405, "text/plain", b"GET only\n")
+            return answer(start_response, 405, "text/plain", b"GET only\n")
         if path in ("/", "/dashboard", "/dashboard/"):
-            return _answer(start_response, 200, "text/html", (STATIC / "index.html").read_bytes())
+            return answer(start_response, 200, "text/html", (STATIC / "index.html").read_bytes())
         if path == "/api/snapshot":
-            return _answer(start_response, 200, "application/json", self.poller.published)
+            return answer(start_response, 200, "application/json", self.poller.published)
         if path == "/api/health":
-            return _answer(start_response, 200, "application/json", b'{"live":true}')
+            return answer(start_response, 200, "application/json", b'{"live":true}')
         file = self.files.get(path)  # only files that exist in the package, by exact name
         if file is None:
-            return _answer(start_response, 404, "text/plain", b"not found\n")
+            return answer(start_response, 404, "text/plain", b"not found\n")
         kind = mimetypes.guess_type(file.name)[0] or "application/octet-stream"
-        return _answer(start_response, 200, kind, file.read_bytes())
+        return answer(start_response, 200, kind, file.read_bytes())
 
 
-def _answer(start_response: StartResponse, status: int, kind: str, body: bytes) -> list[bytes]:
-    phrase = {200: "OK", 404: "Not Found", 405: "Method Not Allowed"}[status]
+def answer(start_response: StartResponse, status: int, kind: str, body: bytes) -> list[bytes]:
+    """One whole answer of this package's servers (the dashboard, the trace view): its
+    length, a charset on text, and the security headers (no caching, nothing loaded from
+    elsewhere)."""
     charset = "; charset=utf-8" if kind.startswith("text/") or kind.endswith("json") else ""
     headers = [("content-type", kind + charset), ("content-length", str(len(body)))]
-    start_response(f"{status} {phrase}", headers + _SECURITY_HEADERS)
+    start_response(f"{status} {HTTPStatus(status).phrase}", headers + _SECURITY_HEADERS)
     return [body]

@@ -143,6 +143,9 @@ def run_local(
     argv = [*launcher, *command[2:]]
     env = {e["name"]: e["value"] for e in job["container"].get("environment", [])}
     env["JOBS_PROGRESS_BAR"] = "false"
+    # The children's spans are the batch job's, not those of the process that runs them
+    # (the local jobs API is `spillway-jobs`), unless the job definition names a service.
+    env.setdefault("OTEL_SERVICE_NAME", "spillway-batch")
     size = job.get("arrayProperties", {}).get("size")
     indices: list[int | None] = list(range(size)) if size else [None]
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from spillway_cli.local import procs
 from spillway_cli.local.names import (
+    CAPTURE_ROOT,
     DATA_BUCKET,
     JOBS_FUNCTION,
     JOBS_STAGING,
@@ -30,6 +31,9 @@ CONFIG_TTL_S = 2.0
 change is seen at once; deployed functions keep it 30 s."""
 SCOPE_PROOF_ENV = "SCOPE_PROOF_SECRET_ID"
 """The variable naming the tenant scope proof key (``spillway.tenancy.proof``)."""
+TRACED = ("router", "gpu", "cpu", "jobs", "websocket")
+"""The parts that export spans; each is ``spillway-<part>`` (``OTEL_SERVICE_NAME``). A
+batch job's children are ``spillway-batch`` (``spillway_cli.local.batch``)."""
 STATE_MACHINES = {
     "topics": f"arn:aws:states:{REGION}:123456789012:stateMachine:spillway-local-topics"
 }
@@ -52,6 +56,8 @@ class Ports:
     """The GPU service's KServe V2 gRPC port."""
     websocket: int = 0
     """The WebSocket API (and its ``@connections`` management API)."""
+    traces: int = 0
+    """The trace receiver (OTLP/HTTP) and its view (``spillway_cli.dashboard.trace_server``)."""
 
     def resolved(self) -> Ports:
         return Ports(
@@ -67,6 +73,7 @@ class Ports:
                     self.states,
                     self.gpu_grpc,
                     self.websocket,
+                    self.traces,
                 )
             )
         )
@@ -101,6 +108,11 @@ class StackLayout:
     ``spillway up``: ``<log_dir>/state``); ``None``: it starts clean and keeps nothing."""
     fresh: bool = False
     """Start clean: set the kept state aside (``<state_dir>.previous``) first."""
+    traces: bool = True
+    """Run the trace receiver and view, and point every traced part at it."""
+    trace_sample: float | None = None
+    """The share of requests a router starts that are traced (``SPILLWAY_TRACE_SAMPLE``;
+    ``None``: the processes' own setting, else every one)."""
 
     def url(self, part: str) -> str:
         return f"http://127.0.0.1:{getattr(self.ports, part)}"
@@ -163,12 +175,35 @@ class StackLayout:
             "SPILLWAY_ROUTER_URL": self.url("router"),
             "SPILLWAY_WEBSOCKET_URL": self.websocket_url,
             "SPILLWAY_DASHBOARD_URL": self.url("dashboard"),
+            **({"SPILLWAY_TRACES_URL": self.url("traces")} if self.traces else {}),
             "SPILLWAY_METRICS_LOG": str(self.metrics_log),
             "SPILLWAY_ROUTER_LOG": str(self.log_dir / "router.log"),
             **({"SPILLWAY_API_KEY": LOCAL_API_KEY} if self.router_headers else {}),
             **policy,
             **({"SPILLWAY_ADMIN_TOKEN": token} if token else {}),
         }
+
+    def trace_env(self, part: str) -> dict[str, str]:
+        """The OpenTelemetry variables of a traced part (``TRACED``; none for another):
+        its service name, the sample share when given, and, with the receiver on, its
+        OTLP endpoint. Off, a part exports where the environment already says, if it
+        says (``spillway up --no-traces`` beside a collector of one's own)."""
+        if part not in TRACED:
+            return {}
+        env = {"OTEL_SERVICE_NAME": f"spillway-{part}"}
+        if self.trace_sample is not None:
+            env["SPILLWAY_TRACE_SAMPLE"] = repr(self.trace_sample)
+        if self.traces:
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.url("traces")
+            # A request's spans in the view half a second after it ends (the SDK's
+            # default is 5 s): the receiver is local and cheap to call.
+            env["OTEL_BSP_SCHEDULE_DELAY"] = "500"
+        return env
+
+    @property
+    def traces_url(self) -> str:
+        """The trace view's list page."""
+        return f"{self.url('traces')}/traces"
 
     @property
     def sam_env_path(self) -> Path:
@@ -192,7 +227,8 @@ class StackLayout:
     def urls(self) -> dict[str, str]:
         """Each part's URL (another ``spillway up`` shows them)."""
         parts = ("router", "gpu", "cpu", "jobs", "moto", "dashboard")
-        return {**{part: self.url(part) for part in parts}, "websocket": self.websocket_url}
+        urls = {**{part: self.url(part) for part in parts}, "websocket": self.websocket_url}
+        return {**urls, "traces": self.traces_url} if self.traces else urls
 
     def jobs_env(self) -> dict[str, str]:
         """The jobs API's settings: tenants' areas under ``tenants/`` and the router's
@@ -235,6 +271,9 @@ class StackLayout:
             "ROUTER_MODEL_REPOSITORY": REPOSITORY,
             "ROUTER_CONFIG_TTL_S": str(CONFIG_TTL_S),
             "ROUTER_METRICS_LOG": str(self.log_dir / "router-metrics.jsonl"),
+            # Data capture's root, as the templates give it (the policy's ``capture``
+            # section decides what is kept; none: nothing).
+            "ROUTER_CAPTURE_ROOT": CAPTURE_ROOT,
         }
 
     def websocket_env(self) -> dict[str, str]:

@@ -11,6 +11,7 @@ REPOSITORY = f"s3://{MODELS_BUCKET}/repository"
 LOCAL_API_KEY = "spillway-local-key"  # serverless.yml's key name at stage local; not a secret
 TENANTS_ROOT = f"s3://{DATA_BUCKET}/tenants"  # each tenant's job data: <root>/<scope>/
 JOBS_STAGING = f"s3://{DATA_BUCKET}/staging"  # the router's batch-mode staging
+CAPTURE_ROOT = f"s3://{DATA_BUCKET}/capture"  # data capture: <root>/<scope>/<model>/...
 ROUTER_FUNCTION = "spillway-local-router"  # serverless.yml's router name at stage local
 JOBS_FUNCTION = "spillway-local-jobs"  # the name `spillway serve jobs` answers invokes for
 STATE_TABLE = "spillway-local-router-state"  # serverless.yml's stateTable at stage local

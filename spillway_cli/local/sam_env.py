@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import yaml
 
 from spillway_cli.local.names import (
+    CAPTURE_ROOT,
     DATA_BUCKET,
     POLICY_PARAMETER,
     REPOSITORY,
@@ -85,6 +86,11 @@ class StackEndpoints(Protocol):
         """The base URL of one part (``moto``, ``gpu``, ``cpu`` ...)."""
         ...
 
+    def trace_env(self, part: str) -> Mapping[str, str]:
+        """The OpenTelemetry variables of a traced part (its OTLP endpoint: the stack's
+        trace receiver, when it runs one)."""
+        ...
+
 
 def local_values(stack: StackEndpoints) -> dict[str, str]:
     """What each template variable is on the local stack, by name.
@@ -116,7 +122,12 @@ def local_values(stack: StackEndpoints) -> dict[str, str]:
         # The OpenAI-compatible door reads the local repository itself, not a parameter.
         "ROUTER_MODEL_REPOSITORY": REPOSITORY,
         "ROUTER_MODEL_REPOSITORY_PARAMETER": "",
+        "ROUTER_CAPTURE_ROOT": CAPTURE_ROOT,
         "SCOPE_PROOF_SECRET_ID": SCOPE_PROOF_KEY_NAME,
+        # Spans go to the stack's trace receiver (empty without one: tracing off).
+        "OTEL_EXPORTER_OTLP_ENDPOINT": stack.trace_env("router").get(
+            "OTEL_EXPORTER_OTLP_ENDPOINT", ""
+        ),
         # The WebSocket function pushes answers to the local gateway's @connections API.
         "WS_MANAGEMENT_ENDPOINT": stack.url("websocket"),
         "CPU_REPOSITORY": REPOSITORY,

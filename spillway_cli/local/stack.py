@@ -1,8 +1,9 @@
 """``spillway up``: the whole platform on 127.0.0.1, with moto as the AWS endpoint.
 
-Starts, in order, and waits for each to be healthy: a moto server (S3, Batch without
-Docker, DynamoDB, SSM, ...), the model repository uploaded to S3 there, the GPU service
-(CUDA where present, CPU otherwise — its log says which), the CPU fallback, the local
+Starts, in order, and waits for each to be healthy: the trace receiver (every traced
+part exports its spans there), a moto server (S3, Batch without Docker, DynamoDB, SSM,
+...), the model repository uploaded to S3 there, the GPU service (CUDA where present,
+CPU otherwise — its log says which), the CPU fallback, the local
 Step Functions endpoint (in this process: async ``topics`` requests run as executions of
 its state machine, whose states invoke the CPU fallback through Lambda's invoke API), the
 jobs API and the router. Every child is a process of ours, stopped by PID; the Step
@@ -98,6 +99,7 @@ class LocalStack(StackLayout):
         # must not sign or verify scopes with a key whose server is gone.
         os.environ.update({k: v for k, v in self.aws_env().items() if k != SCOPE_PROOF_ENV})
         try:
+            self._traces()
             self._moto()
             self._repository()
             started = time.monotonic()
@@ -194,7 +196,7 @@ class LocalStack(StackLayout):
         own_session: bool = False,
     ) -> None:
         started = time.monotonic()
-        env = {**self.aws_env(), **env}
+        env = {**self.aws_env(), **self.trace_env(name), **env}
         child = procs.start(name, argv, self.log_dir, env, own_session=own_session)
         self.children[name] = child
         try:
@@ -203,6 +205,13 @@ class LocalStack(StackLayout):
             raise StackError(name, str(exc), child) from exc
         log.info("%s is up at %s (pid %d)", name, self.url(name), child.pid)
         self._say(name, started, self.url(name))
+
+    def _traces(self) -> None:
+        """The trace receiver and view, first: every traced part exports to it from its
+        start (``layout.StackLayout.trace_env``), and it stops after them."""
+        if self.traces:
+            argv = [sys.executable, "-m", "spillway_cli.dashboard.trace_server"]
+            self._start("traces", [*argv, "--port", str(self.ports.traces)], {}, "/api/health")
 
     def _moto(self) -> None:
         # moto's server, its DynamoDB item writes atomic (spillway_cli.local.moto_atomic).
@@ -308,7 +317,7 @@ class LocalStack(StackLayout):
         128 KB, so it is not used (``_router_offline`` moves it to a port nobody uses);
         under it, the function reads the policy where the offline router does."""
         started = time.monotonic()
-        env = {**self.aws_env(), **self.websocket_env()}
+        env = {**self.aws_env(), **self.trace_env("websocket"), **self.websocket_env()}
         if self.router_runtime == "serverless-offline":
             env["ROUTER_POLICY_PARAMETER"] = POLICY_PARAMETER
         argv = [*_spillway(), "serve", "websocket", "--port", str(self.ports.websocket)]
@@ -394,7 +403,8 @@ class LocalStack(StackLayout):
         self.router_headers = {"x-api-key": LOCAL_API_KEY}
         started = time.monotonic()
         wait_s = serverless_offline.FALLBACK_WAIT_S if self.router_fallback else 180
-        child = procs.start("router", argv, self.log_dir, {**self.aws_env(), **env})
+        env = {**self.aws_env(), **self.trace_env("router"), **env}
+        child = procs.start("router", argv, self.log_dir, env)
         self.children["router"] = child
         procs.wait_accepting(lambda_port, wait_s, child.proc)
         # The REST API's door on the router's port (binary bodies base64, as on AWS).

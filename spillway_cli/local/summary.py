@@ -1,5 +1,6 @@
-"""What a running local stack tells its user: each part's URL, pid and log, the router's
-runtime and why, and the first lines to try (``LocalStack.summary``)."""
+"""What a running local stack tells its user: each part's URL, pid and log (the trace
+view's page and receiver), the router's runtime and why, and the first lines to try
+(``LocalStack.summary``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ def summary(stack: StackLayout, children: Mapping[str, Child], states_served: bo
             lines.append(
                 f"  {'':<9} (REST API door in front: pid {c.pid}, log {c.log_path}; the "
                 "function runs under serverless-offline)"
+            )
+        elif name == "traces":
+            lines.append(
+                f"  {'traces':<9} {stack.traces_url}  (trace view; OTLP/HTTP receiver "
+                f"{stack.url('traces')}/v1/traces; pid {c.pid}, log {c.log_path})"
             )
         elif name != "websocket":
             lines.append(f"  {name:<9} {stack.url(name)}  (pid {c.pid}, log {c.log_path})")

@@ -84,7 +84,9 @@ PACKAGE_GRAPH = _package_graph()
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # The version, the base of every settings class, the names the Lambda handlers'
-    # Powertools share: nothing of the project below them.
+    # Powertools share, the trace context every tier carries: nothing of the project
+    # below them (``spillway.powertools`` sets tracing up, so it sits beside it).
+    ("spillway.tracing",),
     ("spillway", "spillway.envsettings", "spillway.powertools"),
     ("spillway.protocol",),
     # AWS access: the client factory, botocore's errors, the AWS limits table.
@@ -98,7 +100,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("spillway.pipelines",),
     # With the backend contract the canary guard and the router share.
     ("spillway.policy",),
-    ("spillway.canary",),
+    # The canary's version choice, and data capture (what the router's watcher keeps).
+    ("spillway.canary", "spillway.capture"),
     # The services the Lambda handlers (and ``spillway serve``) run.
     ("spillway.router", "spillway.streams", "spillway.fallback"),
     ("batch_job", "gpu_service"),
@@ -115,7 +118,7 @@ LAYER = {package: level for level, layer in enumerate(LAYERS) for package in lay
 
 DOCS = ROOT / "docs" / "architecture.md"
 README = ROOT / "README.md"
-UNDRAWN = {"spillway", "spillway.envsettings", "spillway.powertools", "bench"}
+UNDRAWN = {"spillway", "spillway.envsettings", "spillway.powertools", "spillway.tracing", "bench"}
 """Packages the package pictures leave out: the bare foundation, and the benchmarks."""
 
 

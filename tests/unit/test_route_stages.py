@@ -30,7 +30,8 @@ from spillway.protocol.replies import Reply
 from spillway.protocol.wire import Target
 from spillway.router import dispatch
 from spillway.router.batch_mode import BatchBackend
-from spillway.router.dispatch import Attempt, Router
+from spillway.router.dispatch import Router
+from spillway.router.outcome import Attempt
 from spillway.router.settings import RouterSettings
 from spillway.router.wiring import create_app
 from tests.memory_store import MemoryStateStore
