@@ -68,8 +68,8 @@ async def run_batch(
     ``wide``: the run holds the whole device (only granted where the runner is wide).
 
     ``links`` are the batch's requests' spans: the run is one ``spillway.batch`` span,
-    a child of the first request's (so that request's trace shows it) and linked to
-    every request it carried."""
+    a child of the first recorded request's (so that request's trace shows it) and
+    linked to every request it carried."""
     run = functools.partial(cast(WideRunner, runner).run, wide=True) if wide else runner.run
     attributes = {
         "spillway.model": name,
@@ -77,8 +77,14 @@ async def run_batch(
         "spillway.batch.rows": sum(p.rows for p in batch),
         "spillway.batch.wide": wide,
     }
-    first = links[0] if links else None
-    with tracing.span("spillway.batch", attributes=attributes, links=links, parent=first) as span:
+    # Under the first request whose trace is recorded (none: no span at all).
+    first = tracing.sampled(links)
+    span = (
+        tracing.NO_SPAN
+        if first is None
+        else tracing.span("spillway.batch", attributes=attributes, links=links, parent=first)
+    )
+    with span:
         try:
             results = await asyncio.get_running_loop().run_in_executor(executor, run, batch)
             if len(results) != len(batch):

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
-    from opentelemetry.trace import Link, Span, SpanContext, Tracer
+    from opentelemetry.trace import Span, SpanContext, Tracer
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
@@ -52,7 +52,7 @@ _passing: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar
 
 def enabled() -> bool:
     """Whether this process records spans."""
-    return _tracer is not None
+    return _otel is not None
 
 
 def wanted(environ: Mapping[str, str] = os.environ) -> bool:
@@ -77,7 +77,7 @@ def configure(
     """Set this process's tracing up once (a later call changes nothing) and return
     whether spans are recorded. ``exporter`` (tests) replaces whatever was set up with
     that exporter, every span exported as it ends."""
-    global _tracer, _provider
+    global _tracer, _provider, _otel
     if exporter is not None:
         shutdown()
     elif _tracer is not None:
@@ -101,6 +101,7 @@ def configure(
     # tracing up afresh.
     _provider = provider
     _tracer = provider.get_tracer("spillway")
+    _otel = _Otel(_tracer)
     return True
 
 
@@ -140,10 +141,10 @@ def flush(timeout_s: float = 2.0) -> None:
 
 def shutdown() -> None:
     """Flush and stop exporting (a process that ends)."""
-    global _tracer, _provider
+    global _tracer, _provider, _otel
     if _provider is not None:
         _provider.shutdown()
-    _tracer, _provider = None, None
+    _tracer, _provider, _otel = None, None, None
 
 
 # --- the carrier -------------------------------------------------------------------------
@@ -194,34 +195,31 @@ def carry(source: Mapping[str, Any] | None) -> Iterator[None]:
     if not carrier:
         yield
         return
-    if _tracer is None:
+    otel = _otel
+    if otel is None:
         token = _passing.set(carrier)
         try:
             yield
         finally:
             _passing.reset(token)
         return
-    from opentelemetry import context as otel_context
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-    attached = otel_context.attach(TraceContextTextMapPropagator().extract(carrier))
+    attached = otel.context.attach(otel.propagator.extract(carrier))
     try:
         yield
     finally:
-        otel_context.detach(attached)
+        otel.context.detach(attached)
 
 
 def inject(target: MutableMapping[str, str]) -> MutableMapping[str, str]:
     """Put the current trace's carrier into ``target`` (outgoing headers, metadata or a
     JSON ``trace`` object); nothing when there is none."""
-    if _tracer is None:
+    otel = _otel
+    if otel is None:
         passing = _passing.get()
         if passing:
             target.update(passing)
         return target
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-    TraceContextTextMapPropagator().inject(target)
+    otel.propagator.inject(target)
     return target
 
 
@@ -234,13 +232,12 @@ def outgoing() -> dict[str, str]:
 
 def trace_id() -> str | None:
     """The current trace's id (32 hex digits), recorded or only passed on."""
-    if _tracer is None:
+    otel = _otel
+    if otel is None:
         passing = _passing.get()
         parsed = parse_traceparent(passing.get(TRACEPARENT)) if passing else None
         return parsed[0] if parsed else None
-    from opentelemetry import trace
-
-    context = trace.get_current_span().get_span_context()
+    context = otel.trace.get_current_span().get_span_context()
     return f"{context.trace_id:032x}" if context.is_valid else None
 
 
@@ -248,7 +245,9 @@ def trace_id() -> str | None:
 
 
 class _NoSpan:
-    """The span of a process that does not trace: every call does nothing."""
+    """The span of a request that is not recorded (tracing off, or its trace not
+    sampled): every call does nothing, and the current trace stays as it was, so what
+    is sent on still carries it (with its not-sampled flag)."""
 
     def __enter__(self) -> _NoSpan:
         return self
@@ -277,27 +276,31 @@ NO_SPAN = _NoSpan()
 
 
 class Traced:
-    """A recorded span: attributes, events, an error status, and its end."""
+    """A recorded span: attributes, events, an error status, and its end. As a context
+    manager it is the current span within the block (and ends with it)."""
 
-    __slots__ = ("_scope", "_span")
+    __slots__ = ("_otel", "_span", "_token")
 
-    def __init__(self, span: Span, scope: bool) -> None:
+    def __init__(self, otel: _Otel, span: Span) -> None:
+        self._otel = otel
         self._span = span
-        self._scope: Any = None
-        if scope:
-            from opentelemetry import trace
-
-            self._scope = trace.use_span(span, end_on_exit=True)
+        self._token: object = None
 
     def __enter__(self) -> Traced:
-        if self._scope is not None:
-            self._scope.__enter__()
+        otel = self._otel
+        self._token = otel.context.attach(otel.trace.set_span_in_context(self._span))
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        if self._scope is not None:
-            self._scope.__exit__(*exc)
-        else:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: Any
+    ) -> None:
+        otel = self._otel
+        try:
+            if error is not None:
+                self._span.record_exception(error)
+                self.fail(f"{kind.__name__ if kind else 'error'}: {error}")
+        finally:
+            otel.context.detach(self._token)
             self._span.end()
 
     def set(self, key: str, value: Any) -> None:
@@ -311,9 +314,8 @@ class Traced:
 
     def fail(self, message: str) -> None:
         """Mark the span as an error."""
-        from opentelemetry.trace import Status, StatusCode
-
-        self._span.set_status(Status(StatusCode.ERROR, message))
+        otel = self._otel
+        self._span.set_status(otel.Status(otel.StatusCode.ERROR, message))
 
     def end(self) -> None:
         """End a span begun with ``begin``."""
@@ -338,10 +340,30 @@ def span(
 ) -> Span_:
     """A span around a block (``with span(...) as s``), a child of ``parent`` (a ``link``
     taken earlier) or else of the current span; the block's spans and ``inject`` see it
-    as current."""
-    if _tracer is None:
+    as current. Under a parent that is not sampled it is ``NO_SPAN`` at once: an
+    unsampled request costs its root span alone."""
+    otel = _otel
+    if otel is None:
         return NO_SPAN
-    return Traced(_start(name, kind, attributes, links, parent), scope=True)
+    started = _start(otel, name, kind, attributes, links, parent)
+    return NO_SPAN if started is None else Traced(otel, started)
+
+
+def begin(
+    name: str,
+    *,
+    kind: str = "internal",
+    attributes: Mapping[str, Any] | None = None,
+    links: Iterable[SpanContext | None] = (),
+    parent: SpanContext | None = None,
+) -> Span_:
+    """A span ended later by ``end()`` (not a context manager's block), a child of
+    ``parent`` or of the current span; it does not become current."""
+    otel = _otel
+    if otel is None:
+        return NO_SPAN
+    started = _start(otel, name, kind, attributes, links, parent)
+    return NO_SPAN if started is None else Traced(otel, started)
 
 
 def record(
@@ -354,67 +376,81 @@ def record(
 ) -> None:
     """A span that already happened (a request's wait in a queue, timed by whoever
     held it), a child of the current span; times are ``time.time_ns()`` readings."""
-    tracer = _tracer
-    if tracer is None:
+    otel = _otel
+    if otel is None or _unsampled(otel, None):
         return
-    from opentelemetry.trace import Status, StatusCode
-
-    done = tracer.start_span(
-        name,
-        start_time=start_ns,
-        attributes={k: v for k, v in (attributes or {}).items() if v is not None},
-    )
+    done = otel.tracer.start_span(name, start_time=start_ns, attributes=_kept(attributes))
     if error is not None:
-        done.set_status(Status(StatusCode.ERROR, error))
+        done.set_status(otel.Status(otel.StatusCode.ERROR, error))
     done.end(end_time=max(start_ns, end_ns))
-
-
-def begin(
-    name: str,
-    *,
-    kind: str = "internal",
-    attributes: Mapping[str, Any] | None = None,
-    links: Iterable[SpanContext | None] = (),
-    parent: SpanContext | None = None,
-) -> Span_:
-    """A span ended later by ``end()`` (a request's wait in a queue), a child of ``parent``
-    (a ``link`` taken earlier) or of the current span; it does not become current."""
-    if _tracer is None:
-        return NO_SPAN
-    return Traced(_start(name, kind, attributes, links, parent), scope=False)
 
 
 def current_link() -> SpanContext | None:
     """The current span, to link to or start children of later (``None``: not traced)."""
-    if _tracer is None:
+    otel = _otel
+    if otel is None:
         return None
-    from opentelemetry import trace
-
-    context = trace.get_current_span().get_span_context()
+    context = otel.trace.get_current_span().get_span_context()
     return context if context.is_valid else None
 
 
+def sampled(links: Iterable[SpanContext | None]) -> SpanContext | None:
+    """The first of ``links`` whose trace is recorded (``None``: none is): the parent a
+    span shared by several requests (a batch) is shown under."""
+    return next((c for c in links if c is not None and c.trace_flags.sampled), None)
+
+
+def _unsampled(otel: _Otel, parent: SpanContext | None) -> bool:
+    """Whether a new span would sit under a parent whose trace is not recorded."""
+    context = parent or otel.trace.get_current_span().get_span_context()
+    return context.is_valid and not context.trace_flags.sampled
+
+
+def _kept(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (attributes or {}).items() if v is not None}
+
+
 def _start(
+    otel: _Otel,
     name: str,
     kind: str,
     attributes: Mapping[str, Any] | None,
     links: Iterable[SpanContext | None],
     parent: SpanContext | None,
-) -> Span:
-    from opentelemetry import trace
-    from opentelemetry.trace import Link, SpanKind
-
-    tracer = _tracer
-    if tracer is None:
-        raise RuntimeError("tracing is not configured")
+) -> Span | None:
+    """The span started (``None``: its parent's trace is not recorded, so neither is
+    it: the parent-based samplers would say so after building it)."""
+    if _unsampled(otel, parent):
+        return None
     context: Context | None = None
     if parent is not None:
-        context = trace.set_span_in_context(trace.NonRecordingSpan(parent))
-    linked: list[Link] = [Link(c) for c in links if c is not None and c.is_valid]
-    return tracer.start_span(
+        context = otel.trace.set_span_in_context(otel.trace.NonRecordingSpan(parent))
+    linked = [otel.Link(c) for c in links if c is not None and c.is_valid]
+    return otel.tracer.start_span(
         name,
         context=context,
-        kind=SpanKind[kind.upper()],
-        attributes={k: v for k, v in (attributes or {}).items() if v is not None},
+        kind=otel.kinds[kind],
+        attributes=_kept(attributes),
         links=linked,
     )
+
+
+class _Otel:
+    """OpenTelemetry's parts, imported once when tracing is set up (never when off)."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.tracer = tracer
+        self.context = context
+        self.trace = trace
+        self.propagator = TraceContextTextMapPropagator()
+        self.Link = Link
+        self.Status = Status
+        self.StatusCode = StatusCode
+        self.kinds = {k.name.lower(): k for k in SpanKind}
+
+
+_otel: _Otel | None = None

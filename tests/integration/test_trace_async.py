@@ -95,6 +95,7 @@ def test_an_async_request_runs_in_its_clients_trace(
     with monkeypatch.context() as off:
         if not router_traces:
             off.setattr(tracing, "_tracer", None)
+            off.setattr(tracing, "_otel", None)
         ids = {who: _submit(router, who) for who in KEYS}
     # AND the worker runs what the queue delivers
     _run_all(store, cpu, len(ids))

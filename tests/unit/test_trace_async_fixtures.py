@@ -63,4 +63,5 @@ def tracing_off_fixture(monkeypatch: pytest.MonkeyPatch) -> None:
     """A process that records no spans (as without an OTLP endpoint), for the test only:
     the module's tracer is set aside, whatever configured it, and put back after."""
     monkeypatch.setattr(tracing, "_tracer", None)
+    monkeypatch.setattr(tracing, "_otel", None)
     assert not tracing.enabled()

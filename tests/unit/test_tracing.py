@@ -272,3 +272,34 @@ def test_one_batch_span_links_every_request_it_carried(spans: InMemorySpanExport
 def row_sums_of(result: Tensors) -> float:
     [value] = result.values()
     return float(value[0, 0])
+
+
+def test_a_batch_shows_under_its_recorded_request_and_unsampled_work_costs_no_spans(
+    spans: InMemorySpanExporter,
+) -> None:
+    # GIVEN two requests batched together, one whose client's trace is sampled, one not
+    policy = BatchingPolicy(max_batch_size=2, max_queue_delay_s=10.0)
+    unsampled = f"00-{'c' * 32}-{'d' * 16}-00"
+
+    async def main() -> None:
+        batcher = DynamicBatcher("summer", SummingRunner(), policy, InlineExecutor())
+        batcher.start()
+
+        async def one(ident: int, traceparent: str) -> None:
+            with tracing.carry({"traceparent": traceparent}), tracing.span(f"request-{ident}"):
+                await batcher.submit(fake_request(ident))
+
+        await asyncio.gather(one(0, unsampled), one(1, TRACEPARENT))
+        await batcher.stop(1.0)
+
+    asyncio.run(main())
+    finished = spans.get_finished_spans()
+    # THEN the unsampled request made no span at all, the sampled one its own
+    assert sorted(s.name for s in finished) == ["request-1", "spillway.batch"]
+    [request] = by_name(finished, "request-1")
+    [batch] = by_name(finished, "spillway.batch")
+    # AND the batch sits under the recorded request, linked to both
+    assert batch.parent is not None
+    assert batch.parent.span_id == request.context.span_id
+    assert len(batch.links) == 2
+    assert {f"{link.context.trace_id:032x}" for link in batch.links} == {"c" * 32, CLIENT_TRACE}
