@@ -4,7 +4,7 @@
   step alone: read, decide, attempt, account, reply), per request, with tracing off,
   then set up to export over OTLP/HTTP to a local receiver at 1 % and at 100 %
   (``spillway.tracing.configure``: the real SDK, its batching processor and exporter).
-  The three modes take turns, round after round, so drift on the machine falls on each.
+  The modes take turns, each going first in turn, so drift on the machine falls on each.
 * The GPU service: three services up at once (``python -m gpu_service``; tracing off,
   ``SPILLWAY_TRACE_SAMPLE=0.01`` and ``1`` to the same receiver), driven in turn by
   ``wrk`` with the serving benchmark's mlp-bench binary request at 1 and 64 connections;
@@ -114,12 +114,19 @@ def router_rows(
     """Every mode's per-request times over every round, the modes taking turns (and the
     ``before`` tree's, tracing off, among them)."""
     times: dict[str, list[float]] = {mode: [] for mode in _modes(before)}
-    for _ in range(rounds):
-        for mode in times:
+    for turn in range(rounds):
+        for mode in _rotated(list(times), turn):
             tree = before if mode == BEFORE else ROOT
             assert tree is not None
             times[mode] += route_times(tree, MODES.get(mode), endpoint, requests)
     return times
+
+
+def _rotated(modes: list[str], turn: int) -> list[str]:
+    """The modes in the order of this turn: each goes first in turn, so a drift within a
+    round (a warming cache, a neighbour's load) falls on each alike."""
+    shift = turn % len(modes)
+    return modes[shift:] + modes[:shift]
 
 
 def _modes(before: Path | None) -> list[str]:
@@ -159,9 +166,10 @@ def service_points(
             procs.wait_http(f"{base}/v2/health/ready", 180, child.proc)
             wrk.run(f"{base}/v2/models/mlp-bench/infer", request, 8, 1)  # warm-up
         runs: dict[tuple[str, int], list[wrk.WrkResult]] = {}
-        for _ in range(rounds):
+        for turn in range(rounds):
             for concurrency in (1, 64):
-                for mode, base in urls.items():
+                for mode in _rotated(list(urls), turn):
+                    base = urls[mode]
                     url = f"{base}/v2/models/mlp-bench/infer"
                     result = wrk.run(url, request, concurrency, seconds)
                     runs.setdefault((mode, concurrency), []).append(result)

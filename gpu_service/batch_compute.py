@@ -71,19 +71,17 @@ async def run_batch(
     a child of the first recorded request's (so that request's trace shows it) and
     linked to every request it carried."""
     run = functools.partial(cast(WideRunner, runner).run, wide=True) if wide else runner.run
-    attributes = {
-        "spillway.model": name,
-        "spillway.batch.requests": len(batch),
-        "spillway.batch.rows": sum(p.rows for p in batch),
-        "spillway.batch.wide": wide,
-    }
     # Under the first request whose trace is recorded (none: no span at all).
     first = tracing.sampled(links)
-    span = (
-        tracing.NO_SPAN
-        if first is None
-        else tracing.span("spillway.batch", attributes=attributes, links=links, parent=first)
-    )
+    span: tracing.Span_ = tracing.NO_SPAN
+    if first is not None:
+        attributes = {
+            "spillway.model": name,
+            "spillway.batch.requests": len(batch),
+            "spillway.batch.rows": sum(p.rows for p in batch),
+            "spillway.batch.wide": wide,
+        }
+        span = tracing.span("spillway.batch", attributes=attributes, links=links, parent=first)
     with span:
         try:
             results = await asyncio.get_running_loop().run_in_executor(executor, run, batch)

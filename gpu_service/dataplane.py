@@ -282,12 +282,16 @@ class DataPlane:
 def _traced(name: str, version: str | None, size: int) -> tracing.Span_:
     """The request's ``spillway.gpu.infer`` span (a child of the trace its caller sent):
     its queue, batch and pipeline steps' spans are within it."""
+    if not tracing.enabled():
+        return tracing.NO_SPAN
     attributes = {"spillway.model": name, "spillway.version": version, "spillway.bytes": size}
     return tracing.span("spillway.gpu.infer", kind="server", attributes=attributes)
 
 
 def _answered(span: tracing.Span_, result: InferResult) -> InferResult:
     """The result, its served version and the queue it met written on the span."""
+    if span is tracing.NO_SPAN:
+        return result
     span.set("spillway.served_version", result.version)
     span.set("spillway.queue_depth", result.queue_depth)
     span.set("spillway.cold_start_s", result.cold_start_s)

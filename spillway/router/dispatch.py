@@ -186,9 +186,10 @@ class Router:
             decision = decide(policy, facts, self.wall(), self.load, self.spills)
             if at_once:
                 decision = without_batch(policy, decision)
-            span.set("spillway.rule", decision.rule)
-            span.set("spillway.chain", list(decision.chain))
-            span.set("spillway.spilled", decision.spilled)
+            if span is not tracing.NO_SPAN:
+                span.set("spillway.rule", decision.rule)
+                span.set("spillway.chain", list(decision.chain))
+                span.set("spillway.spilled", decision.spilled)
         outcome, arm = self._walk(decision, arm, deadline)
         seen.request, seen.outcome = arm.request, outcome
         cost = self._account(outcome, arm.request, started)
@@ -290,17 +291,7 @@ class Router:
             remaining = at - self.clock()
             later = any(self.breakers[n].state != "open" for n in chain[index + 1 :])
             timeout = remaining * (1 - self.config.fallback_reserve) if later else remaining
-            span = tracing.span(
-                "spillway.attempt",
-                kind="client",
-                attributes={
-                    "spillway.backend": name,
-                    "spillway.breaker": self.breakers[name].state,
-                    "spillway.timeout_ms": round(timeout * 1000, 1),
-                    "spillway.fallback_from": why_not(outcome) if outcome.attempts else None,
-                },
-            )
-            with span:
+            with self._attempt_span(name, timeout, outcome) as span:
                 try:
                     attempt, response = self._attempt(name, arm.request, timeout, at)
                 except SpillwayError as exc:  # e.g. batch mode without a jobs API
@@ -323,6 +314,19 @@ class Router:
             if response is not None:
                 last_failover = (name, response)
         return self._unserved(outcome, last_failover, deadline)
+
+    def _attempt_span(self, name: str, timeout: float, outcome: Outcome) -> tracing.Span_:
+        """The ``spillway.attempt`` span of a try on ``name`` (its attributes read only
+        when the request is recorded)."""
+        if not tracing.recording():
+            return tracing.NO_SPAN
+        attributes = {
+            "spillway.backend": name,
+            "spillway.breaker": self.breakers[name].state,
+            "spillway.timeout_ms": round(timeout * 1000, 1),
+            "spillway.fallback_from": why_not(outcome) if outcome.attempts else None,
+        }
+        return tracing.span("spillway.attempt", kind="client", attributes=attributes)
 
     def _blocked(self, name: str, deadline: float) -> str | None:
         """The one rule for whether another attempt may go to ``name`` now, the chain's

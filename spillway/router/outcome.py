@@ -65,6 +65,8 @@ def why_not(outcome: Outcome) -> str:
 
 def describe(span: tracing.Span_, seen: Seen, reply: Reply) -> None:
     """The route span's attributes: what was asked, by whom, and what answered."""
+    if span is tracing.NO_SPAN:
+        return
     request, outcome = seen.request, seen.outcome
     span.set("http.response.status_code", reply.status)
     span.set("spillway.backend", reply.header("x-spillway-backend"))

@@ -26,8 +26,8 @@ from __future__ import annotations
 import contextvars
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, MutableMapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -186,28 +186,40 @@ def carrier_of_pairs(pairs: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
     return carrier_of(found)
 
 
-@contextmanager
-def carry(source: Mapping[str, Any] | None) -> Iterator[None]:
+def carry(source: Mapping[str, Any] | None) -> AbstractContextManager[None]:
     """Within the block, the request's trace is the one its carrier names (headers, gRPC
     metadata, a JSON ``trace`` object): spans started there are its children, and
-    ``inject`` passes it on."""
+    ``inject`` passes it on. No carrier: a shared no-op (every request's path calls it)."""
     carrier = carrier_of(source)
-    if not carrier:
-        yield
-        return
-    otel = _otel
-    if otel is None:
-        token = _passing.set(carrier)
-        try:
-            yield
-        finally:
-            _passing.reset(token)
-        return
-    attached = otel.context.attach(otel.propagator.extract(carrier))
-    try:
-        yield
-    finally:
-        otel.context.detach(attached)
+    return _Carried(carrier) if carrier else _NOTHING_CARRIED
+
+
+class _Carried:
+    """The block of ``carry`` with a carrier: attached as the current trace (or, with
+    tracing off, kept to be passed on as it came)."""
+
+    __slots__ = ("_attached", "_carrier", "_token")
+
+    def __init__(self, carrier: dict[str, str]) -> None:
+        self._carrier = carrier
+        self._token: Any = None
+        self._attached: _Otel | None = None
+
+    def __enter__(self) -> None:
+        otel = self._attached = _otel
+        if otel is None:
+            self._token = _passing.set(self._carrier)
+        else:
+            self._token = otel.context.attach(otel.propagator.extract(self._carrier))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._attached is None:
+            _passing.reset(self._token)
+        else:
+            self._attached.context.detach(self._token)
+
+
+_NOTHING_CARRIED = nullcontext()
 
 
 def inject(target: MutableMapping[str, str]) -> MutableMapping[str, str]:
@@ -383,6 +395,13 @@ def record(
     if error is not None:
         done.set_status(otel.Status(otel.StatusCode.ERROR, error))
     done.end(end_time=max(start_ns, end_ns))
+
+
+def recording() -> bool:
+    """Whether a span started now would be recorded (tracing on, and the current trace,
+    if any, sampled): what a caller asks before building a span's attributes."""
+    otel = _otel
+    return otel is not None and not _unsampled(otel, None)
 
 
 def current_link() -> SpanContext | None:
