@@ -20,6 +20,17 @@ SUFFIX = ".jsonl.gz"
 _HOUR = re.compile(r"^(\d{4})/(\d{2})/(\d{2})/(\d{2})/")
 
 
+UNKNOWN_MODEL = "-"
+"""The folder of the records whose model no backend knew (a 404): a client's invented
+names never become key prefixes, an object each (as they never become metric
+dimensions); the records keep the name asked for."""
+
+
+def folder_of(model: str, status: int) -> str:
+    """The key folder of a record: its model's name, once a backend answered for it."""
+    return UNKNOWN_MODEL if status == 404 else model
+
+
 def hour_of(when: datetime) -> str:
     """``YYYY/MM/DD/HH`` of an aware time, in UTC."""
     return when.astimezone(UTC).strftime("%Y/%m/%d/%H")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from spillway.capture.layout import Area
+from spillway.capture.layout import UNKNOWN_MODEL, Area
 from spillway.capture.records import CaptureRecord, parse_record
 from spillway.protocol.errors import InvalidInputError
 
@@ -159,16 +159,26 @@ class CaptureReader:
 
     def records(self, query: Query) -> list[CaptureRecord]:
         """The records ``query`` asks for, oldest first."""
-        models = query.models or tuple(self.models())
+        # A 404's record lies in the UNKNOWN_MODEL folder whatever model it named.
+        folders = (*query.models, UNKNOWN_MODEL) if query.models else tuple(self.models())
         found = (
             record
-            for model in models
-            for key in self.keys(model, query.since, query.until)
+            for folder in folders
+            for key in self.keys(folder, query.since, query.until)
             for record in self.read_object(key)
             # The area is the tenant's alone; a record naming another is never shown.
-            if record.model == model and record.tenant == self.tenant and query.holds(record)
+            if self._filed(record, folder, query.models)
+            and record.tenant == self.tenant
+            and query.holds(record)
         )
         return newest(found, query.limit)
+
+    @staticmethod
+    def _filed(record: CaptureRecord, folder: str, models: tuple[str, ...]) -> bool:
+        """Whether ``record`` belongs in ``folder`` (and to the models asked for)."""
+        if folder != UNKNOWN_MODEL:
+            return record.model == folder
+        return record.status == 404 and (not models or record.model in models)
 
 
 def newest(records: Iterable[CaptureRecord], limit: int | None) -> list[CaptureRecord]:

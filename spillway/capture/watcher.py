@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from spillway.capture.buffer import CaptureBuffer, Group
-from spillway.capture.layout import hour_of
+from spillway.capture.layout import folder_of, hour_of
 from spillway.capture.records import RoutedLike, captured
 from spillway.capture.writer import CaptureWriter
 from spillway.policy.rules import CaptureRule, Policy
@@ -65,7 +65,7 @@ class Capture:
             record_id=str(uuid.uuid4()),
             max_body_bytes=self.max_record_bytes,
         )
-        group = Group(scope(routed.tenant), item.model, hour_of(at))
+        group = Group(scope(routed.tenant), folder_of(item.model, item.status), hour_of(at))
         if self.buffer.offer(group, item):
             if self.buffer.due():
                 self.writer.wake()

@@ -25,8 +25,10 @@ another arm (``walk_again``: the stable version) for a second walk; and the arm
 every request as it came. A client sees a 404 only for a version it asked for.
 
 What counts against a backend's circuit: no connection, no answer in time, a broken
-connection, a 502, a 5xx the backend marks as its own fault (``x-spillway-fault:
-server``). An unmarked 5xx is neutral: it may have been caused by the request. A 429
+connection, a 502, a 503 the backend marks as its own fault (``x-spillway-fault:
+server``), and another marked 5xx (a failed run) once another backend served the same
+request; when none did, the request is what the failures had in common, and they are
+neutral. An unmarked 5xx is neutral: it may have been caused by the request. A 429
 or a 504 says "busy", not "broken": it moves the request on without a verdict, and a
 429 counts as a fully busy load reading. A 4xx is the request's own fault and the
 backend's good answer.
@@ -89,6 +91,9 @@ from spillway.router.settings import RouterSettings
 log = logging.getLogger("spillway.router")
 
 FAILOVER_STATUS = {429: "overloaded", 502: "bad_gateway", 503: "unavailable", 504: "deadline"}
+SERVER_FAULT = "server_fault"
+"""A 5xx the backend marks as its own (a failed run): the walk moves on, and it counts
+against the backend only when another backend served the same request."""
 _MIN_ATTEMPT_S = 0.005
 
 
@@ -310,9 +315,11 @@ class Router:
             outcome.attempts.append(attempt)
             if response is not None and attempt.served:
                 outcome.response, outcome.backend = response, name
+                self._settle_faults(outcome, served=True)
                 return outcome
             if response is not None:
                 last_failover = (name, response)
+        self._settle_faults(outcome, served=False)
         return self._unserved(outcome, last_failover, deadline)
 
     def _attempt_span(self, name: str, timeout: float, outcome: Outcome) -> tracing.Span_:
@@ -375,6 +382,7 @@ class Router:
             self.load.observe(name, *reading)
         status = response.status
         billed = response.billed_s if response.billed_s is not None else response.elapsed_s
+        marked = response.headers.get(FAULT_HEADER) == "server"
         if status == 429:
             self.load.observe(name, 1.0)
             breaker.neutral()
@@ -382,7 +390,11 @@ class Router:
             # The backend answered in time that the deadline had passed in its queue: it is
             # busy, not broken (a backend that does not answer at all times out instead).
             breaker.neutral()
-        elif status >= 500 and (response.headers.get(FAULT_HEADER) == "server" or status == 502):
+        elif status >= 500 and marked and status not in FAILOVER_STATUS:
+            # A run that failed: the backend's fault, or its request's (a row that fails
+            # any batch it is in). The walk gives the verdict (``_settle_faults``).
+            return Attempt(name, SERVER_FAULT, billed)
+        elif status >= 500 and (marked or status == 502):
             # Only a failure the backend calls its own (or a gateway that could not reach it)
             # counts: an unmarked 5xx may have been caused by the request.
             breaker.failure()
@@ -392,9 +404,20 @@ class Router:
             breaker.success()
         if status in FAILOVER_STATUS:
             return Attempt(name, FAILOVER_STATUS[status], billed)
-        if status >= 500 and response.headers.get(FAULT_HEADER) == "server":
-            return Attempt(name, "server_fault", billed)
         return Attempt(name, f"status_{status}", billed, served=True)
+
+    def _settle_faults(self, outcome: Outcome, served: bool) -> None:
+        """The verdict on the walk's failed runs (``SERVER_FAULT``): a failure of each
+        backend that had one when another backend served the same request; neutral when
+        none did, as the request is then what they had in common (a poisoned input must
+        not open every circuit)."""
+        for attempt in outcome.attempts:
+            if attempt.outcome == SERVER_FAULT:
+                breaker = self.breakers[attempt.backend]
+                if served:
+                    breaker.failure()
+                else:
+                    breaker.neutral()
 
     def _unserved(
         self,

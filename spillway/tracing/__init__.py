@@ -273,9 +273,6 @@ class _NoSpan:
     def event(self, name: str, **attributes: Any) -> None:
         """Ignored."""
 
-    def end(self) -> None:
-        """Ignored."""
-
     def fail(self, message: str) -> None:
         """Ignored."""
 
@@ -329,10 +326,6 @@ class Traced:
         otel = self._otel
         self._span.set_status(otel.Status(otel.StatusCode.ERROR, message))
 
-    def end(self) -> None:
-        """End a span begun with ``begin``."""
-        self._span.end()
-
     @property
     def link(self) -> SpanContext:
         """What a later span links to (a batch to each request it carried)."""
@@ -354,23 +347,6 @@ def span(
     taken earlier) or else of the current span; the block's spans and ``inject`` see it
     as current. Under a parent that is not sampled it is ``NO_SPAN`` at once: an
     unsampled request costs its root span alone."""
-    otel = _otel
-    if otel is None:
-        return NO_SPAN
-    started = _start(otel, name, kind, attributes, links, parent)
-    return NO_SPAN if started is None else Traced(otel, started)
-
-
-def begin(
-    name: str,
-    *,
-    kind: str = "internal",
-    attributes: Mapping[str, Any] | None = None,
-    links: Iterable[SpanContext | None] = (),
-    parent: SpanContext | None = None,
-) -> Span_:
-    """A span ended later by ``end()`` (not a context manager's block), a child of
-    ``parent`` or of the current span; it does not become current."""
     otel = _otel
     if otel is None:
         return NO_SPAN

@@ -159,3 +159,39 @@ def test_a_stalled_s3_never_holds_a_request_and_the_buffer_keeps_its_bound(
     finally:
         gate.set()
         capture.close()
+
+
+def test_invented_model_names_never_become_key_prefixes(tmp_path: Path, s3: MemoryS3) -> None:
+    app, capture = _app(tmp_path, s3)
+    invented = [f"no-such-model-{n}" for n in range(5)]
+
+    class Unknown:
+        """Knows digits only: 404 for any other model."""
+
+        def send(self, request: BackendRequest, timeout_s: float) -> BackendResponse:
+            if request.model == "digits":
+                return Gpu().send(request, timeout_s)
+            body = b'{"error":"unknown model","code":"model_not_found"}'
+            return BackendResponse(404, {"content-type": "application/json"}, body, 0.001)
+
+    app.router.backends["gpu"] = Unknown()
+    try:
+        # GIVEN requests for five invented model names and one for digits
+        client = Client(app)
+        headers = {"x-spillway-tenant": "acme", "content-type": "application/json"}
+        for name in invented:
+            assert (
+                client.post(f"/v2/models/{name}/infer", data=BODY, headers=headers).status_code
+                == 404
+            )
+        assert _post(app, "acme").status_code == 200
+        assert capture.flush() == 6
+    finally:
+        capture.close()
+    # THEN the 404s share one folder, "-", in one object; their records keep the names
+    prefix = Area.of(ROOT, "acme").prefix
+    folders = sorted({key[len(prefix) :].split("/")[0] for _, key in s3.objects})
+    assert folders == ["-", "digits"]
+    assert sum(key.startswith(f"{prefix}-/") for _, key in s3.objects) == 1
+    records = s3.records(prefix)
+    assert sorted(r.model for r in records if r.status == 404) == invented

@@ -863,6 +863,21 @@ def test_only_a_5xx_the_backend_calls_its_own_counts_against_it(
     assert stack.app.router.breakers["gpu"].state == state
 
 
+def test_a_request_whose_run_fails_everywhere_opens_no_circuit() -> None:
+    # GIVEN both backends failing every run of a (poisoned) request with their own 500
+    failed = ok(500, b'{"error":"x","code":"inference_failed"}', SERVER_FAULT)
+    stack = make_stack(gpu=[failed], cpu=[failed])
+    # WHEN it is sent ten times
+    replies = [stack.post() for _ in range(10)]
+    # THEN each falls back, the client gets the last backend's 500, and neither circuit
+    # counts it: the request is what the failures had in common
+    assert {r.status_code for r in replies} == {500}
+    assert {r.headers["x-spillway-fallback"] for r in replies} == {"gpu:server_fault"}
+    assert len(stack.gpu.requests) == len(stack.cpu.requests) == 10
+    assert stack.app.router.breakers["gpu"].state == "closed"
+    assert stack.app.router.breakers["cpu"].state == "closed"
+
+
 @pytest.mark.parametrize(
     "parameters",
     [
