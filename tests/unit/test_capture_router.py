@@ -168,6 +168,8 @@ def test_invented_model_names_never_become_key_prefixes(tmp_path: Path, s3: Memo
     class Unknown:
         """Knows digits only: 404 for any other model."""
 
+        name = "gpu"
+
         def send(self, request: BackendRequest, timeout_s: float) -> BackendResponse:
             if request.model == "digits":
                 return Gpu().send(request, timeout_s)
